@@ -1,0 +1,12 @@
+// Logging through spdlog: rank 0 logs at info, other ranks only warnings and errors.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+namespace tripod {
+
+// Sets up the default logger on stderr with the rank in every line. `verbose` lowers the
+// level to debug. Safe to call again (e.g. once the rank is known).
+void init_logging(int rank, int world_size, bool verbose = false);
+
+}  // namespace tripod

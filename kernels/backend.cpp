@@ -1,0 +1,32 @@
+// The backend factory: the one place that knows which backends this build has.
+#include "core/error.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/op.h"
+#ifdef TRIPOD_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+namespace tripod {
+
+std::unique_ptr<Ops> make_ops(Device device, int device_index) {
+  if (device == Device::CPU) return std::make_unique<cpu::CpuOps>();
+#ifdef TRIPOD_HAVE_CUDA
+  int n = cuda::device_count();
+  TRIPOD_INPUT_CHECK(n > 0, "train.device = \"cuda\" but no CUDA GPU is visible on this machine (valid here: \"cpu\")");
+  TRIPOD_INPUT_CHECK(device_index < n, "this rank wants GPU {} but only {} are visible", device_index, n);
+  return cuda::make_cuda_ops(device_index);
+#else
+  throw InputError("train.device = \"cuda\" but this build has no CUDA backend (rebuild with nvcc and "
+                   "-DTRIPOD_CUDA=ON; valid here: \"cpu\")");
+#endif
+}
+
+int cuda_device_count() {
+#ifdef TRIPOD_HAVE_CUDA
+  return cuda::device_count();
+#else
+  return 0;
+#endif
+}
+
+}  // namespace tripod

@@ -1,0 +1,90 @@
+// The CPU backend: f32 everywhere, OpenBLAS sgemm for matrices, OpenMP for the rest.
+// Every kernel's result is independent of the thread count (reductions are split by output
+// element or by fixed-size blocks, never by thread), so runs are bit-reproducible.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/op.h"
+
+namespace tripod::cpu {
+
+class CpuOps final : public Ops {
+ public:
+  Device device() const override { return Device::CPU; }
+  DType compute_dtype() const override { return DType::F32; }
+  Allocator& allocator() override { return alloc_; }
+  double peak_flops() override;
+
+  void fill(Tensor& t, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void accumulate(Tensor& dst, const Tensor& src) override;
+  void scale(Tensor& t, float s) override;
+  double sum_squares(const Tensor& t, std::span<const FlatRange> ranges) override;
+  double sum(const Tensor& t) override;
+
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe, int64_t T,
+                         Tensor& out) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte, Tensor& dwpe,
+                          int64_t T) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Tensor& mean,
+                         Tensor& rstd) override;
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                          Tensor& dx, Tensor& dw, Tensor& db) override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override;
+  void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                       Tensor& db) override;
+
+  void gelu_forward(const Tensor& x, Tensor& y) override;
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
+
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                          const Tensor& probs, Tensor& dqkv) override;
+
+  void xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
+                  Tensor& stats) override;
+  void xent_combine(const Tensor& parts, Tensor& lse, Tensor& loss) override;
+  void xent_backward(Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid, const Tensor& lse,
+                     float scale) override;
+
+  void adamw(Tensor& master, const Tensor& grads, Tensor& m, Tensor& v, std::span<const FlatRange> ranges,
+             const AdamWHyper& h, Tensor& compute_copy) override;
+
+ private:
+  CpuAllocator alloc_;
+  double peak_flops_ = 0;
+};
+
+// exp(x) for f32 in plain arithmetic, so loops over it vectorise (Cephes' polynomial, within
+// 2 ulp of expf over the whole range; exp(-inf) = 0, NaN stays NaN).
+inline float fast_exp(float x) {
+  const float hi = 88.3762626647949f, lo = -87.3365447504f;
+  float xc = x < lo ? lo : (x > hi ? hi : x);
+  float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500E-4f;
+  p = p * r + 1.3981999507E-3f;
+  p = p * r + 8.3334519073E-3f;
+  p = p * r + 4.1665795894E-2f;
+  p = p * r + 1.6666665459E-1f;
+  p = p * r + 5.0000001201E-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  float result = p * scale;
+  result = x < lo ? 0.0f : result;
+  result = x > hi ? INFINITY : result;
+  return x != x ? x : result;
+}
+
+// Splits [0, n) into the fixed block size used for order-independent reductions.
+inline constexpr int64_t kReduceBlock = 1 << 14;
+
+}  // namespace tripod::cpu

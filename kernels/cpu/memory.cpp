@@ -1,0 +1,141 @@
+// Fill, copy, elementwise arithmetic and reductions on the CPU.
+#include <omp.h>
+
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace tripod::cpu {
+
+namespace {
+
+void check_cpu(const Tensor& t, const char* what) {
+  TRIPOD_CHECK(t.device() == Device::CPU, "{}: tensor {} is not on the CPU", what, t.str());
+}
+
+template <class Src, class Dst> void convert(const Src* s, Dst* d, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<Dst, bf16>)
+      d[i] = bf16(static_cast<float>(s[i]));
+    else if constexpr (std::is_same_v<Src, bf16>)
+      d[i] = static_cast<Dst>(static_cast<float>(s[i]));
+    else
+      d[i] = static_cast<Dst>(s[i]);
+  }
+}
+
+template <class Src> void convert_to(const Src* s, const Tensor& dst, int64_t n) {
+  switch (dst.dtype()) {
+    case DType::F32: convert(s, dst.data<float>(), n); break;
+    case DType::BF16: convert(s, dst.data<bf16>(), n); break;
+    case DType::I32: convert(s, dst.data<int32_t>(), n); break;
+  }
+}
+
+}  // namespace
+
+void CpuOps::fill(Tensor& t, float value) {
+  check_cpu(t, "fill");
+  int64_t n = t.numel();
+  switch (t.dtype()) {
+    case DType::F32: {
+      float* p = t.data<float>();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+      break;
+    }
+    case DType::BF16: {
+      bf16* p = t.data<bf16>();
+      bf16 v(value);
+      for (int64_t i = 0; i < n; ++i) p[i] = v;
+      break;
+    }
+    case DType::I32: {
+      int32_t* p = t.data<int32_t>();
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(value);
+      break;
+    }
+  }
+}
+
+void CpuOps::copy(const Tensor& src, Tensor& dst) {
+  check_cpu(src, "copy");
+  check_cpu(dst, "copy");
+  TRIPOD_CHECK(src.numel() == dst.numel(), "copy {} -> {}", src.str(), dst.str());
+  int64_t n = src.numel();
+  if (src.dtype() == dst.dtype()) {
+    if (src.raw() != dst.raw()) std::memcpy(dst.raw(), src.raw(), src.nbytes());
+    return;
+  }
+  switch (src.dtype()) {
+    case DType::F32: convert_to(src.data<float>(), dst, n); break;
+    case DType::BF16: convert_to(src.data<bf16>(), dst, n); break;
+    case DType::I32: convert_to(src.data<int32_t>(), dst, n); break;
+  }
+}
+
+void CpuOps::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  TRIPOD_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add {} + {} -> {}", a.str(), b.str(), out.str());
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  int64_t n = a.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) po[i] = pa[i] + pb[i];
+}
+
+void CpuOps::accumulate(Tensor& dst, const Tensor& src) {
+  TRIPOD_CHECK(dst.numel() == src.numel(), "accumulate {} += {}", dst.str(), src.str());
+  float* d = dst.data<float>();
+  const float* s = src.data<float>();
+  int64_t n = dst.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) d[i] += s[i];
+}
+
+void CpuOps::scale(Tensor& t, float s) {
+  float* p = t.data<float>();
+  int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) p[i] *= s;
+}
+
+namespace {
+
+// Sums f(i) over [begin, end) in fixed blocks, then the blocks in order: the result does not
+// depend on the number of threads.
+template <class F> double blocked_sum(int64_t begin, int64_t end, F f) {
+  int64_t nblocks = (end - begin + kReduceBlock - 1) / kReduceBlock;
+  std::vector<double> partial(nblocks, 0.0);
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < nblocks; ++blk) {
+    int64_t b = begin + blk * kReduceBlock, e = std::min(end, b + kReduceBlock);
+    double s = 0;
+    for (int64_t i = b; i < e; ++i) s += f(i);
+    partial[blk] = s;
+  }
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+}  // namespace
+
+double CpuOps::sum_squares(const Tensor& t, std::span<const FlatRange> ranges) {
+  const float* p = t.data<float>();
+  double total = 0;
+  for (const FlatRange& r : ranges) {
+    TRIPOD_CHECK(0 <= r.begin && r.begin <= r.end && r.end <= t.numel(), "range [{}, {}) of {}", r.begin, r.end,
+                 t.str());
+    total += blocked_sum(r.begin, r.end, [p](int64_t i) { return static_cast<double>(p[i]) * p[i]; });
+  }
+  return total;
+}
+
+double CpuOps::sum(const Tensor& t) {
+  const float* p = t.data<float>();
+  return blocked_sum(0, t.numel(), [p](int64_t i) { return static_cast<double>(p[i]); });
+}
+
+}  // namespace tripod::cpu

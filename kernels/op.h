@@ -1,0 +1,132 @@
+// The backend interface: the math of every op, forward and backward, one implementation per
+// device (kernels/cpu, kernels/cuda), chosen at run time by train.device. Layers call these;
+// they never branch on the device.
+//
+// Conventions, shared by every backend:
+// - Activations and weights are in compute_dtype() (f32 on CPU, bf16 on CUDA); gradients of
+//   parameters, optimizer states, LayerNorm statistics and losses are f32.
+// - N is the number of tokens of a micro-batch (B*T, or its sequence-parallel slice), C the
+//   model width. Matrices are row-major; a linear weight is (out, in) as in PyTorch.
+// - "+=" in a comment means the op accumulates into that output; everything else overwrites.
+// - An optional tensor argument is passed as an undefined Tensor{} when absent.
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "core/tensor.h"
+
+namespace tripod {
+
+struct AdamWHyper {
+  float lr = 0, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0;
+  int64_t step = 1;        // 1-based, for the bias corrections
+  float grad_scale = 1.f;  // multiplies every gradient first (grad-norm clipping)
+};
+
+// A range [begin, end) of a flat parameter buffer and whether weight decay applies to it.
+struct FlatRange {
+  int64_t begin = 0, end = 0;
+  bool decay = false;
+};
+
+class Ops {
+ public:
+  virtual ~Ops() = default;
+  virtual Device device() const = 0;
+  virtual DType compute_dtype() const = 0;
+  virtual Allocator& allocator() = 0;
+  // Host memory for staging transfers (pinned on CUDA); the CPU backend's own allocator on CPU.
+  virtual Allocator& host_allocator() { return allocator(); }
+  // The peak dense FLOP/s this rank's device can do, the denominator of MFU: on CPU the sgemm rate
+  // measured now (in this process, with its threads), on GPUs the datasheet's.
+  virtual double peak_flops() = 0;
+  // Waits for all queued work (a no-op on CPU).
+  virtual void synchronize() {}
+  Tensor empty(Shape shape, DType dtype, MemCategory category) {
+    return Tensor::empty(allocator(), std::move(shape), dtype, category);
+  }
+
+  // ---- memory and elementwise ------------------------------------------------------------
+  virtual void fill(Tensor& t, float value) = 0;
+  // dst = src, converting dtype; either may live on the host or the device. Same numel.
+  virtual void copy(const Tensor& src, Tensor& dst) = 0;
+  // out = a + b (out may alias a or b).
+  virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
+  // dst += src (src in any float dtype, dst f32 or the same dtype).
+  virtual void accumulate(Tensor& dst, const Tensor& src) = 0;
+  virtual void scale(Tensor& t, float s) = 0;
+  // Sum of squares of t over the given ranges of its flat elements, in double, on the host.
+  virtual double sum_squares(const Tensor& t, std::span<const FlatRange> ranges) = 0;
+  // Sum of all elements of an f32 tensor, on the host.
+  virtual double sum(const Tensor& t) = 0;
+
+  // ---- embedding (vocabulary-parallel) ---------------------------------------------------
+  // tokens (N) i32, wte (Vl, C) holds rows [vocab_start, vocab_start + Vl) of the table.
+  // out (N, C) = wte[tok - vocab_start] (zero when tok is outside the rows)
+  //            + wpe[n % T] when wpe (>= T, C) is defined.
+  virtual void embedding_forward(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe,
+                                 int64_t T, Tensor& out) = 0;
+  // dwte (Vl, C) f32 += scatter of dout rows; dwpe (P, C) f32 += dout summed per position.
+  virtual void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte,
+                                  Tensor& dwpe, int64_t T) = 0;
+
+  // ---- LayerNorm (eps 1e-5) ----------------------------------------------------------------
+  // x (N, C), w, b (C) -> y (N, C); mean, rstd (N) f32 are saved for the backward.
+  virtual void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Tensor& mean,
+                                 Tensor& rstd) = 0;
+  // dx (N, C) += d/dx; dw, db (C) f32 +=.
+  virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
+                                  const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor& db) = 0;
+
+  // ---- linear -----------------------------------------------------------------------------
+  // y (N, O) = x (N, I) w^T (w: (O, I)) + b (O, optional).
+  virtual void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) = 0;
+  // dx (N, I) = dy w (skipped when dx is undefined); dw (O, I) f32 += dy^T x; db (O) f32 += sum_n dy.
+  virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                               Tensor& db) = 0;
+
+  // ---- GELU, tanh approximation ---------------------------------------------------------------
+  virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;
+  // dx = dy * gelu'(x); dx may alias dy.
+  virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+
+  // ---- causal self-attention ----------------------------------------------------------------
+  // qkv (B, T, 3, H, D) -> out (B, T, H, D), scale 1/sqrt(D). lse (B, H, T) f32: the log-sum-exp
+  // of each softmax row, saved. probs (B, H, T, T), when defined, receives the softmax so the
+  // backward need not recompute it (a backend may ignore it and always recompute).
+  virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) = 0;
+  // Whether attention_forward fills `probs` (and the backward reads them). A fused (flash) kernel
+  // recomputes them from lse instead, so keeping them would only cost memory.
+  virtual bool keeps_attention_probs() const { return true; }
+  // dqkv (B, T, 3, H, D) from dout; probs as saved by the forward, or undefined to recompute.
+  virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                  const Tensor& probs, Tensor& dqkv) = 0;
+
+  // ---- fused softmax cross-entropy over a (possibly vocabulary-parallel) classifier ----------
+  // logits (N, Vl) hold columns [vocab_start, vocab_start + Vl); only the first `valid` columns
+  // are real tokens (the rest is vocabulary padding and never takes part).
+  // stats (N, 3) f32 = {max of the row, sum exp(logit - max), logit of the target or 0}.
+  virtual void xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
+                          Tensor& stats) = 0;
+  // parts (P, N, 3): the stats of the P vocabulary shards -> lse (N) and loss (N) f32.
+  virtual void xent_combine(const Tensor& parts, Tensor& lse, Tensor& loss) = 0;
+  // In place: logits become d loss / d logits = (softmax - onehot(target)) * scale; padding 0.
+  virtual void xent_backward(Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
+                             const Tensor& lse, float scale) = 0;
+
+  // ---- optimizer ----------------------------------------------------------------------------
+  // AdamW with decoupled weight decay over the given ranges of flat f32 buffers (master, grads,
+  // m, v share one layout). When `compute_copy` is defined (the compute-dtype parameters) the
+  // updated values are written there too.
+  virtual void adamw(Tensor& master, const Tensor& grads, Tensor& m, Tensor& v, std::span<const FlatRange> ranges,
+                     const AdamWHyper& h, Tensor& compute_copy) = 0;
+};
+
+// The backend for a device; device_index selects the GPU. Throws InputError when the device is
+// not available (e.g. "cuda" on a machine without a GPU or a build without CUDA).
+std::unique_ptr<Ops> make_ops(Device device, int device_index = 0);
+// Number of CUDA devices usable by this build (0 without CUDA or without a GPU).
+int cuda_device_count();
+
+}  // namespace tripod

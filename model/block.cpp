@@ -1,0 +1,94 @@
+// Transformer block forward, backward and recomputation.
+#include "model/block.h"
+
+#include <fmt/format.h>
+
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace tripod {
+
+Block::Block(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, int layer, int chunk,
+             RecomputeMode recompute)
+    : ops_(ops),
+      par_(par),
+      recompute_(recompute),
+      ln1_(LayerNorm::make(reg, fmt::format("h.{}.ln_1", layer), cfg.d_model, chunk)),
+      ln2_(LayerNorm::make(reg, fmt::format("h.{}.ln_2", layer), cfg.d_model, chunk)),
+      attn_(ops, par, cfg, reg, fmt::format("h.{}.attn", layer), chunk),
+      mlp_(ops, par, cfg, reg, fmt::format("h.{}.mlp", layer), chunk) {
+  // The four sub-layers registered their parameters in construction order; gather them.
+  const std::string prefix = fmt::format("h.{}.", layer);
+  for (Param& p : reg.params())
+    if (p.spec.name.rfind(prefix, 0) == 0) params_.push_back(&p);
+}
+
+Tensor Block::run_forward(const Tensor& x, const MicroShape& ms, BlockActs& a) {
+  const int64_t Ns = x.size(0), C = x.size(1), N = ms.N();
+  const DType dt = ops_.compute_dtype();
+  a.x = x;
+  // Attention half.
+  a.h1 = ops_.empty({Ns, C}, dt, MemCategory::Activations);
+  ln1_.forward(ops_, x, a.h1, a.ln1);
+  Tensor h1_full = enter_tp_forward(ops_, par_, a.h1, MemCategory::Workspace);
+  Tensor partial = ops_.empty({N, C}, dt, MemCategory::Workspace);
+  attn_.forward(h1_full, ms, /*keep_probs=*/recompute_ == RecomputeMode::None && ops_.keeps_attention_probs(), a.attn,
+                partial);
+  h1_full = Tensor{};
+  Tensor attn_out = exit_tp_forward(ops_, par_, partial, MemCategory::Workspace);
+  a.x1 = ops_.empty({Ns, C}, dt, MemCategory::Activations);
+  ops_.add(x, attn_out, a.x1);
+  attn_out = Tensor{};
+  // MLP half.
+  a.h2 = ops_.empty({Ns, C}, dt, MemCategory::Activations);
+  ln2_.forward(ops_, a.x1, a.h2, a.ln2);
+  Tensor h2_full = enter_tp_forward(ops_, par_, a.h2, MemCategory::Workspace);
+  // `partial` is free again (the residual add consumed it) and takes the MLP's partial sums.
+  mlp_.forward(h2_full, a.mlp, partial);
+  h2_full = Tensor{};
+  Tensor mlp_out = exit_tp_forward(ops_, par_, partial, MemCategory::Workspace);
+  Tensor out = ops_.empty({Ns, C}, dt, MemCategory::Activations);
+  ops_.add(a.x1, mlp_out, out);
+  return out;
+}
+
+Tensor Block::forward(const Tensor& x, const MicroShape& ms, BlockActs& a) {
+  Tensor out = run_forward(x, ms, a);
+  if (recompute_ == RecomputeMode::Full) {
+    a = BlockActs{};
+    a.x = x;
+    a.recomputed = true;
+  }
+  return out;
+}
+
+Tensor Block::backward(Tensor dres, const MicroShape& ms, BlockActs& a) {
+  if (a.recomputed) run_forward(a.x, ms, a);  // the output is dropped; the activations are back
+  const int64_t N = ms.N(), C = dres.size(1);
+  const DType dt = ops_.compute_dtype();
+  // MLP half: dres is the gradient of x2 = x1 + mlp(...), so it flows to x1 unchanged, plus the
+  // MLP's contribution through ln_2.
+  {
+    Tensor dout_full = exit_tp_backward(ops_, par_, dres);
+    Tensor h2_full = enter_tp_forward(ops_, par_, a.h2, MemCategory::Workspace);
+    Tensor dh2_full = ops_.empty({N, C}, dt, MemCategory::Workspace);
+    mlp_.backward(dout_full, h2_full, a.mlp, dh2_full);
+    a.mlp = MlpActs{};
+    Tensor dh2 = enter_tp_backward(ops_, par_, dh2_full);
+    ln2_.backward(ops_, dh2, a.x1, a.ln2, dres);
+  }
+  a.h2 = a.x1 = Tensor{};
+  // Attention half.
+  {
+    Tensor dout_full = exit_tp_backward(ops_, par_, dres);
+    Tensor h1_full = enter_tp_forward(ops_, par_, a.h1, MemCategory::Workspace);
+    Tensor dh1_full = ops_.empty({N, C}, dt, MemCategory::Workspace);
+    attn_.backward(dout_full, h1_full, ms, a.attn, dh1_full);
+    a.attn = AttentionActs{};
+    Tensor dh1 = enter_tp_backward(ops_, par_, dh1_full);
+    ln1_.backward(ops_, dh1, a.x, a.ln1, dres);
+  }
+  a = BlockActs{};
+  return dres;
+}
+
+}  // namespace tripod

@@ -1,0 +1,95 @@
+// Vocabulary-parallel embedding and the fused vocabulary-parallel classifier.
+#include "model/embedding.h"
+
+#include <algorithm>
+
+#include "parallel/tensor_parallel/mappings.h"
+
+namespace tripod {
+
+VocabShard VocabShard::of(const ModelConfig& cfg, int tp, int tp_rank) {
+  VocabShard s;
+  s.rows = cfg.padded_vocab(tp) / tp;
+  s.start = tp_rank * s.rows;
+  s.valid = std::clamp<int64_t>(cfg.vocab_size - s.start, 0, s.rows);
+  return s;
+}
+
+Param& register_wte(ParamRegistry& reg, const ModelConfig& cfg, const ParallelContext& par, bool tied_copy,
+                    int chunk) {
+  VocabShard s = VocabShard::of(cfg, par.grid.tp(), par.coords.tp);
+  return reg.add({.name = "wte", .global_shape = {cfg.padded_vocab(par.grid.tp()), cfg.d_model}, .shard_dim = 0,
+                  .shard_offset = s.start, .shard_size = s.rows, .decay = true, .tied_copy = tied_copy,
+                  .vocab_rows = cfg.vocab_size, .init = Init::Normal, .stddev = 0.02f, .chunk = chunk});
+}
+
+Embedding::Embedding(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& wte,
+                     int chunk)
+    : ops_(ops), par_(par), shard_(VocabShard::of(cfg, par.grid.tp(), par.coords.tp)), wte_(&wte) {
+  wpe_ = &reg.add({.name = "wpe", .global_shape = {cfg.positions(), cfg.d_model}, .decay = true, .init = Init::Normal,
+                   .stddev = 0.02f, .chunk = chunk});
+}
+
+Tensor Embedding::forward(const Tensor& tokens, const MicroShape& ms) {
+  const int64_t N = ms.N(), C = wte_->value.size(1);
+  const bool sp = par_.sequence_parallel && par_.grid.tp() > 1;
+  // Without SP the summed table lookup is the first block's input itself.
+  Tensor e = ops_.empty({N, C}, ops_.compute_dtype(), sp ? MemCategory::Workspace : MemCategory::Activations);
+  // Positions are replicated: TP rank 0 adds them before the partial lookups are summed.
+  ops_.embedding_forward(tokens, wte_->value, shard_.start, par_.coords.tp == 0 ? wpe_->value : Tensor{}, ms.T, e);
+  return exit_tp_forward(ops_, par_, e, MemCategory::Activations);
+}
+
+void Embedding::backward(const Tensor& tokens, const Tensor& dx, const MicroShape& ms) {
+  Tensor d_full = exit_tp_backward(ops_, par_, dx);
+  // Every TP rank sees the whole gradient, so all of them update wpe identically.
+  ops_.embedding_backward(tokens, d_full, shard_.start, wte_->grad, wpe_->grad, ms.T);
+}
+
+LmHead::LmHead(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& wte,
+               int chunk)
+    : ops_(ops),
+      par_(par),
+      shard_(VocabShard::of(cfg, par.grid.tp(), par.coords.tp)),
+      ln_f_(LayerNorm::make(reg, "ln_f", cfg.d_model, chunk)),
+      wte_(&wte) {}
+
+void LmHead::forward(const Tensor& x, const Tensor& targets, float grad_scale, HeadActs& a, Tensor& losses) {
+  const int64_t Ns = x.size(0), C = x.size(1), N = targets.numel();
+  const int tp = par_.grid.tp();
+  a.x = x;
+  a.h = ops_.empty({Ns, C}, ops_.compute_dtype(), MemCategory::Activations);
+  ln_f_.forward(ops_, x, a.h, a.ln);
+  Tensor h_full = enter_tp_forward(ops_, par_, a.h, MemCategory::Workspace);
+  a.dlogits = ops_.empty({N, shard_.rows}, ops_.compute_dtype(), MemCategory::Activations);
+  ops_.linear_forward(h_full, wte_->value, Tensor{}, a.dlogits);
+  // Each shard's (max, sum-exp, target logit) per token; the shards' stats are combined so the
+  // full logits never exist on one rank.
+  Tensor stats = ops_.empty({N, 3}, DType::F32, MemCategory::Workspace);
+  ops_.xent_stats(a.dlogits, targets, shard_.start, shard_.valid, stats);
+  Tensor parts = stats.view({1, N, 3});
+  if (tp > 1) {
+    parts = ops_.empty({tp, N, 3}, DType::F32, MemCategory::Workspace);
+    par_.tp->all_gather(stats, parts);
+  }
+  Tensor lse = ops_.empty({N}, DType::F32, MemCategory::Workspace);
+  ops_.xent_combine(parts, lse, losses);
+  ops_.xent_backward(a.dlogits, targets, shard_.start, shard_.valid, lse, grad_scale);
+}
+
+Tensor LmHead::backward(HeadActs& a) {
+  const int64_t N = a.dlogits.size(0), C = a.x.size(1);
+  Tensor h_full = enter_tp_forward(ops_, par_, a.h, MemCategory::Workspace);
+  Tensor dh_full = ops_.empty({N, C}, ops_.compute_dtype(), MemCategory::Workspace);
+  Tensor no_bias;
+  ops_.linear_backward(a.dlogits, h_full, wte_->value, dh_full, wte_->grad, no_bias);
+  a.dlogits = h_full = Tensor{};
+  Tensor dh = enter_tp_backward(ops_, par_, dh_full);
+  Tensor dx = ops_.empty(a.x.shape(), ops_.compute_dtype(), MemCategory::Workspace);
+  ops_.fill(dx, 0.f);
+  ln_f_.backward(ops_, dh, a.x, a.ln, dx);
+  a = HeadActs{};
+  return dx;
+}
+
+}  // namespace tripod

@@ -1,0 +1,62 @@
+// The tied token embedding, vocabulary-parallel across TP ranks: the input side (token +
+// position embedding on the first chunk) and the output side (final LayerNorm, logits against
+// the same table, fused softmax cross-entropy on the last chunk).
+#pragma once
+
+#include "model/attention.h"
+#include "model/layernorm.h"
+
+namespace tripod {
+
+// This rank's rows of the padded vocabulary: [start, start + rows); the first `valid` are real.
+struct VocabShard {
+  int64_t start = 0, rows = 0, valid = 0;
+  static VocabShard of(const ModelConfig& cfg, int tp, int tp_rank);
+};
+
+// Registers "wte" (the tied table, sharded by rows across TP). On a stage that only uses it for
+// the output (the last pipeline stage when pp > 1) it is a tied copy.
+Param& register_wte(ParamRegistry& reg, const ModelConfig& cfg, const ParallelContext& par, bool tied_copy,
+                    int chunk);
+
+class Embedding {
+ public:
+  Embedding(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& wte, int chunk);
+  // tokens (N) i32 -> x (Ns, C), the first block's input.
+  Tensor forward(const Tensor& tokens, const MicroShape& ms);
+  // dx (Ns, C): the gradient of the first block's input.
+  void backward(const Tensor& tokens, const Tensor& dx, const MicroShape& ms);
+
+ private:
+  Ops& ops_;
+  const ParallelContext& par_;
+  VocabShard shard_;
+  Param* wte_;
+  Param* wpe_;
+};
+
+struct HeadActs {
+  Tensor x;       // (Ns, C) input of ln_f
+  Tensor h;       // (Ns, C) ln_f output
+  LayerNormActs ln;
+  Tensor dlogits;  // (N, V/tp): the gradient of the logits, computed in the forward (fused)
+};
+
+class LmHead {
+ public:
+  LmHead(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& wte, int chunk);
+  // x (Ns, C) -> per-token losses (N) f32 in `losses`; the logits' gradient for a loss scaled by
+  // `grad_scale` (per token) is kept for the backward.
+  void forward(const Tensor& x, const Tensor& targets, float grad_scale, HeadActs& a, Tensor& losses);
+  // -> the gradient of x, (Ns, C).
+  Tensor backward(HeadActs& a);
+
+ private:
+  Ops& ops_;
+  const ParallelContext& par_;
+  VocabShard shard_;
+  LayerNorm ln_f_;
+  Param* wte_;
+};
+
+}  // namespace tripod

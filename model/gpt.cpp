@@ -1,0 +1,106 @@
+// GPT-2 chunks: partitioning, construction, forward and backward.
+#include "model/gpt.h"
+
+#include <fmt/ranges.h>
+
+#include <numeric>
+
+namespace tripod {
+
+std::vector<int> layers_per_stage(int n_layers, int pp, int vp, const std::vector<int>& explicit_counts) {
+  const int stages = pp * vp;
+  if (!explicit_counts.empty()) {
+    TRIPOD_INPUT_CHECK(static_cast<int>(explicit_counts.size()) == stages,
+                       "parallel.layers_per_stage has {} entries but pp*vp = {}*{} = {} virtual stages need one each",
+                       explicit_counts.size(), pp, vp, stages);
+    int total = std::accumulate(explicit_counts.begin(), explicit_counts.end(), 0);
+    TRIPOD_INPUT_CHECK(total == n_layers, "parallel.layers_per_stage [{}] adds up to {} layers but model.n_layers = {}",
+                       fmt::join(explicit_counts, ", "), total, n_layers);
+    for (size_t i = 0; i < explicit_counts.size(); ++i)
+      TRIPOD_INPUT_CHECK(explicit_counts[i] >= 1, "parallel.layers_per_stage gives virtual stage {} {} layers; every "
+                         "stage needs at least 1", i, explicit_counts[i]);
+    return explicit_counts;
+  }
+  TRIPOD_INPUT_CHECK(n_layers >= stages,
+                     "model.n_layers = {} is fewer than the pp*vp = {}*{} = {} pipeline stages; every stage needs a layer",
+                     n_layers, pp, vp, stages);
+  TRIPOD_INPUT_CHECK(n_layers % stages == 0,
+                     "model.n_layers = {} does not split evenly into pp*vp = {} virtual stages; give "
+                     "parallel.layers_per_stage (a list of {} counts adding up to {})",
+                     n_layers, stages, stages, n_layers);
+  return std::vector<int>(stages, n_layers / stages);
+}
+
+std::vector<ChunkLayout> rank_chunks(const std::vector<int>& counts, int pp, int vp, int pp_rank) {
+  std::vector<int> start(counts.size() + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), start.begin() + 1);
+  std::vector<ChunkLayout> out;
+  for (int c = 0; c < vp; ++c) {
+    int g = c * pp + pp_rank;
+    out.push_back({.virtual_stage = g, .layer_begin = start[g], .layer_end = start[g + 1], .has_embedding = g == 0,
+                   .has_head = g == pp * vp - 1});
+  }
+  return out;
+}
+
+GptModel::GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
+                   const std::vector<ChunkLayout>& chunks, const RecomputeConfig& recompute, ParamRegistry& reg)
+    : ops_(ops), par_(par), cfg_(cfg) {
+  auto added_since = [&reg](size_t before) {
+    std::vector<Param*> out;
+    for (size_t i = before; i < reg.params().size(); ++i) out.push_back(&reg.params()[i]);
+    return out;
+  };
+  for (int c = 0; c < static_cast<int>(chunks.size()); ++c) {
+    Chunk& ch = chunks_.emplace_back();
+    ch.layout = chunks[c];
+    if (ch.layout.has_embedding) {
+      size_t before = reg.params().size();
+      wte_ = &register_wte(reg, cfg, par, /*tied_copy=*/false, c);
+      ch.embedding = std::make_unique<Embedding>(ops, par, cfg, reg, *wte_, c);
+      ch.embedding_params = added_since(before);
+    }
+    for (int l = ch.layout.layer_begin; l < ch.layout.layer_end; ++l) {
+      bool recompute_here = recompute.mode != RecomputeMode::None && recompute.applies_to(l - ch.layout.layer_begin);
+      ch.blocks.push_back(std::make_unique<Block>(ops, par, cfg, reg, l, c,
+                                                  recompute_here ? recompute.mode : RecomputeMode::None));
+    }
+    if (ch.layout.has_head) {
+      size_t before = reg.params().size();
+      // The head uses the embedding's table; on another stage it holds a tied copy.
+      if (!wte_) wte_ = &register_wte(reg, cfg, par, /*tied_copy=*/true, c);
+      ch.head = std::make_unique<LmHead>(ops, par, cfg, reg, *wte_, c);
+      ch.head_params = added_since(before);
+    }
+  }
+}
+
+Tensor GptModel::forward(int chunk, const MicroBatch& mb, const Tensor& input, ChunkActs& acts) {
+  Chunk& ch = chunks_.at(chunk);
+  Tensor x = ch.embedding ? ch.embedding->forward(mb.tokens, mb.shape) : input;
+  acts.blocks.resize(ch.blocks.size());
+  for (size_t i = 0; i < ch.blocks.size(); ++i) x = ch.blocks[i]->forward(x, mb.shape, acts.blocks[i]);
+  if (!ch.head) return x;
+  Tensor losses = mb.losses;
+  ch.head->forward(x, mb.targets, mb.grad_scale, acts.head, losses);
+  return Tensor{};
+}
+
+Tensor GptModel::backward(int chunk, const MicroBatch& mb, Tensor dy, ChunkActs& acts, const GradReadyFn& ready) {
+  Chunk& ch = chunks_.at(chunk);
+  Tensor d = ch.head ? ch.head->backward(acts.head) : dy;
+  // head_params holds the table only where the head owns a tied copy; a table shared with the
+  // embedding on this rank is reported after the embedding's backward.
+  if (ch.head && ready) ready(ch.head_params);
+  for (int i = static_cast<int>(ch.blocks.size()) - 1; i >= 0; --i) {
+    d = ch.blocks[i]->backward(d, mb.shape, acts.blocks[i]);
+    if (ready) ready(ch.blocks[i]->params());
+  }
+  acts = ChunkActs{};
+  if (!ch.embedding) return d;
+  ch.embedding->backward(mb.tokens, d, mb.shape);
+  if (ready) ready(ch.embedding_params);
+  return Tensor{};
+}
+
+}  // namespace tripod

@@ -1,0 +1,82 @@
+// GPT-2 on one rank: its pipeline model chunks (virtual stages), each a run of blocks, the first
+// chunk of the model with the embedding, the last with the head and loss.
+//
+// Layers are split into pp*vp virtual stages in order; virtual stage g lives on pipeline rank
+// g % pp as its local chunk g / pp (Megatron's interleaving: rank r holds r, r+pp, r+2pp, ...).
+// Example: 8 layers, pp=2, vp=2: stages 0..3 hold layers {0,1} {2,3} {4,5} {6,7}; rank 0 holds
+// stages 0 and 2 (layers 0,1 and 4,5), rank 1 holds stages 1 and 3.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "model/block.h"
+#include "model/embedding.h"
+
+namespace tripod {
+
+struct ChunkLayout {
+  int virtual_stage = 0;           // global index of this chunk among the pp*vp
+  int layer_begin = 0, layer_end = 0;
+  bool has_embedding = false, has_head = false;
+};
+
+// Layers per virtual stage: `explicit_counts` when given (pp*vp entries), else an even split.
+// Throws InputError naming the numbers when the split is impossible.
+std::vector<int> layers_per_stage(int n_layers, int pp, int vp, const std::vector<int>& explicit_counts);
+// The chunks of pipeline rank `pp_rank`, in local order.
+std::vector<ChunkLayout> rank_chunks(const std::vector<int>& counts, int pp, int vp, int pp_rank);
+
+// One micro-batch as the model sees it.
+struct MicroBatch {
+  MicroShape shape;
+  Tensor tokens;   // (N) i32 input tokens, on the first stage
+  Tensor targets;  // (N) i32 next tokens, on the last stage
+  float grad_scale = 1.f;  // d(step loss)/d(token loss): 1 / (tokens in the global batch)
+  Tensor losses;   // (N) f32, filled by the head
+};
+
+struct ChunkActs {
+  std::vector<BlockActs> blocks;
+  HeadActs head;
+};
+
+// Called with parameters whose gradients are final for this step (see GptModel::backward).
+using GradReadyFn = std::function<void(const std::vector<Param*>&)>;
+
+class GptModel {
+ public:
+  GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, const std::vector<ChunkLayout>& chunks,
+           const RecomputeConfig& recompute, ParamRegistry& reg);
+  int num_chunks() const { return static_cast<int>(chunks_.size()); }
+  const ChunkLayout& layout(int chunk) const { return chunks_[chunk].layout; }
+  const ModelConfig& config() const { return cfg_; }
+
+  // The first chunk reads mb.tokens; others take `input` (Ns, C). Returns the chunk's output
+  // (Ns, C), or nothing for the last chunk, which writes mb.losses.
+  Tensor forward(int chunk, const MicroBatch& mb, const Tensor& input, ChunkActs& acts);
+  // dy: the gradient of the chunk's output (ignored by the last chunk). Returns the gradient of
+  // its input (nothing for the first chunk). When `ready` is set (the last backward of this
+  // chunk in the step), it is called as each layer's gradients become final.
+  Tensor backward(int chunk, const MicroBatch& mb, Tensor dy, ChunkActs& acts, const GradReadyFn& ready = {});
+
+  // The tied embedding table on this rank (owner or copy), or null.
+  Param* wte() const { return wte_; }
+
+ private:
+  struct Chunk {
+    ChunkLayout layout;
+    std::unique_ptr<Embedding> embedding;
+    std::vector<std::unique_ptr<Block>> blocks;
+    std::unique_ptr<LmHead> head;
+    std::vector<Param*> embedding_params, head_params;
+  };
+  Ops& ops_;
+  const ParallelContext& par_;
+  ModelConfig cfg_;
+  std::vector<Chunk> chunks_;
+  Param* wte_ = nullptr;
+};
+
+}  // namespace tripod

@@ -1,0 +1,87 @@
+// Parameter registration, flat buffers and grid-independent initialisation.
+#include "model/param_registry.h"
+
+#include "core/rng.h"
+
+namespace tripod {
+
+Shape ParamSpec::local_shape() const {
+  Shape s = global_shape;
+  if (shard_dim >= 0) s.at(shard_dim) = shard_size;
+  return s;
+}
+
+Param& ParamRegistry::add(ParamSpec spec) {
+  TRIPOD_CHECK(!values_.defined(), "parameter {} registered after allocation", spec.name);
+  TRIPOD_CHECK(find(spec.name) == nullptr, "parameter {} registered twice", spec.name);
+  if (spec.shard_dim >= 0)
+    TRIPOD_CHECK(spec.shard_dim < static_cast<int>(spec.global_shape.size()) && spec.shard_size > 0 &&
+                     spec.shard_offset + spec.shard_size <= spec.global_shape[spec.shard_dim],
+                 "parameter {}: shard [{}, +{}) of dim {} of {}", spec.name, spec.shard_offset, spec.shard_size,
+                 spec.shard_dim, shape_str(spec.global_shape));
+  Param& p = params_.emplace_back();
+  p.spec = std::move(spec);
+  p.offset = size_;
+  int64_t n = p.spec.local_numel();
+  size_ += (n + kAlign - 1) / kAlign * kAlign;
+  return p;
+}
+
+void ParamRegistry::allocate(Ops& ops) {
+  values_ = ops.empty({size_}, ops.compute_dtype(), MemCategory::Params);
+  grads_ = ops.empty({size_}, DType::F32, MemCategory::Grads);
+  ops.fill(values_, 0.f);  // the alignment gaps stay zero
+  ops.fill(grads_, 0.f);
+  for (Param& p : params_) {
+    int64_t n = p.spec.local_numel();
+    p.value = values_.flat(p.offset, p.offset + n).view(p.spec.local_shape());
+    p.grad = grads_.flat(p.offset, p.offset + n).view(p.spec.local_shape());
+  }
+}
+
+Param* ParamRegistry::find(const std::string& name) {
+  for (Param& p : params_)
+    if (p.spec.name == name) return &p;
+  return nullptr;
+}
+
+void init_shard_values(const ParamSpec& spec, uint64_t seed, float* out) {
+  const Shape local = spec.local_shape();
+  const int64_t n = shape_numel(local);
+  if (spec.init == Init::Zeros || spec.init == Init::Ones) {
+    std::fill(out, out + n, spec.init == Init::Ones ? 1.f : 0.f);
+    return;
+  }
+  // Map each local element to its global flat index. Row-major strides of the global shape.
+  const Shape& g = spec.global_shape;
+  const int nd = static_cast<int>(g.size());
+  std::vector<int64_t> gstride(nd, 1);
+  for (int d = nd - 2; d >= 0; --d) gstride[d] = gstride[d + 1] * g[d + 1];
+  const int64_t row_stride = nd > 1 ? gstride[0] : 1;  // elements per global row (dim 0)
+  CounterRng rng(seed, hash_name(spec.name));
+  std::vector<int64_t> idx(nd, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t flat = 0;
+    for (int d = 0; d < nd; ++d) {
+      int64_t gi = idx[d] + (d == spec.shard_dim ? spec.shard_offset : 0);
+      flat += gi * gstride[d];
+    }
+    bool padding = spec.vocab_rows >= 0 && flat / row_stride >= spec.vocab_rows;
+    out[i] = padding ? 0.f : static_cast<float>(rng.normal(static_cast<uint64_t>(flat)) * spec.stddev);
+    for (int d = nd - 1; d >= 0; --d) {  // advance the local multi-index
+      if (++idx[d] < local[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+void ParamRegistry::initialize(Ops& ops, uint64_t seed) {
+  CpuAllocator host;
+  for (Param& p : params_) {
+    Tensor h = Tensor::empty(host, p.spec.local_shape(), DType::F32, MemCategory::Workspace);
+    init_shard_values(p.spec, seed, h.data<float>());
+    ops.copy(h, p.value);
+  }
+}
+
+}  // namespace tripod

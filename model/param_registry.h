@@ -1,0 +1,84 @@
+// ParamRegistry: every parameter of this rank, registered once with its global name, global
+// shape and how it is sharded. The DP reducer, the distributed optimizer, grad-norm clipping and
+// checkpoints read this registry; nothing else computes shard shapes.
+//
+// Values live in one flat buffer in the compute dtype and gradients in one flat f32 buffer, both
+// in registration order with each parameter aligned to kAlign elements, so buckets and
+// optimizer shards are plain ranges of those buffers.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/op.h"
+
+namespace tripod {
+
+enum class Init { Normal, Zeros, Ones };
+
+struct ParamSpec {
+  std::string name;    // global name, e.g. "h.3.attn.qkv.weight"
+  Shape global_shape;  // shape of the whole (unsharded) tensor
+  int shard_dim = -1;  // dimension split across TP ranks; -1: replicated across TP
+  int64_t shard_offset = 0, shard_size = 0;  // this rank's extent along shard_dim
+  bool decay = false;                        // AdamW weight decay applies
+  // Under sequence parallelism each TP rank's gradient covers only its token slice, so the
+  // gradients are summed across TP before use (LayerNorm weights).
+  bool sp_partial_grad = false;
+  // A copy of a parameter owned by another stage (the tied embedding on the last pipeline
+  // stage): kept in sync, but counted in the grad norm and saved by the owner only.
+  bool tied_copy = false;
+  // For a vocabulary table: rows at or beyond this global index are padding (initialised to zero,
+  // never used). -1: not a vocabulary table.
+  int64_t vocab_rows = -1;
+  Init init = Init::Zeros;
+  float stddev = 0.f;
+  int chunk = 0;  // the pipeline model chunk (virtual stage) of this rank that owns it
+
+  Shape local_shape() const;
+  int64_t local_numel() const { return shape_numel(local_shape()); }
+  // Counted in the global grad norm by this rank (replicated copies count once, on tp rank 0).
+  bool counts_in_norm(int tp_rank) const { return !tied_copy && (shard_dim >= 0 || tp_rank == 0); }
+};
+
+struct Param {
+  ParamSpec spec;
+  int64_t offset = 0;  // into the flat buffers
+  Tensor value;        // (local shape), compute dtype, a view into the flat values
+  Tensor grad;         // (local shape), f32, a view into the flat gradients
+  int64_t numel() const { return value.numel(); }
+};
+
+class ParamRegistry {
+ public:
+  static constexpr int64_t kAlign = 64;
+
+  // Registers a parameter; the returned reference stays valid (tensors bound by allocate()).
+  Param& add(ParamSpec spec);
+  // Allocates the flat buffers and binds every parameter's views.
+  void allocate(Ops& ops);
+  // Fills every parameter from its spec: Normal draws from a counter-based stream keyed by
+  // (seed, global name, global element index), so values do not depend on the grid.
+  void initialize(Ops& ops, uint64_t seed);
+  void zero_grads(Ops& ops) { ops.fill(grads_, 0.f); }
+
+  std::deque<Param>& params() { return params_; }
+  const std::deque<Param>& params() const { return params_; }
+  Param* find(const std::string& name);
+  Tensor& flat_values() { return values_; }
+  Tensor& flat_grads() { return grads_; }
+  int64_t flat_size() const { return size_; }
+
+ private:
+  std::deque<Param> params_;
+  int64_t size_ = 0;
+  Tensor values_, grads_;
+};
+
+// Fills `out` (host f32, the spec's local shape) with the initial values of that shard.
+void init_shard_values(const ParamSpec& spec, uint64_t seed, float* out);
+
+}  // namespace tripod

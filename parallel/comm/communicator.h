@@ -1,0 +1,54 @@
+// One interface for every collective and point-to-point transfer a rank makes. Ranks are the
+// communicator's own (0..size-1). Tensors may be on the host or the device: MpiComm stages device
+// memory through pinned host buffers, NcclComm works on device memory directly.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace tripod {
+
+enum class ReduceOp { Sum, Max };
+
+// An operation in flight. wait() completes it (and copies staged results into place).
+class CommRequest {
+ public:
+  virtual ~CommRequest() = default;
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // A short name for logs and traces ("tp", "dp", "pp", "embedding", "world").
+  virtual const std::string& name() const = 0;
+
+  // In place, f32 or bf16 (bf16 sums are done in f32 by MPI staging, natively by NCCL).
+  virtual void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) = 0;
+  // in (size * n) -> out (n): out = sum over ranks of in's block [rank*n, (rank+1)*n).
+  virtual void reduce_scatter(const Tensor& in, Tensor& out) = 0;
+  // in (n) -> out (size * n): block r of out is rank r's in.
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  virtual void broadcast(Tensor& t, int root) = 0;
+  virtual void barrier() = 0;
+
+  // Non-blocking variants: the tensors must stay alive and untouched until wait().
+  virtual std::unique_ptr<CommRequest> iall_reduce(Tensor& t) = 0;
+  virtual std::unique_ptr<CommRequest> ireduce_scatter(const Tensor& in, Tensor& out) = 0;
+  virtual std::unique_ptr<CommRequest> iall_gather(const Tensor& in, Tensor& out) = 0;
+  virtual std::unique_ptr<CommRequest> isend(const Tensor& t, int peer, int tag) = 0;
+  virtual std::unique_ptr<CommRequest> irecv(Tensor& t, int peer, int tag) = 0;
+
+  // Bytes this rank has sent through this communicator (for the traffic benchmark).
+  int64_t bytes_sent() const { return bytes_sent_; }
+
+ protected:
+  int64_t bytes_sent_ = 0;
+};
+
+}  // namespace tripod

@@ -1,0 +1,213 @@
+// MPI communicator: non-blocking MPI calls, waits with a timeout, device tensors staged on the host.
+#include "parallel/comm/mpi_comm.h"
+
+#include <fmt/ranges.h>
+#include <time.h>
+
+#include <chrono>
+
+#include "core/error.h"
+
+namespace tripod {
+
+namespace {
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::I32: return MPI_INT;
+    case DType::BF16: break;
+  }
+  TRIPOD_FAIL("MPI has no native type for {}", dtype_name(t));
+}
+
+int mpi_count(int64_t n) {
+  TRIPOD_CHECK(n <= INT32_MAX, "message of {} elements exceeds MPI's int count", n);
+  return static_cast<int>(n);
+}
+
+// A tensor as MPI sees it: the tensor itself when it is host f32/i32, otherwise a host f32 copy
+// (device memory, or bf16 whose sums MPI cannot do) that is copied back on completion.
+struct Staged {
+  Tensor host;      // what MPI reads and writes
+  Tensor original;  // where results go back (undefined when no copy-back is needed)
+};
+
+bool needs_staging(const Tensor& t) { return t.device() != Device::CPU || t.dtype() == DType::BF16; }
+
+Staged stage(Ops* ops, const Tensor& t, bool copy_in, bool copy_back) {
+  if (!needs_staging(t)) return {t, Tensor{}};
+  TRIPOD_CHECK(ops, "staging {} needs a backend", t.str());
+  DType dt = t.dtype() == DType::BF16 ? DType::F32 : t.dtype();
+  Tensor host = Tensor::empty(ops->host_allocator(), t.shape(), dt, MemCategory::Comm);
+  if (copy_in) ops->copy(t, host);
+  return {host, copy_back ? t : Tensor{}};
+}
+
+class MpiRequest final : public CommRequest {
+ public:
+  MpiRequest(const MpiComm* comm, const char* what, Ops* ops) : comm_(comm), what_(what), ops_(ops) {}
+  ~MpiRequest() override {
+    if (!done_ && req_ != MPI_REQUEST_NULL) {
+      // Abandoned (an exception unwound past it): complete it so buffers are not written later.
+      MPI_Wait(&req_, MPI_STATUS_IGNORE);
+    }
+  }
+  void wait() override {
+    if (done_) return;
+    comm_->wait(req_, what_);
+    done_ = true;
+    for (auto& s : staged_)
+      if (s.original.defined()) ops_->copy(s.host, s.original);
+  }
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  std::vector<Staged> staged_;
+
+ private:
+  const MpiComm* comm_;
+  const char* what_;
+  Ops* ops_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+MpiComm::MpiComm(MPI_Comm comm, std::string name, Ops* ops, double timeout_s, std::vector<int> world_ranks)
+    : comm_(comm), name_(std::move(name)), ops_(ops), timeout_s_(timeout_s), world_ranks_(std::move(world_ranks)) {
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+}
+
+MpiComm::~MpiComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiComm::wait(MPI_Request& req, const char* what) const {
+  int done = 0;
+  MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+  if (done) return;
+  // Spin briefly, then poll with short sleeps: ranks often outnumber cores on CPU runs.
+  auto start = std::chrono::steady_clock::now();
+  for (int spins = 0;; ++spins) {
+    MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+    if (done) return;
+    if (spins > 200) {
+      timespec ts{0, spins > 20000 ? 1000000 : 20000};
+      nanosleep(&ts, nullptr);
+    }
+    if ((spins & 63) == 0) {
+      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (waited > timeout_s_)
+        TRIPOD_FAIL(
+            "{} on the '{}' communicator (world ranks {}) did not complete within {:.0f} s: a peer rank has died "
+            "or stopped responding (parallel.timeout_s sets this limit)",
+            what, name_, fmt::join(world_ranks_, ","), timeout_s_);
+    }
+  }
+}
+
+std::unique_ptr<CommRequest> MpiComm::start_all_reduce(Tensor& t, ReduceOp op) {
+  auto r = std::make_unique<MpiRequest>(this, op == ReduceOp::Sum ? "all_reduce" : "all_reduce(max)", ops_);
+  Staged s = stage(ops_, t, true, true);
+  MPI_Iallreduce(MPI_IN_PLACE, s.host.raw(), mpi_count(s.host.numel()), mpi_type(s.host.dtype()),
+                 op == ReduceOp::Sum ? MPI_SUM : MPI_MAX, comm_, &r->req_);
+  r->staged_.push_back(std::move(s));
+  bytes_sent_ += size_ > 1 ? 2 * (size_ - 1) * static_cast<int64_t>(t.nbytes()) / size_ : 0;
+  return r;
+}
+
+void MpiComm::all_reduce(Tensor& t, ReduceOp op) {
+  if (size_ == 1) return;
+  start_all_reduce(t, op)->wait();
+}
+
+std::unique_ptr<CommRequest> MpiComm::iall_reduce(Tensor& t) { return start_all_reduce(t, ReduceOp::Sum); }
+
+std::unique_ptr<CommRequest> MpiComm::ireduce_scatter(const Tensor& in, Tensor& out) {
+  TRIPOD_CHECK(in.numel() == out.numel() * size_, "reduce_scatter {} -> {} over {} ranks", in.str(), out.str(),
+               size_);
+  auto r = std::make_unique<MpiRequest>(this, "reduce_scatter", ops_);
+  Staged si = stage(ops_, in, true, false), so = stage(ops_, out, false, true);
+  MPI_Ireduce_scatter_block(si.host.raw(), so.host.raw(), mpi_count(out.numel()), mpi_type(so.host.dtype()), MPI_SUM,
+                            comm_, &r->req_);
+  r->staged_.push_back(std::move(si));
+  r->staged_.push_back(std::move(so));
+  bytes_sent_ += static_cast<int64_t>(out.nbytes()) * (size_ - 1);
+  return r;
+}
+
+void MpiComm::reduce_scatter(const Tensor& in, Tensor& out) { ireduce_scatter(in, out)->wait(); }
+
+std::unique_ptr<CommRequest> MpiComm::iall_gather(const Tensor& in, Tensor& out) {
+  TRIPOD_CHECK(out.numel() == in.numel() * size_, "all_gather {} -> {} over {} ranks", in.str(), out.str(), size_);
+  auto r = std::make_unique<MpiRequest>(this, "all_gather", ops_);
+  Staged si = stage(ops_, in, true, false), so = stage(ops_, out, false, true);
+  MPI_Iallgather(si.host.raw(), mpi_count(in.numel()), mpi_type(si.host.dtype()), so.host.raw(),
+                 mpi_count(in.numel()), mpi_type(so.host.dtype()), comm_, &r->req_);
+  r->staged_.push_back(std::move(si));
+  r->staged_.push_back(std::move(so));
+  bytes_sent_ += static_cast<int64_t>(in.nbytes()) * (size_ - 1);
+  return r;
+}
+
+void MpiComm::all_gather(const Tensor& in, Tensor& out) { iall_gather(in, out)->wait(); }
+
+void MpiComm::broadcast(Tensor& t, int root) {
+  if (size_ == 1) return;
+  MpiRequest r(this, "broadcast", ops_);
+  Staged s = stage(ops_, t, rank_ == root, rank_ != root);
+  MPI_Ibcast(s.host.raw(), mpi_count(s.host.numel()), mpi_type(s.host.dtype()), root, comm_, &r.req_);
+  r.staged_.push_back(std::move(s));
+  if (rank_ == root) bytes_sent_ += static_cast<int64_t>(t.nbytes());
+  r.wait();
+}
+
+void MpiComm::barrier() {
+  MPI_Request req;
+  MPI_Ibarrier(comm_, &req);
+  wait(req, "barrier");
+}
+
+std::unique_ptr<CommRequest> MpiComm::isend(const Tensor& t, int peer, int tag) {
+  auto r = std::make_unique<MpiRequest>(this, "send", ops_);
+  Staged s = stage(ops_, t, true, false);
+  MPI_Isend(s.host.raw(), mpi_count(s.host.numel()), mpi_type(s.host.dtype()), peer, tag, comm_, &r->req_);
+  r->staged_.push_back(std::move(s));
+  bytes_sent_ += static_cast<int64_t>(t.nbytes());
+  return r;
+}
+
+std::unique_ptr<CommRequest> MpiComm::irecv(Tensor& t, int peer, int tag) {
+  auto r = std::make_unique<MpiRequest>(this, "recv", ops_);
+  Staged s = stage(ops_, t, false, true);
+  MPI_Irecv(s.host.raw(), mpi_count(s.host.numel()), mpi_type(s.host.dtype()), peer, tag, comm_, &r->req_);
+  r->staged_.push_back(std::move(s));
+  return r;
+}
+
+std::unique_ptr<MpiComm> mpi_world(Ops* ops, double timeout_s) {
+  int size;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::vector<int> ranks(size);
+  for (int i = 0; i < size; ++i) ranks[i] = i;
+  MPI_Comm dup;
+  MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  return std::make_unique<MpiComm>(dup, "world", ops, timeout_s, std::move(ranks));
+}
+
+std::unique_ptr<MpiComm> mpi_subgroup(const MpiComm& world, const std::vector<int>& ranks, std::string name) {
+  // MPI_Comm_create_group is collective only over the members, so groups can be made one at a
+  // time without every rank taking part.
+  MPI_Group world_group, group;
+  MPI_Comm_group(world.handle(), &world_group);
+  MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
+  MPI_Comm comm;
+  MPI_Comm_create_group(world.handle(), group, /*tag=*/0, &comm);
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  return std::make_unique<MpiComm>(comm, std::move(name), world.ops(), world.timeout_s(), ranks);
+}
+
+}  // namespace tripod

@@ -1,0 +1,59 @@
+// Communicator over MPI (Open MPI). Host memory directly; device memory staged through host
+// buffers (pinned, from the backend's host allocator). Every wait is bounded by a timeout so a
+// dead peer ends this rank with an error instead of a hang.
+#pragma once
+
+#include <mpi.h>
+
+#include <vector>
+
+#include "kernels/op.h"
+#include "parallel/comm/communicator.h"
+
+namespace tripod {
+
+class MpiComm final : public Communicator {
+ public:
+  // Takes ownership of `comm`. `ops` stages device tensors (may be null when all are host).
+  // `world_ranks` are the world ranks of this communicator's members (for error messages).
+  MpiComm(MPI_Comm comm, std::string name, Ops* ops, double timeout_s, std::vector<int> world_ranks);
+  ~MpiComm() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  void all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum) override;
+  void reduce_scatter(const Tensor& in, Tensor& out) override;
+  void all_gather(const Tensor& in, Tensor& out) override;
+  void broadcast(Tensor& t, int root) override;
+  void barrier() override;
+
+  std::unique_ptr<CommRequest> iall_reduce(Tensor& t) override;
+  std::unique_ptr<CommRequest> ireduce_scatter(const Tensor& in, Tensor& out) override;
+  std::unique_ptr<CommRequest> iall_gather(const Tensor& in, Tensor& out) override;
+  std::unique_ptr<CommRequest> isend(const Tensor& t, int peer, int tag) override;
+  std::unique_ptr<CommRequest> irecv(Tensor& t, int peer, int tag) override;
+
+  MPI_Comm handle() const { return comm_; }
+  Ops* ops() const { return ops_; }
+  double timeout_s() const { return timeout_s_; }
+  // Waits for `req`, failing after the timeout with a message naming `what` and the peers.
+  void wait(MPI_Request& req, const char* what) const;
+
+ private:
+  std::unique_ptr<CommRequest> start_all_reduce(Tensor& t, ReduceOp op);
+  MPI_Comm comm_;
+  std::string name_;
+  Ops* ops_;
+  double timeout_s_;
+  std::vector<int> world_ranks_;
+  int rank_ = 0, size_ = 1;
+};
+
+// A world communicator; tests and tools build sub-communicators with split().
+std::unique_ptr<MpiComm> mpi_world(Ops* ops, double timeout_s);
+// Members of `ranks` (world ranks, in order) get a communicator over them; others get null.
+std::unique_ptr<MpiComm> mpi_subgroup(const MpiComm& world, const std::vector<int>& ranks, std::string name);
+
+}  // namespace tripod

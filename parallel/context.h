@@ -1,0 +1,31 @@
+// ParallelContext: this rank's place on the grid and its communicators, one per axis. It is
+// built once in the entry point and passed explicitly to whatever communicates; no globals.
+#pragma once
+
+#include <memory>
+
+#include "parallel/comm/communicator.h"
+#include "parallel/grid.h"
+
+namespace tripod {
+
+class MpiComm;
+
+struct ParallelContext {
+  RankGrid grid;
+  int rank = 0;
+  Coords coords;
+  bool sequence_parallel = false;
+  std::unique_ptr<Communicator> world, tp, dp, pp;
+  // First and last pipeline stage of this (tp, dp), which both hold the tied embedding; null on
+  // the stages in between and when pp == 1.
+  std::unique_ptr<Communicator> embedding;
+
+  bool first_stage() const { return coords.pp == 0; }
+  bool last_stage() const { return coords.pp == grid.pp() - 1; }
+};
+
+// Splits `world` into the axis communicators of `grid` (collective over all world ranks).
+ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid);
+
+}  // namespace tripod

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tripod needs (only those missing) and builds build/bin/tripod.
+# Idempotent: a second run installs nothing and rebuilds only what changed.
+#   scripts/setup.sh            install + build (CUDA when nvcc is found)
+#   scripts/setup.sh --deps     install only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake pkg-config
+  libopenmpi-dev openmpi-bin
+  libhdf5-openmpi-dev
+  libsentencepiece-dev sentencepiece
+  libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libopenblas-openmp-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  bible-kjv-text bible-kjv
+  iproute2
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+[ "${1:-}" = "--deps" ] && exit 0
+
+cmake --preset release >/dev/null
+cmake --build --preset release

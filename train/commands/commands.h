@@ -1,0 +1,15 @@
+// The subcommands of the tripod executable. Each registers its options on the CLI and returns
+// the function that runs it (returning the exit status).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace tripod {
+
+using CommandFn = std::function<int()>;
+
+CommandFn add_train_command(CLI::App& app);
+
+}  // namespace tripod

@@ -1,0 +1,399 @@
+// TOML -> typed config, with validation that names the key and what is valid.
+#include "train/config.h"
+
+#include <fmt/ranges.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+#include "model/gpt.h"
+
+namespace tripod {
+
+namespace {
+
+// Reads the keys of one [section], remembering which were read so the rest can be refused.
+class Section {
+ public:
+  Section(const toml::table& root, std::string name, std::string origin) : name_(std::move(name)), origin_(origin) {
+    if (auto node = root.get(name_)) {
+      table_ = node->as_table();
+      TRIPOD_INPUT_CHECK(table_, "{}: '{}' must be a table ([{}])", origin_, name_, name_);
+    }
+  }
+
+  std::string key(const char* k) const { return fmt::format("{}.{}", name_, k); }
+
+  template <class T> bool get(const char* k, T& out) {
+    seen_.insert(k);
+    if (!table_) return false;
+    const toml::node* node = table_->get(k);
+    if (!node) return false;
+    if constexpr (std::is_same_v<T, bool>) {
+      auto v = node->value<bool>();
+      TRIPOD_INPUT_CHECK(v && node->is_boolean(), "{}: {} must be true or false", origin_, key(k));
+      out = *v;
+    } else if constexpr (std::is_integral_v<T>) {
+      TRIPOD_INPUT_CHECK(node->is_integer(), "{}: {} must be an integer, got {}", origin_, key(k), type_of(*node));
+      int64_t v = *node->value<int64_t>();
+      if constexpr (std::is_unsigned_v<T>)
+        TRIPOD_INPUT_CHECK(v >= 0, "{}: {} must be >= 0, got {}", origin_, key(k), v);
+      TRIPOD_INPUT_CHECK(static_cast<int64_t>(static_cast<T>(v)) == v, "{}: {} = {} is out of range", origin_, key(k), v);
+      out = static_cast<T>(v);
+    } else if constexpr (std::is_floating_point_v<T>) {
+      TRIPOD_INPUT_CHECK(node->is_number(), "{}: {} must be a number, got {}", origin_, key(k), type_of(*node));
+      out = *node->value<double>();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      TRIPOD_INPUT_CHECK(node->is_string(), "{}: {} must be a string, got {}", origin_, key(k), type_of(*node));
+      out = *node->value<std::string>();
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      out.clear();
+      if (node->is_string()) {
+        out.push_back(*node->value<std::string>());
+        return true;
+      }
+      auto* arr = node->as_array();
+      TRIPOD_INPUT_CHECK(arr, "{}: {} must be a list of strings, got {}", origin_, key(k), type_of(*node));
+      for (auto& e : *arr) {
+        TRIPOD_INPUT_CHECK(e.is_string(), "{}: {} must be a list of strings", origin_, key(k));
+        out.push_back(*e.value<std::string>());
+      }
+    } else if constexpr (std::is_same_v<T, std::vector<double>> || std::is_same_v<T, std::vector<int>>) {
+      out.clear();
+      auto* arr = node->as_array();
+      TRIPOD_INPUT_CHECK(arr, "{}: {} must be a list of numbers, got {}", origin_, key(k), type_of(*node));
+      for (auto& e : *arr) {
+        if constexpr (std::is_same_v<T, std::vector<int>>) {
+          TRIPOD_INPUT_CHECK(e.is_integer(), "{}: {} must be a list of integers", origin_, key(k));
+          out.push_back(static_cast<int>(*e.value<int64_t>()));
+        } else {
+          TRIPOD_INPUT_CHECK(e.is_number(), "{}: {} must be a list of numbers", origin_, key(k));
+          out.push_back(*e.value<double>());
+        }
+      }
+    }
+    return true;
+  }
+
+  // Refuses keys nobody asked for.
+  void finish() const {
+    if (!table_) return;
+    for (auto& [k, v] : *table_) {
+      std::string ks(k.str());
+      if (!seen_.count(ks))
+        throw InputError(fmt::format("{}: unknown key {}.{} (valid keys of [{}]: {})", origin_, name_, ks, name_,
+                                     fmt::join(seen_, ", ")));
+    }
+  }
+
+ private:
+  static std::string type_of(const toml::node& n) {
+    switch (n.type()) {
+      case toml::node_type::string: return "a string";
+      case toml::node_type::integer: return "an integer";
+      case toml::node_type::floating_point: return "a float";
+      case toml::node_type::boolean: return "a boolean";
+      case toml::node_type::array: return "a list";
+      case toml::node_type::table: return "a table";
+      default: return "a date/time";
+    }
+  }
+  std::string name_, origin_;
+  const toml::table* table_ = nullptr;
+  std::set<std::string> seen_;
+};
+
+void require(bool ok, const std::string& origin, const std::string& key, const std::string& what) {
+  if (!ok) throw InputError(fmt::format("{}: {} {}", origin, key, what));
+}
+
+void apply_override(toml::table& root, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  auto dot = assignment.find('.');
+  TRIPOD_INPUT_CHECK(eq != std::string::npos && dot != std::string::npos && dot < eq,
+                     "--set '{}' must look like section.key=value", assignment);
+  std::string section = assignment.substr(0, dot), key = assignment.substr(dot + 1, eq - dot - 1);
+  std::string value = assignment.substr(eq + 1);
+  toml::node_view<toml::node> existing = root[section];
+  if (!existing) root.insert(section, toml::table{});
+  toml::table* sec = root[section].as_table();
+  TRIPOD_INPUT_CHECK(sec, "--set {}: '{}' is not a section", assignment, section);
+  // A value in TOML syntax (numbers, booleans, quoted strings, lists); anything else is a string.
+  try {
+    toml::table parsed = toml::parse("v = " + value);
+    sec->insert_or_assign(key, *parsed.get("v"));
+  } catch (const toml::parse_error&) {
+    sec->insert_or_assign(key, value);
+  }
+}
+
+}  // namespace
+
+Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw InputError(fmt::format("{}:{}:{}: TOML syntax error: {}", origin, e.source().begin.line,
+                                 e.source().begin.column, e.description()));
+  }
+  for (const auto& o : overrides) apply_override(root, o);
+
+  static const std::set<std::string> kSections = {"model", "parallel", "train", "recompute", "data", "checkpoint"};
+  for (auto& [k, v] : root)
+    TRIPOD_INPUT_CHECK(kSections.count(std::string(k.str())), "{}: unknown section [{}] (valid: {})", origin,
+                       k.str(), fmt::join(kSections, ", "));
+
+  Config c;
+  {
+    Section s(root, "model", origin);
+    ModelConfig& m = c.model;
+    s.get("n_layers", m.n_layers);
+    s.get("n_heads", m.n_heads);
+    s.get("d_model", m.d_model);
+    s.get("ffn_hidden", m.ffn_hidden);
+    s.get("seq_len", m.seq_len);
+    s.get("max_positions", m.max_positions);
+    s.get("vocab_size", m.vocab_size);
+    s.finish();
+    require(m.n_layers >= 1, origin, "model.n_layers", fmt::format("must be >= 1, got {}", m.n_layers));
+    require(m.n_heads >= 1, origin, "model.n_heads", fmt::format("must be >= 1, got {}", m.n_heads));
+    require(m.d_model >= 1, origin, "model.d_model", fmt::format("must be >= 1, got {}", m.d_model));
+    require(m.d_model % m.n_heads == 0, origin, "model.n_heads",
+            fmt::format("= {} must divide model.d_model = {}", m.n_heads, m.d_model));
+    require(m.ffn_hidden >= 0, origin, "model.ffn_hidden", fmt::format("must be >= 1 (or 0 for 4*d_model), got {}", m.ffn_hidden));
+    require(m.seq_len >= 1, origin, "model.seq_len", fmt::format("must be >= 1, got {}", m.seq_len));
+    require(m.max_positions >= 0, origin, "model.max_positions", fmt::format("must be >= 1 (or 0 for seq_len), got {}", m.max_positions));
+    require(m.seq_len <= m.positions(), origin, "model.seq_len",
+            fmt::format("= {} exceeds the position table (model.max_positions = {})", m.seq_len, m.positions()));
+    require(m.vocab_size >= 2, origin, "model.vocab_size", fmt::format("must be >= 2, got {}", m.vocab_size));
+  }
+  {
+    Section s(root, "parallel", origin);
+    ParallelConfig& p = c.parallel;
+    s.get("tp", p.tp);
+    s.get("pp", p.pp);
+    s.get("dp", p.dp);
+    s.get("vp", p.vp);
+    s.get("schedule", p.schedule);
+    s.get("schedule_file", p.schedule_file);
+    s.get("layers_per_stage", p.layers_per_stage);
+    s.get("sequence_parallel", p.sequence_parallel);
+    s.get("distributed_optimizer", p.distributed_optimizer);
+    s.get("bucket_mb", p.bucket_mb);
+    s.get("timeout_s", p.timeout_s);
+    s.finish();
+    require(p.tp >= 1, origin, "parallel.tp", fmt::format("must be >= 1, got {}", p.tp));
+    require(p.pp >= 1, origin, "parallel.pp", fmt::format("must be >= 1, got {}", p.pp));
+    require(p.dp >= 0, origin, "parallel.dp", fmt::format("must be >= 1 (or absent to derive it), got {}", p.dp));
+    require(p.vp >= 1, origin, "parallel.vp", fmt::format("must be >= 1, got {}", p.vp));
+    require(p.schedule == "gpipe" || p.schedule == "1f1b" || p.schedule == "interleaved", origin, "parallel.schedule",
+            fmt::format("= \"{}\" is not one of \"gpipe\", \"1f1b\", \"interleaved\"", p.schedule));
+    require(p.bucket_mb > 0, origin, "parallel.bucket_mb", fmt::format("must be > 0, got {}", p.bucket_mb));
+    require(p.timeout_s > 0, origin, "parallel.timeout_s", fmt::format("must be > 0, got {}", p.timeout_s));
+  }
+  {
+    Section s(root, "train", origin);
+    TrainConfig& t = c.train;
+    s.get("device", t.device);
+    s.get("seed", t.seed);
+    s.get("micro_batch_size", t.micro_batch_size);
+    s.get("global_batch_size", t.global_batch_size);
+    s.get("steps", t.steps);
+    s.get("lr", t.lr);
+    s.get("min_lr", t.min_lr);
+    s.get("warmup_steps", t.warmup_steps);
+    s.get("decay", t.decay);
+    s.get("weight_decay", t.weight_decay);
+    s.get("beta1", t.beta1);
+    s.get("beta2", t.beta2);
+    s.get("eps", t.eps);
+    s.get("grad_clip", t.grad_clip);
+    s.get("log_interval", t.log_interval);
+    s.get("eval_interval", t.eval_interval);
+    s.get("eval_steps", t.eval_steps);
+    s.get("output_dir", t.output_dir);
+    s.get("exit_interval", t.exit_interval);
+    s.get("max_bad_steps", t.max_bad_steps);
+    s.finish();
+    require(t.device == "cpu" || t.device == "cuda", origin, "train.device",
+            fmt::format("= \"{}\" is not \"cpu\" or \"cuda\"", t.device));
+    require(t.micro_batch_size >= 1, origin, "train.micro_batch_size", fmt::format("must be >= 1, got {}", t.micro_batch_size));
+    require(t.global_batch_size >= 0, origin, "train.global_batch_size",
+            fmt::format("must be >= 1 (or absent for micro_batch_size * dp), got {}", t.global_batch_size));
+    require(t.steps >= 1, origin, "train.steps", fmt::format("must be >= 1, got {}", t.steps));
+    require(t.lr > 0, origin, "train.lr", fmt::format("must be > 0, got {}", t.lr));
+    require(t.min_lr >= 0 && t.min_lr <= t.lr, origin, "train.min_lr",
+            fmt::format("must be in [0, train.lr = {}], got {}", t.lr, t.min_lr));
+    require(t.warmup_steps >= 0, origin, "train.warmup_steps", fmt::format("must be >= 0, got {}", t.warmup_steps));
+    require(t.decay == "cosine" || t.decay == "linear" || t.decay == "constant", origin, "train.decay",
+            fmt::format("= \"{}\" is not one of \"cosine\", \"linear\", \"constant\"", t.decay));
+    require(t.weight_decay >= 0, origin, "train.weight_decay", fmt::format("must be >= 0, got {}", t.weight_decay));
+    require(t.beta1 >= 0 && t.beta1 < 1, origin, "train.beta1", fmt::format("must be in [0, 1), got {}", t.beta1));
+    require(t.beta2 >= 0 && t.beta2 < 1, origin, "train.beta2", fmt::format("must be in [0, 1), got {}", t.beta2));
+    require(t.eps > 0, origin, "train.eps", fmt::format("must be > 0, got {}", t.eps));
+    require(t.grad_clip >= 0, origin, "train.grad_clip", fmt::format("must be >= 0 (0 turns clipping off), got {}", t.grad_clip));
+    require(t.log_interval >= 1, origin, "train.log_interval", fmt::format("must be >= 1, got {}", t.log_interval));
+    require(t.eval_interval >= 0, origin, "train.eval_interval", fmt::format("must be >= 0, got {}", t.eval_interval));
+    require(t.eval_steps >= 1, origin, "train.eval_steps", fmt::format("must be >= 1, got {}", t.eval_steps));
+    require(!t.output_dir.empty(), origin, "train.output_dir", "must not be empty");
+    require(t.exit_interval >= 0, origin, "train.exit_interval", fmt::format("must be >= 0, got {}", t.exit_interval));
+    require(t.max_bad_steps >= 1, origin, "train.max_bad_steps", fmt::format("must be >= 1, got {}", t.max_bad_steps));
+  }
+  {
+    Section s(root, "recompute", origin);
+    std::string mode = "none";
+    s.get("mode", mode);
+    s.get("num_layers", c.recompute.num_layers);
+    s.finish();
+    if (mode == "none") c.recompute.mode = RecomputeMode::None;
+    else if (mode == "selective") c.recompute.mode = RecomputeMode::Selective;
+    else if (mode == "full") c.recompute.mode = RecomputeMode::Full;
+    else throw InputError(fmt::format("{}: recompute.mode = \"{}\" is not one of \"none\", \"selective\", \"full\"", origin, mode));
+    require(c.recompute.num_layers >= -1, origin, "recompute.num_layers",
+            fmt::format("must be >= 0 (or -1 for every layer), got {}", c.recompute.num_layers));
+  }
+  {
+    Section s(root, "data", origin);
+    DataConfig& d = c.data;
+    s.get("prefixes", d.prefixes);
+    s.get("weights", d.weights);
+    s.get("split", d.split);
+    s.get("tokenizer", d.tokenizer);
+    s.get("synthetic", d.synthetic);
+    s.finish();
+    require(!d.prefixes.empty() || d.synthetic, origin, "data.prefixes",
+            "is missing: name the indexed datasets to train on (or set data.synthetic = true for synthetic tokens)");
+    require(d.weights.empty() || d.weights.size() == d.prefixes.size(), origin, "data.weights",
+            fmt::format("has {} entries for {} data.prefixes; give one weight per prefix", d.weights.size(), d.prefixes.size()));
+    for (double w : d.weights) require(w > 0, origin, "data.weights", fmt::format("must all be > 0, got {}", w));
+  }
+  {
+    Section s(root, "checkpoint", origin);
+    CheckpointConfig& k = c.checkpoint;
+    s.get("dir", k.dir);
+    s.get("interval", k.interval);
+    s.get("keep", k.keep);
+    s.get("load", k.load);
+    s.get("async", k.async);
+    s.finish();
+    require(k.interval >= 0, origin, "checkpoint.interval", fmt::format("must be >= 0, got {}", k.interval));
+    require(k.keep >= 0, origin, "checkpoint.keep", fmt::format("must be >= 0 (0 keeps all), got {}", k.keep));
+    require(k.interval == 0 || !k.dir.empty(), origin, "checkpoint.dir", "must be set when checkpoint.interval > 0");
+  }
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path);
+  TRIPOD_INPUT_CHECK(in, "config file {} cannot be read (missing or not readable)", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path, overrides);
+}
+
+void validate_layout(Config& cfg, int world_size) {
+  ParallelConfig& p = cfg.parallel;
+  const ModelConfig& m = cfg.model;
+  const int mp = p.tp * p.pp;
+  if (p.dp == 0) {
+    TRIPOD_INPUT_CHECK(world_size % mp == 0,
+                       "the world size {} is not a multiple of parallel.tp * parallel.pp = {} * {} = {}", world_size,
+                       p.tp, p.pp, mp);
+    p.dp = world_size / mp;
+  }
+  TRIPOD_INPUT_CHECK(p.tp * p.pp * p.dp == world_size,
+                     "parallel.tp * parallel.pp * parallel.dp = {} * {} * {} = {} but the world size is {} ranks",
+                     p.tp, p.pp, p.dp, p.tp * p.pp * p.dp, world_size);
+  TRIPOD_INPUT_CHECK(m.n_heads % p.tp == 0, "parallel.tp = {} must divide model.n_heads = {}", p.tp, m.n_heads);
+  TRIPOD_INPUT_CHECK(m.ffn() % p.tp == 0, "parallel.tp = {} must divide the MLP width (model.ffn_hidden) = {}", p.tp,
+                     m.ffn());
+  TrainConfig& t = cfg.train;
+  if (t.global_batch_size == 0) t.global_batch_size = t.micro_batch_size * p.dp;
+  TRIPOD_INPUT_CHECK(t.global_batch_size % (t.micro_batch_size * p.dp) == 0,
+                     "train.global_batch_size = {} is not a multiple of train.micro_batch_size * parallel.dp = {} * {} "
+                     "= {}",
+                     t.global_batch_size, t.micro_batch_size, p.dp, t.micro_batch_size * p.dp);
+  if (p.sequence_parallel && p.tp > 1)
+    TRIPOD_INPUT_CHECK(
+        (static_cast<int64_t>(t.micro_batch_size) * m.seq_len) % p.tp == 0,
+        "parallel.sequence_parallel splits the micro_batch_size * seq_len = {} tokens across tp = {} ranks; make it "
+        "divisible",
+        static_cast<int64_t>(t.micro_batch_size) * m.seq_len, p.tp);
+  TRIPOD_INPUT_CHECK(p.vp == 1 || p.pp > 1, "parallel.vp = {} needs parallel.pp > 1 (virtual stages interleave across "
+                     "pipeline ranks)", p.vp);
+  TRIPOD_INPUT_CHECK((p.vp > 1) == (p.schedule == "interleaved"),
+                     "parallel.schedule = \"{}\" with parallel.vp = {}: the interleaved schedule is the one for vp > 1 "
+                     "(use schedule = \"interleaved\" with vp > 1, or \"gpipe\"/\"1f1b\" with vp = 1)",
+                     p.schedule, p.vp);
+  layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
+}
+
+std::string config_to_toml(const Config& c) {
+  auto list = [](const auto& v) {
+    toml::array a;
+    for (const auto& e : v) a.push_back(e);
+    return a;
+  };
+  const char* modes[] = {"none", "selective", "full"};
+  toml::table t{
+      {"model", toml::table{{"n_layers", c.model.n_layers},
+                            {"n_heads", c.model.n_heads},
+                            {"d_model", c.model.d_model},
+                            {"ffn_hidden", c.model.ffn()},
+                            {"seq_len", c.model.seq_len},
+                            {"max_positions", c.model.positions()},
+                            {"vocab_size", c.model.vocab_size}}},
+      {"parallel", toml::table{{"tp", c.parallel.tp},
+                               {"pp", c.parallel.pp},
+                               {"dp", c.parallel.dp},
+                               {"vp", c.parallel.vp},
+                               {"schedule", c.parallel.schedule},
+                               {"schedule_file", c.parallel.schedule_file},
+                               {"layers_per_stage", list(c.parallel.layers_per_stage)},
+                               {"sequence_parallel", c.parallel.sequence_parallel},
+                               {"distributed_optimizer", c.parallel.distributed_optimizer},
+                               {"bucket_mb", c.parallel.bucket_mb},
+                               {"timeout_s", c.parallel.timeout_s}}},
+      {"train", toml::table{{"device", c.train.device},
+                            {"seed", static_cast<int64_t>(c.train.seed)},
+                            {"micro_batch_size", c.train.micro_batch_size},
+                            {"global_batch_size", c.train.global_batch_size},
+                            {"steps", c.train.steps},
+                            {"lr", c.train.lr},
+                            {"min_lr", c.train.min_lr},
+                            {"warmup_steps", c.train.warmup_steps},
+                            {"decay", c.train.decay},
+                            {"weight_decay", c.train.weight_decay},
+                            {"beta1", c.train.beta1},
+                            {"beta2", c.train.beta2},
+                            {"eps", c.train.eps},
+                            {"grad_clip", c.train.grad_clip},
+                            {"log_interval", c.train.log_interval},
+                            {"eval_interval", c.train.eval_interval},
+                            {"eval_steps", c.train.eval_steps},
+                            {"output_dir", c.train.output_dir},
+                            {"exit_interval", c.train.exit_interval},
+                            {"max_bad_steps", c.train.max_bad_steps}}},
+      {"recompute", toml::table{{"mode", modes[static_cast<int>(c.recompute.mode)]},
+                                {"num_layers", c.recompute.num_layers}}},
+      {"data", toml::table{{"prefixes", list(c.data.prefixes)},
+                           {"weights", list(c.data.weights)},
+                           {"split", c.data.split},
+                           {"tokenizer", c.data.tokenizer},
+                           {"synthetic", c.data.synthetic}}},
+      {"checkpoint", toml::table{{"dir", c.checkpoint.dir},
+                                 {"interval", c.checkpoint.interval},
+                                 {"keep", c.checkpoint.keep},
+                                 {"load", c.checkpoint.load},
+                                 {"async", c.checkpoint.async}}},
+  };
+  std::stringstream ss;
+  ss << t << "\n";
+  return ss.str();
+}
+
+}  // namespace tripod

@@ -1,0 +1,32 @@
+// MPI for the commands that run on many ranks: initialised once, finalised on a clean exit.
+#pragma once
+
+#include <mpi.h>
+
+namespace tripod {
+
+class MpiSession {
+ public:
+  MpiSession() {
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // The rank on this node (from the launcher), which picks the GPU.
+  static int local_rank();
+
+ private:
+  int rank_ = 0, size_ = 1;
+};
+
+}  // namespace tripod

@@ -1,0 +1,212 @@
+// The training loop.
+#include "train/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace tripod {
+
+Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data)
+    : cfg_(cfg), ops_(ops), par_(par), data_(train_data) {
+  const ParallelConfig& pc = cfg_.parallel;
+  const TrainConfig& tc = cfg_.train;
+  TRIPOD_INPUT_CHECK(pc.pp == 1, "parallel.pp = {}: pipeline parallelism is not in this build yet", pc.pp);
+  micro_per_rank_ = tc.global_batch_size / (tc.micro_batch_size * pc.dp);
+
+  auto counts = layers_per_stage(cfg_.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage);
+  model_ = std::make_unique<GptModel>(ops, par, cfg_.model, rank_chunks(counts, pc.pp, pc.vp, par.coords.pp),
+                                      cfg_.recompute, reg_);
+  reg_.allocate(ops);
+  reg_.initialize(ops, tc.seed);
+  wte_ = model_->wte();
+
+  // DP buckets over the parameters in registration order; the tied table (synchronised with the
+  // other pipeline end first) gets a bucket of its own, as do the chunks.
+  std::vector<FlatSpan> spans;
+  std::vector<int> boundaries;
+  int idx = 0;
+  for (Param& p : reg_.params()) {
+    spans.push_back({p.offset, p.offset + p.numel()});
+    bool next_chunk_differs = idx + 1 < static_cast<int>(reg_.params().size()) &&
+                              reg_.params()[idx + 1].spec.chunk != p.spec.chunk;
+    if (&p == wte_ || (idx + 1 < static_cast<int>(reg_.params().size()) && &reg_.params()[idx + 1] == wte_) ||
+        next_chunk_differs)
+      boundaries.push_back(idx);
+    ++idx;
+  }
+  int64_t bucket_elems = static_cast<int64_t>(pc.bucket_mb * 1024 * 1024 / 4);
+  reducer_ = std::make_unique<GradReducer>(ops, par.dp.get(), reg_.flat_grads(), reg_.flat_values(),
+                                           GradReducer::make_buckets(spans, bucket_elems, boundaries),
+                                           pc.distributed_optimizer);
+  optimizer_ = std::make_unique<AdamW>(
+      ops, reg_, reducer_->owned(),
+      AdamWConfig{.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay}, tc.seed);
+  lr_ = LrSchedule{.lr = tc.lr, .min_lr = tc.min_lr, .warmup_steps = tc.warmup_steps, .total_steps = tc.steps,
+                   .decay = tc.decay};
+
+  // The peak FLOP/s of the whole world, for MFU (measured concurrently on CPU).
+  CpuAllocator host;
+  Tensor hp = Tensor::empty(host, {1}, DType::F32, MemCategory::Workspace);
+  hp.data<float>()[0] = static_cast<float>(ops.peak_flops() / 1e9);
+  par.world->all_reduce(hp);
+  peak_flops_ = static_cast<double>(hp.data<float>()[0]) * 1e9;
+
+  if (par.rank == 0) {
+    std::filesystem::create_directories(tc.output_dir);
+    std::ofstream(tc.output_dir + "/config.toml") << config_to_toml(cfg_);
+    metrics_ = std::make_unique<MetricsLog>(tc.output_dir);
+  }
+  int64_t n_params = cfg_.model.num_params(pc.tp);
+  spdlog::info("model: {} layers, d_model {}, {} heads, seq {}, vocab {} (padded {}): {:.2f}M parameters",
+               cfg_.model.n_layers, cfg_.model.d_model, cfg_.model.n_heads, cfg_.model.seq_len,
+               cfg_.model.vocab_size, cfg_.model.padded_vocab(pc.tp), n_params / 1e6);
+  spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; device {}", par.grid.str(),
+               par.grid.world_size(), micro_per_rank_, tc.micro_batch_size, tc.device);
+}
+
+MicroBatch Trainer::load_microbatch(int64_t step, int micro) {
+  const TrainConfig& tc = cfg_.train;
+  const int64_t B = tc.micro_batch_size, T = cfg_.model.seq_len;
+  MicroBatch mb;
+  mb.shape = {B, T};
+  mb.grad_scale = 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * T);
+  // Global sample order (Megatron's): each micro-step takes B * dp consecutive samples, DP rank d
+  // the d-th run of B. The samples depend on (step, micro, d) only through the global index.
+  const int64_t base = step * tc.global_batch_size + static_cast<int64_t>(micro) * B * par_.grid.dp() +
+                       static_cast<int64_t>(par_.coords.dp) * B;
+  CpuAllocator host;
+  Tensor in = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
+  Tensor tg = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
+  std::vector<int32_t> sample(T + 1);
+  for (int64_t b = 0; b < B; ++b) {
+    data_->get(base + b, sample);
+    for (int32_t t : sample)
+      TRIPOD_INPUT_CHECK(t >= 0 && t < cfg_.model.vocab_size,
+                         "sample {} holds token id {} but model.vocab_size = {} (the data was made with another "
+                         "tokenizer?)", base + b, t, cfg_.model.vocab_size);
+    std::copy(sample.begin(), sample.end() - 1, in.data<int32_t>() + b * T);
+    std::copy(sample.begin() + 1, sample.end(), tg.data<int32_t>() + b * T);
+  }
+  mb.tokens = ops_.empty({B * T}, DType::I32, MemCategory::Activations);
+  mb.targets = ops_.empty({B * T}, DType::I32, MemCategory::Activations);
+  ops_.copy(in, mb.tokens);
+  ops_.copy(tg, mb.targets);
+  return mb;
+}
+
+void Trainer::on_grads_ready(const std::vector<Param*>& params) {
+  // Under sequence parallelism the LayerNorm gradients are partial per TP rank: sum them first.
+  if (par_.sequence_parallel && par_.grid.tp() > 1) {
+    for (Param* p : params)
+      if (p->spec.sp_partial_grad) par_.tp->all_reduce(p->grad);
+  }
+  for (Param* p : params) {
+    if (p == wte_ && par_.embedding) continue;  // waits for the embedding all-reduce
+    reducer_->mark_ready(p->offset, p->offset + p->numel());
+  }
+}
+
+void Trainer::run_microbatches(std::vector<MicroBatch>& mbs) {
+  GradReadyFn ready = [this](const std::vector<Param*>& ps) { on_grads_ready(ps); };
+  for (int m = 0; m < static_cast<int>(mbs.size()); ++m) {
+    ChunkActs acts;
+    model_->forward(0, mbs[m], Tensor{}, acts);
+    model_->backward(0, mbs[m], Tensor{}, acts, m + 1 == static_cast<int>(mbs.size()) ? ready : GradReadyFn{});
+  }
+}
+
+void Trainer::finish_gradients() {
+  // The tied table's two copies (first and last stage) sum their gradients, then DP-reduce.
+  if (par_.embedding && wte_) {
+    par_.embedding->all_reduce(wte_->grad);
+    reducer_->mark_ready(wte_->offset, wte_->offset + wte_->numel());
+  }
+  reducer_->finish();
+}
+
+StepMetrics Trainer::step() {
+  const TrainConfig& tc = cfg_.train;
+  auto t0 = std::chrono::steady_clock::now();
+  ops_.allocator().stats().reset_peaks();
+  reg_.zero_grads(ops_);
+  reducer_->begin_step();
+
+  // Losses of this rank's micro-batches, one row each (the last stage fills them).
+  const int64_t N = static_cast<int64_t>(tc.micro_batch_size) * cfg_.model.seq_len;
+  Tensor losses = ops_.empty({micro_per_rank_, N}, DType::F32, MemCategory::Workspace);
+  ops_.fill(losses, 0.f);
+  std::vector<MicroBatch> mbs;
+  for (int m = 0; m < micro_per_rank_; ++m) {
+    mbs.push_back(load_microbatch(step_, m));
+    mbs.back().losses = losses.slice(m, m + 1).view({N});
+  }
+  run_microbatches(mbs);
+  mbs.clear();
+  finish_gradients();
+
+  // One world all-reduce gives the grad norm and the loss: replicated copies count once (TP rank
+  // 0, DP rank 0 unless the optimizer is sharded), the loss from the last stage's TP rank 0.
+  const bool sharded = cfg_.parallel.distributed_optimizer && par_.grid.dp() > 1;
+  double sq = 0;
+  if (sharded || par_.coords.dp == 0)
+    sq = optimizer_->grad_sq_sum([this](const ParamSpec& s) { return s.counts_in_norm(par_.coords.tp); });
+  double loss_sum = (par_.last_stage() && par_.coords.tp == 0) ? ops_.sum(losses) : 0.0;
+  CpuAllocator host;
+  Tensor red = Tensor::empty(host, {2}, DType::F32, MemCategory::Workspace);
+  // f32 is enough for the all-reduce of two positive partial sums across ranks.
+  red.data<float>()[0] = static_cast<float>(sq);
+  red.data<float>()[1] = static_cast<float>(loss_sum);
+  if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
+  double grad_norm = std::sqrt(par_.grid.world_size() > 1 ? red.data<float>()[0] : sq);
+  double loss = (par_.grid.world_size() > 1 ? red.data<float>()[1] : loss_sum) /
+                (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
+
+  StepMetrics m;
+  m.step = step_ + 1;
+  m.steps = tc.steps;
+  m.lr = lr_.at(step_);
+  m.loss = loss;
+  m.grad_norm = grad_norm;
+  if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+    m.skipped = true;
+    ++skipped_total_;
+    ++bad_in_a_row_;
+  } else {
+    bad_in_a_row_ = 0;
+    float clip = 1.f;
+    if (tc.grad_clip > 0 && grad_norm > tc.grad_clip) clip = static_cast<float>(tc.grad_clip / (grad_norm + 1e-6));
+    optimizer_->step(m.lr, step_ + 1, clip);
+    reducer_->all_gather_values();
+  }
+  ops_.synchronize();
+  m.skipped_total = skipped_total_;
+  ++step_;
+  m.consumed_samples = step_ * tc.global_batch_size;
+  m.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  m.tokens_per_s = static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len / m.step_time_s;
+  m.mfu = cfg_.model.flops_per_token(par_.grid.tp()) * m.tokens_per_s / peak_flops_;
+  const MemoryStats& ms = ops_.allocator().stats();
+  for (int c = 0; c < kNumMemCategories; ++c)
+    m.memory[std::string(mem_category_name(static_cast<MemCategory>(c)))] = ms.peak(static_cast<MemCategory>(c));
+  m.memory["total"] = ms.total_peak();
+  return m;
+}
+
+void Trainer::run() {
+  const TrainConfig& tc = cfg_.train;
+  const int64_t last = tc.exit_interval > 0 ? std::min(tc.exit_interval, tc.steps) : tc.steps;
+  while (step_ < last) {
+    StepMetrics m = step();
+    if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m);
+    TRIPOD_INPUT_CHECK(bad_in_a_row_ < tc.max_bad_steps,
+                       "{} steps in a row had a non-finite loss or grad norm (last: step {}, loss {}, grad norm {}); "
+                       "stopping (train.max_bad_steps = {})",
+                       bad_in_a_row_, m.step, m.loss, m.grad_norm, tc.max_bad_steps);
+  }
+}
+
+}  // namespace tripod

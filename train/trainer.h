@@ -1,0 +1,56 @@
+// The training loop: Trainer::step() reads as schedule -> reduce grads -> clip -> update -> log.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "data/sample_source.h"
+#include "model/gpt.h"
+#include "parallel/context.h"
+#include "parallel/data_parallel/grad_reducer.h"
+#include "train/config.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+
+namespace tripod {
+
+class Trainer {
+ public:
+  // `cfg` must have passed validate_layout() for par's world size.
+  Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data);
+
+  // Trains from the current step to train.steps (or train.exit_interval).
+  void run();
+  // One optimizer step over the global batch; metrics are valid on every rank.
+  StepMetrics step();
+
+  int64_t completed_steps() const { return step_; }
+  ParamRegistry& registry() { return reg_; }
+  GptModel& model() { return *model_; }
+  const Config& config() const { return cfg_; }
+
+ private:
+  MicroBatch load_microbatch(int64_t step, int micro);
+  void run_microbatches(std::vector<MicroBatch>& mbs);
+  void finish_gradients();
+  void on_grads_ready(const std::vector<Param*>& params);
+
+  Config cfg_;
+  Ops& ops_;
+  ParallelContext& par_;
+  const SampleSource* data_;
+  ParamRegistry reg_;
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<MetricsLog> metrics_;
+  LrSchedule lr_;
+  int64_t step_ = 0;
+  int64_t skipped_total_ = 0, bad_in_a_row_ = 0;
+  int micro_per_rank_ = 1;
+  double peak_flops_ = 0;  // the whole world's
+  Param* wte_ = nullptr;
+};
+
+}  // namespace tripod
