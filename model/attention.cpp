@@ -54,6 +54,11 @@ void Attention::backward(const Tensor& dout_full, const Tensor& h_full, const Mi
   Tensor qkv_bgrad = qkv_b_->grad.view({3 * Cl});
   Tensor qkv_wgrad = qkv_w_->grad.view({3 * Cl, C_});
   ops_.linear_backward(dqkv, h_full, qkv_w_->value.view({3 * Cl, C_}), dh_full, qkv_wgrad, qkv_bgrad);
+  // The key bias adds q.b_k to every score of a row, which the softmax ignores: its gradient is
+  // exactly zero, and what the sum above holds is rounding noise. Adam would divide that noise by
+  // its eps and walk the key bias randomly (differently on every grid), so it is kept at zero.
+  Tensor key_bias_grad = qkv_b_->grad.slice(1, 2);
+  ops_.fill(key_bias_grad, 0.f);
 }
 
 }  // namespace tripod

@@ -55,7 +55,7 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   par.world->all_reduce(hp);
   peak_flops_ = static_cast<double>(hp.data<float>()[0]) * 1e9;
 
-  if (par.rank == 0) {
+  if (par.rank == 0 && !tc.output_dir.empty()) {  // (library users may run without a run directory)
     std::filesystem::create_directories(tc.output_dir);
     std::ofstream(tc.output_dir + "/config.toml") << config_to_toml(cfg_);
     metrics_ = std::make_unique<MetricsLog>(tc.output_dir);

@@ -1,0 +1,97 @@
+// Test harness: gathering a sharded model's parameters into whole tensors.
+#include "harness.h"
+
+namespace tripod::test {
+
+std::map<std::string, std::vector<float>> gather_global_params(ParamRegistry& reg, ParallelContext& par, Ops& ops,
+                                                               bool grads) {
+  MPI_Comm world = static_cast<MpiComm*>(par.world.get())->handle();
+  // Every rank must walk the same list of names: gather the names of all stages first.
+  std::map<std::string, Shape> global;  // name -> global shape with vocabulary rows trimmed
+  for (int src = 0; src < par.grid.world_size(); ++src) {
+    std::string names;
+    if (par.rank == src)
+      for (const Param& p : reg.params()) {
+        Shape g = p.spec.global_shape;
+        if (p.spec.vocab_rows >= 0) g[0] = p.spec.vocab_rows;
+        names += p.spec.name;
+        for (int64_t d : g) names += " " + std::to_string(d);
+        names += "\n";
+      }
+    int len = static_cast<int>(names.size());
+    MPI_Bcast(&len, 1, MPI_INT, src, world);
+    names.resize(len);
+    MPI_Bcast(names.data(), len, MPI_CHAR, src, world);
+    std::istringstream in(names);
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::string name;
+      ls >> name;
+      Shape g;
+      int64_t d;
+      while (ls >> d) g.push_back(d);
+      global[name] = g;
+    }
+  }
+  std::map<std::string, std::vector<float>> out;
+  for (auto& [name, g] : global) {
+    std::vector<float> buf(shape_numel(g), 0.f);
+    Param* p = reg.find(name);
+    if (p && !p->spec.tied_copy && par.coords.dp == 0 && (p->spec.shard_dim >= 0 || par.coords.tp == 0)) {
+      Tensor local = Tensor::empty(ops.allocator(), p->spec.local_shape(), DType::F32, MemCategory::Workspace);
+      ops.copy(grads ? p->grad : p->value, local);
+      const Shape L = p->spec.local_shape();
+      const int d = p->spec.shard_dim < 0 ? 0 : p->spec.shard_dim;
+      const int64_t off = p->spec.shard_dim < 0 ? 0 : p->spec.shard_offset;
+      int64_t outer = 1, inner = 1;
+      for (int i = 0; i < d; ++i) outer *= L[i];
+      for (size_t i = d + 1; i < L.size(); ++i) inner *= L[i];
+      const float* src = local.data<float>();
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t r = 0; r < L[d]; ++r) {
+          int64_t gr = r + off;
+          if (gr >= g[d]) continue;  // vocabulary padding
+          std::copy(src + (o * L[d] + r) * inner, src + (o * L[d] + r + 1) * inner, buf.data() + (o * g[d] + gr) * inner);
+        }
+    }
+    MPI_Allreduce(MPI_IN_PLACE, buf.data(), static_cast<int>(buf.size()), MPI_FLOAT, MPI_SUM, world);
+    out[name] = std::move(buf);
+  }
+  return out;
+}
+
+RunResult run_training(Config cfg, Ops& ops, ParallelContext& par, const SampleSource& data) {
+  validate_layout(cfg, par.grid.world_size());
+  Trainer t(cfg, ops, par, &data);
+  RunResult r;
+  for (int64_t s = 0; s < cfg.train.steps; ++s) r.losses.push_back(t.step().loss);
+  r.params = gather_global_params(t.registry(), par, ops);
+  return r;
+}
+
+double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
+                               const std::map<std::string, std::vector<float>>& b, std::string* worst) {
+  double out = 0;
+  for (const auto& [name, vb] : b) {
+    auto it = a.find(name);
+    if (it == a.end() || it->second.size() != vb.size()) {
+      if (worst) *worst = name + " (missing or wrong size)";
+      return INFINITY;
+    }
+    double norm = 0, diff = 0;
+    for (size_t i = 0; i < vb.size(); ++i) {
+      norm += static_cast<double>(vb[i]) * vb[i];
+      double d = static_cast<double>(it->second[i]) - vb[i];
+      diff += d * d;
+    }
+    double rel = norm > 0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+    if (!(rel <= out)) {
+      out = std::isnan(rel) ? INFINITY : rel;
+      if (worst) *worst = name;
+    }
+  }
+  return out;
+}
+
+}  // namespace tripod::test

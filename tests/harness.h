@@ -1,0 +1,85 @@
+// Building models and trainers in tests: configs, contexts on MPI sub-grids, weight I/O.
+#pragma once
+
+#include <mpi.h>
+
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "parallel/comm/mpi_comm.h"
+#include "parallel/context.h"
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace tripod::test {
+
+// A config for a small GPT on synthetic data (every value spelled out, so tests read clearly).
+inline Config tiny_config(int n_layers = 2, int d_model = 32, int n_heads = 4, int seq_len = 16, int vocab = 64) {
+  Config c;
+  c.model = {.n_layers = n_layers, .n_heads = n_heads, .d_model = d_model, .ffn_hidden = 0, .seq_len = seq_len,
+             .max_positions = 0, .vocab_size = vocab};
+  c.train.device = "cpu";
+  c.train.micro_batch_size = 2;
+  c.train.global_batch_size = 8;
+  c.train.steps = 5;
+  c.train.lr = 1e-3;
+  c.train.warmup_steps = 0;
+  c.train.log_interval = 1000000;
+  c.train.output_dir = "";
+  c.data.synthetic = true;
+  return c;
+}
+
+// The world's ranks [first, first + grid size) form a context for `grid`; ranks outside get none.
+// Collective over MPI_COMM_WORLD.
+struct SubWorld {
+  std::unique_ptr<MpiComm> comm;  // over the member ranks
+  std::unique_ptr<ParallelContext> par;
+};
+
+inline SubWorld make_subworld(Ops& ops, const RankGrid& grid, bool sequence_parallel = false) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  bool member = rank < grid.world_size();
+  MPI_Comm comm;
+  MPI_Comm_split(MPI_COMM_WORLD, member ? 0 : MPI_UNDEFINED, rank, &comm);
+  SubWorld w;
+  if (!member) return w;
+  std::vector<int> ranks(grid.world_size());
+  for (int i = 0; i < grid.world_size(); ++i) ranks[i] = i;
+  w.comm = std::make_unique<MpiComm>(comm, "test", &ops, 120.0, ranks);
+  w.par = std::make_unique<ParallelContext>(make_parallel_context(*w.comm, grid));
+  w.par->sequence_parallel = sequence_parallel;
+  return w;
+}
+
+// A (1,1,1) context over this process alone (for serial reference runs inside MPI tests).
+inline SubWorld make_selfworld(Ops& ops) {
+  MPI_Comm comm;
+  MPI_Comm_dup(MPI_COMM_SELF, &comm);
+  SubWorld w;
+  w.comm = std::make_unique<MpiComm>(comm, "self", &ops, 120.0, std::vector<int>{0});
+  w.par = std::make_unique<ParallelContext>(make_parallel_context(*w.comm, RankGrid(1, 1, 1)));
+  return w;
+}
+
+// Runs `cfg` for cfg.train.steps on the grid of `par`: the loss of every step and the final
+// whole parameters (gathered to every rank of the grid).
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> params;
+};
+RunResult run_training(Config cfg, Ops& ops, ParallelContext& par, const SampleSource& data);
+
+// The largest per-tensor relative difference ||a - b|| / ||b|| (L2 norms) over the tensors.
+double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
+                               const std::map<std::string, std::vector<float>>& b, std::string* worst = nullptr);
+
+// The full (global) value of every parameter, gathered to every rank of the grid as host f32
+// vectors keyed by name (TP shards concatenated along their shard dim, PP stages merged).
+std::map<std::string, std::vector<float>> gather_global_params(ParamRegistry& reg, ParallelContext& par, Ops& ops,
+                                                               bool grads = false);
+
+}  // namespace tripod::test

@@ -1,0 +1,351 @@
+// Every CPU op against a double-precision reference: forwards directly, backwards against
+// central finite differences of the reference forward.
+#include <functional>
+
+#include "kernels/op.h"
+#include "test_util.h"
+
+namespace tripod {
+namespace {
+
+using test::host_tensor;
+using test::random_tensor;
+using test::to_double;
+using Vec = std::vector<double>;
+
+// d/dx of f at x by central differences (in double, so h can be small).
+Vec numeric_grad(const std::function<double(const Vec&)>& f, Vec x, double h = 1e-6) {
+  Vec g(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    double keep = x[i];
+    x[i] = keep + h;
+    double fp = f(x);
+    x[i] = keep - h;
+    double fm = f(x);
+    x[i] = keep;
+    g[i] = (fp - fm) / (2 * h);
+  }
+  return g;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+class CpuKernels : public ::testing::Test {
+ protected:
+  std::unique_ptr<Ops> ops = make_ops(Device::CPU);
+};
+
+// ---- LayerNorm --------------------------------------------------------------------------------
+Vec ref_layernorm(const Vec& x, const Vec& w, const Vec& b, int64_t N, int64_t C) {
+  Vec y(N * C);
+  for (int64_t n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (int64_t c = 0; c < C; ++c) m += x[n * C + c];
+    m /= C;
+    for (int64_t c = 0; c < C; ++c) v += (x[n * C + c] - m) * (x[n * C + c] - m);
+    v /= C;
+    double r = 1.0 / std::sqrt(v + 1e-5);
+    for (int64_t c = 0; c < C; ++c) y[n * C + c] = (x[n * C + c] - m) * r * w[c] + b[c];
+  }
+  return y;
+}
+
+TEST_F(CpuKernels, LayerNormForwardBackward) {
+  const int64_t N = 5, C = 7;
+  Tensor x = random_tensor({N, C}, 1), w = random_tensor({C}, 2), b = random_tensor({C}, 3);
+  Tensor y = host_tensor({N, C}), mean = host_tensor({N}), rstd = host_tensor({N});
+  ops->layernorm_forward(x, w, b, y, mean, rstd);
+  Vec X = to_double(x), W = to_double(w), Bv = to_double(b);
+  EXPECT_CLOSE(y, ref_layernorm(X, W, Bv, N, C), 1e-5, 1e-5);
+
+  Tensor dy = random_tensor({N, C}, 4);
+  Vec G = to_double(dy);
+  // Outputs accumulate: start them from known values.
+  Tensor dx = random_tensor({N, C}, 5), dw = random_tensor({C}, 6), db = random_tensor({C}, 7);
+  Vec dx0 = to_double(dx), dw0 = to_double(dw), db0 = to_double(db);
+  ops->layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
+  Vec gx = numeric_grad([&](const Vec& v) { return dot(G, ref_layernorm(v, W, Bv, N, C)); }, X);
+  Vec gw = numeric_grad([&](const Vec& v) { return dot(G, ref_layernorm(X, v, Bv, N, C)); }, W);
+  Vec gb = numeric_grad([&](const Vec& v) { return dot(G, ref_layernorm(X, W, v, N, C)); }, Bv);
+  for (size_t i = 0; i < gx.size(); ++i) gx[i] += dx0[i];
+  for (size_t i = 0; i < gw.size(); ++i) gw[i] += dw0[i], gb[i] += db0[i];
+  EXPECT_CLOSE(dx, gx, 1e-4, 1e-4);
+  EXPECT_CLOSE(dw, gw, 1e-4, 1e-4);
+  EXPECT_CLOSE(db, gb, 1e-4, 1e-4);
+}
+
+// ---- Linear ----------------------------------------------------------------------------------
+Vec ref_linear(const Vec& x, const Vec& w, const Vec& b, int64_t N, int64_t I, int64_t O) {
+  Vec y(N * O);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o) {
+      double s = b.empty() ? 0 : b[o];
+      for (int64_t i = 0; i < I; ++i) s += x[n * I + i] * w[o * I + i];
+      y[n * O + o] = s;
+    }
+  return y;
+}
+
+TEST_F(CpuKernels, LinearForwardBackward) {
+  const int64_t N = 6, I = 5, O = 4;
+  Tensor x = random_tensor({N, I}, 11), w = random_tensor({O, I}, 12), b = random_tensor({O}, 13);
+  Tensor y = host_tensor({N, O});
+  ops->linear_forward(x, w, b, y);
+  Vec X = to_double(x), W = to_double(w), Bv = to_double(b);
+  EXPECT_CLOSE(y, ref_linear(X, W, Bv, N, I, O), 1e-5, 1e-5);
+  Tensor y_nb = host_tensor({N, O});
+  ops->linear_forward(x, w, Tensor{}, y_nb);
+  EXPECT_CLOSE(y_nb, ref_linear(X, W, {}, N, I, O), 1e-5, 1e-5);
+
+  Tensor dy = random_tensor({N, O}, 14);
+  Vec G = to_double(dy);
+  Tensor dx = host_tensor({N, I}), dw = random_tensor({O, I}, 15), db = random_tensor({O}, 16);
+  Vec dw0 = to_double(dw), db0 = to_double(db);
+  ops->linear_backward(dy, x, w, dx, dw, db);
+  Vec gx = numeric_grad([&](const Vec& v) { return dot(G, ref_linear(v, W, Bv, N, I, O)); }, X);
+  Vec gw = numeric_grad([&](const Vec& v) { return dot(G, ref_linear(X, v, Bv, N, I, O)); }, W);
+  Vec gb = numeric_grad([&](const Vec& v) { return dot(G, ref_linear(X, W, v, N, I, O)); }, Bv);
+  for (size_t i = 0; i < gw.size(); ++i) gw[i] += dw0[i];
+  for (size_t i = 0; i < gb.size(); ++i) gb[i] += db0[i];
+  EXPECT_CLOSE(dx, gx, 1e-4, 1e-4);
+  EXPECT_CLOSE(dw, gw, 1e-4, 1e-4);
+  EXPECT_CLOSE(db, gb, 1e-4, 1e-4);
+}
+
+// ---- GELU -------------------------------------------------------------------------------------
+double ref_gelu(double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))); }
+
+TEST_F(CpuKernels, GeluForwardBackward) {
+  const int64_t n = 257;
+  Tensor x = random_tensor({n}, 21, 3.f);
+  x.data<float>()[0] = 0.f;
+  x.data<float>()[1] = 12.f;
+  x.data<float>()[2] = -12.f;
+  x.data<float>()[3] = 1e-4f;
+  Tensor y = host_tensor({n});
+  ops->gelu_forward(x, y);
+  Vec X = to_double(x), ref(n), dref(n);
+  for (int64_t i = 0; i < n; ++i) {
+    ref[i] = ref_gelu(X[i]);
+    dref[i] = (ref_gelu(X[i] + 1e-6) - ref_gelu(X[i] - 1e-6)) / 2e-6;
+  }
+  EXPECT_CLOSE(y, ref, 1e-6, 1e-5);
+  Tensor dy = host_tensor({n});
+  ops->fill(dy, 1.f);
+  ops->gelu_backward(x, dy, dy);  // in place, as the MLP uses it
+  EXPECT_CLOSE(dy, dref, 1e-5, 1e-4);
+}
+
+// ---- causal attention ---------------------------------------------------------------------------
+// qkv (B, T, 3, H, D) -> out (B, T, H, D)
+Vec ref_attention(const Vec& qkv, int64_t B, int64_t T, int64_t H, int64_t D) {
+  Vec out(B * T * H * D, 0.0);
+  auto at = [&](int64_t b, int64_t t, int64_t w, int64_t h, int64_t d) {
+    return qkv[(((b * T + t) * 3 + w) * H + h) * D + d];
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        std::vector<double> s(t + 1);
+        double m = -1e300;
+        for (int64_t j = 0; j <= t; ++j) {
+          double v = 0;
+          for (int64_t d = 0; d < D; ++d) v += at(b, t, 0, h, d) * at(b, j, 1, h, d);
+          s[j] = v / std::sqrt(static_cast<double>(D));
+          m = std::max(m, s[j]);
+        }
+        double z = 0;
+        for (auto& v : s) z += (v = std::exp(v - m));
+        for (int64_t d = 0; d < D; ++d) {
+          double o = 0;
+          for (int64_t j = 0; j <= t; ++j) o += s[j] / z * at(b, j, 2, h, d);
+          out[((b * T + t) * H + h) * D + d] = o;
+        }
+      }
+  return out;
+}
+
+TEST_F(CpuKernels, AttentionForwardBackwardSavedAndRecomputed) {
+  const int64_t B = 2, T = 5, H = 3, D = 4;
+  Tensor qkv = random_tensor({B, T, 3, H, D}, 31);
+  Tensor out = host_tensor({B, T, H, D}), lse = host_tensor({B, H, T}), probs = host_tensor({B, H, T, T});
+  ops->attention_forward(qkv, out, lse, probs);
+  Vec Q = to_double(qkv);
+  EXPECT_CLOSE(out, ref_attention(Q, B, T, H, D), 1e-5, 1e-5);
+  // Without saved probabilities the forward gives the same bits.
+  Tensor out2 = host_tensor({B, T, H, D}), lse2 = host_tensor({B, H, T});
+  ops->attention_forward(qkv, out2, lse2, *std::make_unique<Tensor>());
+  EXPECT_EQ(0, std::memcmp(out.raw(), out2.raw(), out.nbytes()));
+  EXPECT_EQ(0, std::memcmp(lse.raw(), lse2.raw(), lse.nbytes()));
+
+  Tensor dout = random_tensor({B, T, H, D}, 32);
+  Vec G = to_double(dout);
+  Tensor dqkv = host_tensor({B, T, 3, H, D}), dqkv2 = host_tensor({B, T, 3, H, D});
+  ops->attention_backward(dout, qkv, out, lse, probs, dqkv);
+  ops->attention_backward(dout, qkv, out, lse, Tensor{}, dqkv2);
+  Vec g = numeric_grad([&](const Vec& v) { return dot(G, ref_attention(v, B, T, H, D)); }, Q);
+  EXPECT_CLOSE(dqkv, g, 1e-4, 1e-4);
+  // Selective recomputation is exact: the same gradient bits as with saved probabilities.
+  EXPECT_EQ(0, std::memcmp(dqkv.raw(), dqkv2.raw(), dqkv.nbytes()));
+}
+
+// ---- cross-entropy, whole and vocabulary-parallel ---------------------------------------------
+// Mean-free: returns per-token losses over the first `valid` columns.
+Vec ref_xent(const Vec& logits, const std::vector<int32_t>& tg, int64_t N, int64_t V, int64_t valid) {
+  Vec loss(N);
+  for (int64_t n = 0; n < N; ++n) {
+    double m = -1e300, z = 0;
+    for (int64_t j = 0; j < valid; ++j) m = std::max(m, logits[n * V + j]);
+    for (int64_t j = 0; j < valid; ++j) z += std::exp(logits[n * V + j] - m);
+    loss[n] = m + std::log(z) - logits[n * V + tg[n]];
+  }
+  return loss;
+}
+
+TEST_F(CpuKernels, CrossEntropyWholeAndSharded) {
+  const int64_t N = 4, V = 10, valid = 8;  // two padding columns
+  Tensor logits = random_tensor({N, V}, 41, 2.f);
+  Tensor targets = host_tensor({N}, DType::I32);
+  int32_t tg[] = {0, 7, 3, 5};
+  std::copy(tg, tg + N, targets.data<int32_t>());
+  std::vector<int32_t> tgv(tg, tg + N);
+  Vec L = to_double(logits);
+  Vec ref = ref_xent(L, tgv, N, V, valid);
+
+  Tensor stats = host_tensor({N, 3}), lse = host_tensor({N}), loss = host_tensor({N});
+  ops->xent_stats(logits, targets, 0, valid, stats);
+  ops->xent_combine(stats.view({1, N, 3}), lse, loss);
+  EXPECT_CLOSE(loss, ref, 1e-5, 1e-5);
+
+  // Two vocabulary shards of 5 columns: [0, 5) all valid, [5, 10) with 3 valid.
+  Tensor parts = host_tensor({2, N, 3});
+  for (int s = 0; s < 2; ++s) {
+    Tensor shard = host_tensor({N, 5});
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t j = 0; j < 5; ++j) shard.data<float>()[n * 5 + j] = logits.data<float>()[n * V + s * 5 + j];
+    Tensor st = parts.slice(s, s + 1).view({N, 3});
+    ops->xent_stats(shard, targets, s * 5, s == 0 ? 5 : 3, st);
+  }
+  Tensor lse2 = host_tensor({N}), loss2 = host_tensor({N});
+  ops->xent_combine(parts, lse2, loss2);
+  EXPECT_CLOSE(loss2, ref, 1e-5, 1e-5);
+
+  // d(scale * sum loss)/d logits; padding columns get zero.
+  const float scale = 0.25f;
+  Tensor dl = host_tensor({N, V});
+  ops->copy(logits, dl);
+  ops->xent_backward(dl, targets, 0, valid, lse, scale);
+  Vec g = numeric_grad(
+      [&](const Vec& v) {
+        Vec l = ref_xent(v, tgv, N, V, valid);
+        double s = 0;
+        for (double e : l) s += e;
+        return scale * s;
+      },
+      L);
+  EXPECT_CLOSE(dl, g, 1e-5, 1e-4);
+}
+
+TEST_F(CpuKernels, CrossEntropyPropagatesNaN) {
+  Tensor logits = random_tensor({2, 4}, 42);
+  logits.data<float>()[5] = NAN;
+  Tensor targets = host_tensor({2}, DType::I32);
+  targets.data<int32_t>()[0] = 1;
+  targets.data<int32_t>()[1] = 2;
+  Tensor stats = host_tensor({2, 3}), lse = host_tensor({2}), loss = host_tensor({2});
+  ops->xent_stats(logits, targets, 0, 4, stats);
+  ops->xent_combine(stats.view({1, 2, 3}), lse, loss);
+  EXPECT_TRUE(std::isfinite(loss.data<float>()[0]));
+  EXPECT_TRUE(std::isnan(loss.data<float>()[1]));
+}
+
+// ---- embedding -------------------------------------------------------------------------------
+TEST_F(CpuKernels, EmbeddingVocabShardAndPositions) {
+  const int64_t V = 6, C = 3, T = 4, N = 8;  // two sequences of 4; this shard holds rows [6, 12)
+  Tensor wte = random_tensor({V, C}, 51), wpe = random_tensor({5, C}, 52);
+  Tensor tokens = host_tensor({N}, DType::I32);
+  int32_t tok[] = {6, 11, 0, 7, 5, 12, 9, 6};
+  std::copy(tok, tok + N, tokens.data<int32_t>());
+  Tensor out = host_tensor({N, C});
+  ops->embedding_forward(tokens, wte, 6, wpe, T, out);
+  Vec ref(N * C);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      int64_t row = tok[n] - 6;
+      double e = (row >= 0 && row < V) ? wte.data<float>()[row * C + c] : 0.0;
+      ref[n * C + c] = e + wpe.data<float>()[(n % T) * C + c];
+    }
+  EXPECT_CLOSE(out, ref, 1e-6, 1e-6);
+
+  Tensor dout = random_tensor({N, C}, 53);
+  Tensor dwte = host_tensor({V, C}), dwpe = host_tensor({5, C});
+  ops->fill(dwte, 1.f);
+  ops->fill(dwpe, 0.f);
+  ops->embedding_backward(tokens, dout, 6, dwte, dwpe, T);
+  Vec gte(V * C, 1.0), gpe(5 * C, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c) {
+      int64_t row = tok[n] - 6;
+      if (row >= 0 && row < V) gte[row * C + c] += dout.data<float>()[n * C + c];
+      gpe[(n % T) * C + c] += dout.data<float>()[n * C + c];
+    }
+  EXPECT_CLOSE(dwte, gte, 1e-6, 1e-6);
+  EXPECT_CLOSE(dwpe, gpe, 1e-6, 1e-6);
+}
+
+// ---- AdamW -----------------------------------------------------------------------------------
+TEST_F(CpuKernels, AdamWMatchesReferenceWithDecayMask) {
+  const int64_t n = 10;
+  Tensor p = random_tensor({n}, 61), g = random_tensor({n}, 62), m = host_tensor({n}), v = host_tensor({n});
+  ops->fill(m, 0.f);
+  ops->fill(v, 0.f);
+  Vec P = to_double(p), G = to_double(g), M(n, 0), Vv(n, 0);
+  std::vector<FlatRange> ranges = {{0, 4, true}, {4, 9, false}};  // element 9 is not updated
+  AdamWHyper h{.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 1,
+               .grad_scale = 0.5f};
+  Tensor none;
+  for (int step = 1; step <= 3; ++step) {
+    h.step = step;
+    ops->adamw(p, g, m, v, ranges, h, none);
+    for (int64_t i = 0; i < 9; ++i) {
+      double gi = G[i] * 0.5;
+      M[i] = 0.9 * M[i] + 0.1 * gi;
+      Vv[i] = 0.95 * Vv[i] + 0.05 * gi * gi;
+      double mh = M[i] / (1 - std::pow(0.9, step)), vh = Vv[i] / (1 - std::pow(0.95, step));
+      P[i] -= 0.01 * (mh / (std::sqrt(vh) + 1e-8) + (i < 4 ? 0.1 : 0.0) * P[i]);
+    }
+  }
+  EXPECT_CLOSE(p, P, 1e-6, 1e-5);
+}
+
+// ---- elementwise and reductions ----------------------------------------------------------------
+TEST_F(CpuKernels, ElementwiseAndReductions) {
+  Tensor a = random_tensor({100}, 71), b = random_tensor({100}, 72), out = host_tensor({100});
+  ops->add(a, b, out);
+  Vec ref(100);
+  for (int i = 0; i < 100; ++i) ref[i] = static_cast<double>(a.data<float>()[i]) + b.data<float>()[i];
+  EXPECT_CLOSE(out, ref, 1e-6, 1e-6);
+  ops->accumulate(out, a);
+  for (int i = 0; i < 100; ++i) ref[i] += a.data<float>()[i];
+  EXPECT_CLOSE(out, ref, 1e-6, 1e-6);
+  ops->scale(out, 2.f);
+  for (auto& r : ref) r *= 2;
+  EXPECT_CLOSE(out, ref, 1e-6, 1e-6);
+  double ss = 0, s = 0;
+  for (int i = 0; i < 100; ++i) ss += ref[i] * ref[i], s += ref[i];
+  std::vector<FlatRange> all = {{0, 100, false}};
+  EXPECT_NEAR(ops->sum_squares(out, all), ss, 1e-4 * ss);
+  EXPECT_NEAR(ops->sum(out), s, 1e-4);
+  // bf16 round trip keeps 8 bits of mantissa.
+  Tensor h = host_tensor({100}, DType::BF16), back = host_tensor({100});
+  ops->copy(out, h);
+  ops->copy(h, back);
+  EXPECT_CLOSE(back, ref, 1e-30, 1.0 / 256);
+}
+
+}  // namespace
+}  // namespace tripod
