@@ -63,7 +63,7 @@ inline double worst_ratio(const float* a, const double* b, int64_t n, double ato
 
 inline std::string source_dir() {
   const char* s = std::getenv("TRIPOD_SOURCE_DIR");
-  return s ? s : ".";
+  return s ? s : TRIPOD_SOURCE_PATH;
 }
 
 }  // namespace tripod::test

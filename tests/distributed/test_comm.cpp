@@ -1,0 +1,143 @@
+// Every collective of the MPI communicator under mpirun (4 ranks): sizes from 1 to millions of
+// elements, odd counts, f32/bf16/i32, blocking and non-blocking, and send/recv rings.
+#include <fmt/format.h>
+
+#include "kernels/op.h"
+#include "parallel/comm/mpi_comm.h"
+#include "parallel/context.h"
+#include "test_util.h"
+
+namespace tripod {
+namespace {
+
+class Comm : public ::testing::Test {
+ protected:
+  std::unique_ptr<Ops> ops = make_ops(Device::CPU);
+  std::unique_ptr<MpiComm> world = mpi_world(ops.get(), 60.0);
+  int r = world->rank(), n = world->size();
+  Tensor make(int64_t count, DType dt = DType::F32) { return ops->empty({count}, dt, MemCategory::Comm); }
+};
+
+// Value of element i on rank r: small integers so f32 sums are exact.
+float val(int r, int64_t i) { return static_cast<float>((r + 1) * 3 + i % 17); }
+
+const std::vector<int64_t> kSizes = {1, 2, 7, 1000, 4099, (1 << 20) + 3};
+
+TEST_F(Comm, AllReduceSumAndMax) {
+  for (int64_t count : kSizes) {
+    Tensor t = make(count);
+    for (int64_t i = 0; i < count; ++i) t.data<float>()[i] = val(r, i);
+    world->all_reduce(t);
+    for (int64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += val(q, i);
+      ASSERT_EQ(t.data<float>()[i], want) << "count " << count << " element " << i;
+    }
+    for (int64_t i = 0; i < count; ++i) t.data<float>()[i] = val(r, i);
+    world->all_reduce(t, ReduceOp::Max);
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(t.data<float>()[i], val(n - 1, i)) << count;
+  }
+}
+
+TEST_F(Comm, AllReduceBf16AndInt32) {
+  Tensor b = make(33, DType::BF16), k = make(33, DType::I32);
+  for (int64_t i = 0; i < 33; ++i) {
+    b.data<bf16>()[i] = bf16(static_cast<float>(r + i));
+    k.data<int32_t>()[i] = r * 1000 + static_cast<int32_t>(i);
+  }
+  world->all_reduce(b);
+  world->all_reduce(k);
+  for (int64_t i = 0; i < 33; ++i) {
+    float want = 0;
+    int32_t iw = 0;
+    for (int q = 0; q < n; ++q) want += static_cast<float>(q + i), iw += q * 1000 + static_cast<int32_t>(i);
+    EXPECT_EQ(static_cast<float>(b.data<bf16>()[i]), static_cast<float>(bf16(want)));
+    EXPECT_EQ(k.data<int32_t>()[i], iw);
+  }
+}
+
+TEST_F(Comm, ReduceScatterAndAllGather) {
+  for (int64_t count : kSizes) {
+    Tensor in = make(count * n), out = make(count);
+    for (int64_t i = 0; i < count * n; ++i) in.data<float>()[i] = val(r, i);
+    world->reduce_scatter(in, out);
+    for (int64_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += val(q, r * count + i);
+      ASSERT_EQ(out.data<float>()[i], want) << count;
+    }
+    Tensor mine = make(count), all = make(count * n);
+    for (int64_t i = 0; i < count; ++i) mine.data<float>()[i] = val(r, i);
+    world->all_gather(mine, all);
+    for (int q = 0; q < n; ++q)
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(all.data<float>()[q * count + i], val(q, i)) << count;
+  }
+}
+
+TEST_F(Comm, BroadcastFromEveryRoot) {
+  for (int root = 0; root < n; ++root) {
+    Tensor t = make(1001);
+    for (int64_t i = 0; i < 1001; ++i) t.data<float>()[i] = val(r, i);
+    world->broadcast(t, root);
+    for (int64_t i = 0; i < 1001; ++i) ASSERT_EQ(t.data<float>()[i], val(root, i));
+  }
+}
+
+TEST_F(Comm, NonBlockingOverlap) {
+  // Several collectives in flight at once complete correctly in any wait order.
+  std::vector<Tensor> ts;
+  std::vector<std::unique_ptr<CommRequest>> reqs;
+  for (int k = 0; k < 5; ++k) {
+    ts.push_back(make(100 + k));
+    for (int64_t i = 0; i < 100 + k; ++i) ts.back().data<float>()[i] = val(r, i + k);
+    reqs.push_back(world->iall_reduce(ts.back()));
+  }
+  for (int k = 4; k >= 0; --k) reqs[k]->wait();
+  for (int k = 0; k < 5; ++k)
+    for (int64_t i = 0; i < 100 + k; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += val(q, i + k);
+      ASSERT_EQ(ts[k].data<float>()[i], want);
+    }
+}
+
+TEST_F(Comm, SendRecvRingsBothWays) {
+  for (int64_t count : kSizes) {
+    for (int dir : {1, -1}) {
+      int to = (r + dir + n) % n, from = (r - dir + n) % n;
+      Tensor out = make(count), in = make(count);
+      for (int64_t i = 0; i < count; ++i) out.data<float>()[i] = val(r, i);
+      auto rq = world->irecv(in, from, 7);
+      auto sq = world->isend(out, to, 7);
+      rq->wait();
+      sq->wait();
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(in.data<float>()[i], val(from, i)) << count;
+    }
+  }
+}
+
+TEST_F(Comm, AxisCommunicatorsOfAGrid) {
+  ASSERT_EQ(n, 4);
+  RankGrid grid(2, 1, 2);  // tp=2, pp=2
+  ParallelContext par = make_parallel_context(*world, grid);
+  Tensor t = make(1);
+  t.data<float>()[0] = static_cast<float>(r);
+  par.tp->all_reduce(t);  // TP groups {0,1} {2,3}
+  EXPECT_EQ(t.data<float>()[0], r < 2 ? 1.f : 5.f);
+  t.data<float>()[0] = static_cast<float>(r);
+  par.pp->all_reduce(t);  // PP groups {0,2} {1,3}
+  EXPECT_EQ(t.data<float>()[0], r % 2 == 0 ? 2.f : 4.f);
+  ASSERT_TRUE(par.embedding);  // first and last stage both hold the tied embedding
+  EXPECT_EQ(par.embedding->size(), 2);
+  EXPECT_EQ(par.dp->size(), 1);
+}
+
+TEST_F(Comm, BytesSentFollowTheRingFormulas) {
+  Tensor t = make(1000);
+  int64_t before = world->bytes_sent();
+  world->all_reduce(t);
+  EXPECT_EQ(world->bytes_sent() - before, 2 * (n - 1) * 4000 / n);
+}
+
+}  // namespace
+}  // namespace tripod

@@ -1,0 +1,155 @@
+// Config parsing and validation: every bad input is an InputError naming the key and what is valid.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "train/config.h"
+
+namespace tripod {
+namespace {
+
+const char* kGood = R"(
+[model]
+n_layers = 2
+n_heads = 4
+d_model = 32
+seq_len = 16
+vocab_size = 64
+[train]
+steps = 3
+[data]
+synthetic = true
+)";
+
+// The error message of parsing `text` (with overrides), or "" when it parses.
+std::string error_of(const std::string& text, std::vector<std::string> sets = {}) {
+  try {
+    parse_config(text, "test.toml", sets);
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// kGood with `line` ("key = value") set in [section], replacing the key's line if present.
+std::string with(const std::string& section, const std::string& line) {
+  std::string t = kGood;
+  std::string key = line.substr(0, line.find(' ')) + " =";
+  if (auto at = t.find("\n" + key); at != std::string::npos) return t.replace(at + 1, t.find('\n', at + 1) - at - 1, line);
+  auto pos = t.find("[" + section + "]");
+  if (pos == std::string::npos) return t + "\n[" + section + "]\n" + line + "\n";
+  pos = t.find('\n', pos);
+  return t.insert(pos + 1, line + "\n");
+}
+
+TEST(Config, GoodConfigParsesWithDefaults) {
+  Config c = parse_config(kGood, "test.toml");
+  EXPECT_EQ(c.model.n_layers, 2);
+  EXPECT_EQ(c.model.ffn(), 128);
+  EXPECT_EQ(c.train.device, "cpu");
+  EXPECT_EQ(c.parallel.tp, 1);
+  EXPECT_EQ(c.recompute.mode, RecomputeMode::None);
+}
+
+TEST(Config, MissingFile) {
+  try {
+    load_config("/nonexistent/x.toml");
+    FAIL() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/x.toml"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Config, SyntaxErrorNamesTheLine) {
+  std::string e = error_of("[model]\nn_layers = 2\nn_heads = = 4\n");
+  EXPECT_NE(e.find("test.toml:3"), std::string::npos) << e;
+  EXPECT_NE(e.find("TOML syntax error"), std::string::npos) << e;
+}
+
+TEST(Config, UnknownKeyAndSection) {
+  std::string e = error_of(with("model", "n_layer = 3"));
+  EXPECT_NE(e.find("unknown key model.n_layer"), std::string::npos) << e;
+  EXPECT_NE(e.find("n_layers"), std::string::npos) << e;  // lists the valid keys
+  e = error_of(std::string(kGood) + "[modle]\nx = 1\n");
+  EXPECT_NE(e.find("unknown section [modle]"), std::string::npos) << e;
+}
+
+TEST(Config, WrongTypes) {
+  EXPECT_NE(error_of(with("model", "d_model = \"big\"")).find("model.d_model must be an integer"), std::string::npos);
+  EXPECT_NE(error_of(with("train", "lr = \"fast\"")).find("train.lr must be a number"), std::string::npos);
+  EXPECT_NE(error_of(with("parallel", "sequence_parallel = 1")).find("parallel.sequence_parallel must be true or false"),
+            std::string::npos);
+}
+
+TEST(Config, NegativeOrZeroSizes) {
+  std::string t0 = kGood;
+  EXPECT_NE(error_of(t0.replace(t0.find("n_layers = 2"), 12, "n_layers = 0")).find("model.n_layers must be >= 1"), std::string::npos);
+  for (auto [line, key] : std::vector<std::pair<std::string, std::string>>{
+           {"micro_batch_size = 0", "train.micro_batch_size"},
+           {"steps = -1", "train.steps"},
+           {"lr = 0.0", "train.lr"},
+           {"grad_clip = -1.0", "train.grad_clip"}}) {
+    std::string e = error_of(with("train", line));
+    EXPECT_NE(e.find(key), std::string::npos) << line << ": " << e;
+  }
+  std::string e = error_of(std::string(kGood).replace(std::string(kGood).find("d_model = 32"), 12, "d_model = -32"));
+  EXPECT_NE(e.find("model.d_model"), std::string::npos) << e;
+}
+
+TEST(Config, HeadsMustDivideWidth) {
+  std::string t = kGood;
+  t.replace(t.find("n_heads = 4"), 11, "n_heads = 5");
+  std::string e = error_of(t);
+  EXPECT_NE(e.find("model.n_heads = 5 must divide model.d_model = 32"), std::string::npos) << e;
+}
+
+TEST(Config, SeqLenAbovePositionTable) {
+  std::string e = error_of(with("model", "max_positions = 8"));
+  EXPECT_NE(e.find("model.seq_len = 16 exceeds the position table"), std::string::npos) << e;
+}
+
+TEST(Config, OverridesApplyAndAreChecked) {
+  Config c = parse_config(kGood, "test.toml", {"train.lr=0.01", "train.device=cpu", "parallel.tp=2"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.01);
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_NE(error_of(kGood, {"train.nope=1"}).find("unknown key train.nope"), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"train.device=tpu"}).find("train.device = \"tpu\""), std::string::npos);
+  EXPECT_NE(error_of(kGood, {"lr=0.1"}).find("section.key=value"), std::string::npos);
+}
+
+TEST(Config, LayoutChecksNameTheNumbers) {
+  Config c = parse_config(kGood, "t", {"parallel.tp=3"});
+  try {
+    validate_layout(c, 6);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.tp = 3 must divide model.n_heads = 4"), std::string::npos) << e.what();
+  }
+  c = parse_config(kGood, "t", {"parallel.tp=2", "parallel.dp=2"});
+  try {
+    validate_layout(c, 8);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("world size is 8"), std::string::npos) << e.what();
+  }
+  c = parse_config(kGood, "t", {"train.global_batch_size=6", "train.micro_batch_size=2"});
+  try {
+    validate_layout(c, 2);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("train.global_batch_size = 6"), std::string::npos) << e.what();
+  }
+  c = parse_config(kGood, "t");
+  validate_layout(c, 4);
+  EXPECT_EQ(c.parallel.dp, 4);
+  EXPECT_EQ(c.train.global_batch_size, 4);
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  Config c = parse_config(kGood, "t", {"parallel.vp=1", "recompute.mode=selective"});
+  Config d = parse_config(config_to_toml(c), "resolved");
+  EXPECT_EQ(config_to_toml(c), config_to_toml(d));
+  EXPECT_EQ(d.recompute.mode, RecomputeMode::Selective);
+}
+
+}  // namespace
+}  // namespace tripod

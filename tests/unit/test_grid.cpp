@@ -1,0 +1,47 @@
+// The rank grid against worked examples.
+#include <gtest/gtest.h>
+
+#include "parallel/grid.h"
+
+namespace tripod {
+namespace {
+
+using V = std::vector<int>;
+using VV = std::vector<std::vector<int>>;
+
+TEST(RankGrid, EightRanksTwoByTwoByTwo) {
+  RankGrid g(/*tp=*/2, /*dp=*/2, /*pp=*/2);
+  EXPECT_EQ(g.world_size(), 8);
+  EXPECT_EQ(g.groups(Axis::TP), (VV{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+  EXPECT_EQ(g.groups(Axis::DP), (VV{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
+  EXPECT_EQ(g.groups(Axis::PP), (VV{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(g.coords(5), (Coords{.tp = 1, .dp = 0, .pp = 1}));
+  EXPECT_EQ(g.coords(6), (Coords{.tp = 0, .dp = 1, .pp = 1}));
+  EXPECT_EQ(g.embedding_group(3), (V{3, 7}));
+  EXPECT_EQ(g.embedding_group(7), (V{3, 7}));
+}
+
+TEST(RankGrid, TwelveRanksMixedSizes) {
+  RankGrid g(/*tp=*/2, /*dp=*/3, /*pp=*/2);
+  EXPECT_EQ(g.group(Axis::DP, 7), (V{7, 9, 11}));  // rank 7: tp 1, dp 0, pp 1
+  EXPECT_EQ(g.group(Axis::PP, 3), (V{3, 9}));
+  EXPECT_EQ(g.group(Axis::TP, 11), (V{10, 11}));
+  for (int r = 0; r < g.world_size(); ++r) EXPECT_EQ(g.rank(g.coords(r)), r);
+}
+
+TEST(RankGrid, SerialAndPipelineOnly) {
+  RankGrid s(1, 1, 1);
+  EXPECT_EQ(s.group(Axis::TP, 0), (V{0}));
+  EXPECT_EQ(s.embedding_group(0), (V{0}));
+  RankGrid p(1, 1, 4);
+  EXPECT_EQ(p.group(Axis::PP, 2), (V{0, 1, 2, 3}));
+  EXPECT_EQ(p.embedding_group(0), (V{0, 3}));
+}
+
+TEST(RankGrid, RefusesBadSizes) {
+  EXPECT_THROW(RankGrid(0, 1, 1), std::exception);
+  EXPECT_THROW(RankGrid(2, 2, 2).coords(8), std::exception);
+}
+
+}  // namespace
+}  // namespace tripod
