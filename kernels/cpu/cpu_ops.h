@@ -66,7 +66,9 @@ class CpuOps final : public Ops {
 inline float fast_exp(float x) {
   const float hi = 88.3762626647949f, lo = -87.3365447504f;
   float xc = x < lo ? lo : (x > hi ? hi : x);
-  float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  // n = round(x / ln 2) by the 1.5 * 2^23 trick: std::floor would not vectorise (its rounding
+  // instruction may raise FE_INEXACT, which floor must not) unless -fno-trapping-math.
+  float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500E-4f;
   p = p * r + 1.3981999507E-3f;

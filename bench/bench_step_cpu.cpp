@@ -1,0 +1,75 @@
+// Training-step throughput on the CPU for GPT-2 shapes: tokens/s, model FLOP/s (DESIGN.md's
+// 6N + 6LCT per token) and that rate as a fraction of the OpenBLAS sgemm rate measured in the
+// same run with the same threads. Usage: bench_step_cpu [--quick]
+#include <fmt/format.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "core/log.h"
+#include "kernels/profiled_ops.h"
+#include "parallel/comm/mpi_comm.h"
+#include "train/trainer.h"
+
+using namespace tripod;
+
+struct BenchShape {
+  const char* name;
+  int layers, d_model, heads, seq, vocab, micro, micro_per_step, steps;
+};
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  init_logging(0, 1);
+  spdlog::set_level(spdlog::level::warn);
+  bool quick = false, profile = false;
+  for (int i = 1; i < argc; ++i) {
+    quick |= std::strcmp(argv[i], "--quick") == 0;
+    profile |= std::strcmp(argv[i], "--profile") == 0;
+  }
+  auto cpu = make_ops(Device::CPU);
+  ProfiledOps profiled(*cpu);
+  Ops* ops = profile ? static_cast<Ops*>(&profiled) : cpu.get();
+  auto world = mpi_world(ops, 600);
+  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1));
+  const double sgemm = ops->peak_flops();
+
+  std::vector<BenchShape> shapes = {{"tiny (4L, d128, seq128)", 4, 128, 4, 128, 512, 8, 2, 5},
+                               {"gpt2 d768 12L seq256", 12, 768, 12, 256, 50257, 4, 2, quick ? 1 : 3}};
+  fmt::print("sgemm rate (OpenBLAS, 1024^3, this process): {:.1f} GFLOP/s\n\n", sgemm / 1e9);
+  fmt::print("{:<26} {:>10} {:>12} {:>14} {:>12} {:>10}\n", "shape", "params", "step (s)", "tokens/s",
+             "GFLOP/s", "of sgemm");
+  for (const BenchShape& s : shapes) {
+    Config cfg;
+    cfg.model = {.n_layers = s.layers, .n_heads = s.heads, .d_model = s.d_model, .ffn_hidden = 0, .seq_len = s.seq,
+                 .max_positions = 0, .vocab_size = s.vocab};
+    cfg.train.micro_batch_size = s.micro;
+    cfg.train.global_batch_size = s.micro * s.micro_per_step;
+    cfg.train.steps = s.steps + 1;
+    cfg.train.output_dir = "";
+    cfg.data.synthetic = true;
+    validate_layout(cfg, 1);
+    SyntheticSource data(s.seq, s.vocab, 1);
+    Trainer t(cfg, *ops, par, &data);
+    t.step();  // warm-up: first-touch of buffers, allocator cache
+    profiled.reset();
+    std::vector<double> times;
+    for (int i = 0; i < s.steps; ++i) times.push_back(t.step().step_time_s);
+    std::sort(times.begin(), times.end());
+    double median = times[times.size() / 2];
+    double tokens = static_cast<double>(cfg.train.global_batch_size) * s.seq;
+    double flops = cfg.model.flops_per_token() * tokens / median;
+    fmt::print("{:<26} {:>9.1f}M {:>12.3f} {:>14.0f} {:>12.1f} {:>9.1f}%\n", s.name, cfg.model.num_params() / 1e6,
+               median, tokens / median, flops / 1e9, 100.0 * flops / sgemm);
+    if (profile) {
+      double total = 0;
+      for (auto& [k, v] : profiled.seconds()) total += v;
+      for (auto& [k, v] : profiled.seconds())
+        fmt::print("    {:<12} {:6.1f}% of step ({:.3f} s/step)\n", k, 100.0 * v / (median * s.steps), v / s.steps);
+      fmt::print("    {:<12} {:6.1f}% of step\n", "outside ops", 100.0 * (1 - total / (median * s.steps)));
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
