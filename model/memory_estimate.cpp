@@ -1,0 +1,79 @@
+// Activation bytes per layer and chunk, mirroring what Block, Embedding and LmHead keep.
+#include "model/memory_estimate.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace tripod {
+
+namespace {
+int64_t local_tokens(const ActivationShape& s) {
+  int64_t N = s.B * s.T;
+  return s.sequence_parallel && s.tp > 1 ? N / s.tp : N;
+}
+}  // namespace
+
+int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, RecomputeMode mode) {
+  const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model;
+  const int64_t Cl = C / s.tp, Fl = cfg.ffn() / s.tp, Hl = cfg.n_heads / s.tp;
+  const int64_t b = s.act_bytes;
+  if (mode == RecomputeMode::Full) return 0;  // only the input, counted by the caller
+  int64_t bytes = 0;
+  bytes += 2 * Ns * C * b;        // h1, h2: LayerNorm outputs (this rank's token slice under SP)
+  bytes += 2 * 2 * Ns * 4;        // mean and rstd of both LayerNorms, f32
+  bytes += N * 3 * Cl * b;        // qkv of this rank's heads
+  bytes += N * Cl * b;            // attention output (input of the output projection)
+  bytes += s.B * Hl * s.T * 4;    // softmax log-sum-exp, f32
+  if (mode == RecomputeMode::None && s.keeps_probs) bytes += s.B * Hl * s.T * s.T * b;  // softmax
+  bytes += Ns * C * b;            // x1, the residual after attention
+  bytes += 2 * N * Fl * b;        // fc output before and after the GELU
+  return bytes;
+}
+
+ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkLayout& chunk,
+                                            const RecomputeConfig& rc, const ActivationShape& s) {
+  const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model, b = s.act_bytes;
+  const int64_t x = Ns * C * b;
+  const int64_t full_layer = layer_saved_bytes(cfg, s, RecomputeMode::None);
+  ChunkActivationBytes out;
+  out.input = x;
+  out.tokens = (chunk.has_embedding ? N * 4 : 0) + (chunk.has_head ? N * 4 : 0);
+  const int n = chunk.layer_end - chunk.layer_begin;
+  std::vector<int64_t> saved(n);
+  std::vector<bool> recomputed(n);
+  for (int i = 0; i < n; ++i) {
+    RecomputeMode mode = rc.mode != RecomputeMode::None && rc.applies_to(i) ? rc.mode : RecomputeMode::None;
+    saved[i] = layer_saved_bytes(cfg, s, mode);
+    recomputed[i] = mode == RecomputeMode::Full;
+  }
+  const int64_t head = chunk.has_head ? x + 2 * Ns * 4 + N * (cfg.padded_vocab(s.tp) / s.tp) * b : 0;
+
+  // Forward: each layer adds what it keeps and its output (the next input); a recomputed layer
+  // first holds everything, then drops all but its input.
+  int64_t live = x, peak = x;
+  for (int i = 0; i < n; ++i) {
+    peak = std::max(peak, live + full_layer + x);
+    live += saved[i] + x;
+  }
+  live += head;
+  peak = std::max(peak, live);
+  out.forward_peak = peak;
+  // The last layer's output is either the head's input (held) or sent away (output).
+  out.held = live - x - (chunk.has_head ? 0 : x);
+  out.output = chunk.has_head ? 0 : x;
+  // Backward (the output is gone by then on a non-last chunk): the head frees its tensors and its
+  // input (the last layer's output), then
+  // each layer from the last reruns its forward if recomputed (holding all it keeps plus the
+  // discarded output) and frees what it kept and its input.
+  live = x + out.held;
+  peak = live;
+  live -= head + (chunk.has_head ? x : 0);  // ln_f's output, statistics, logits' gradient; its input
+  for (int i = n - 1; i >= 0; --i) {
+    if (recomputed[i]) peak = std::max(peak, live + full_layer + x);
+    live -= saved[i] + x;
+  }
+  out.backward_peak = peak;
+  return out;
+}
+
+}  // namespace tripod

@@ -1,0 +1,40 @@
+// Analytic activation memory of the tensors tripod keeps (Korthikanti et al. 2022's accounting,
+// applied to this code's tensors rather than Megatron's), per micro-batch and model chunk.
+// Tests hold the measured peaks to these figures, so a layer that changes what it keeps must
+// change this file too.
+#pragma once
+
+#include <cstdint>
+
+#include "model/config.h"
+#include "model/gpt.h"
+
+namespace tripod {
+
+// What shapes and storage decide the bytes.
+struct ActivationShape {
+  int64_t B = 1, T = 1;   // micro-batch
+  int tp = 1;
+  bool sequence_parallel = false;
+  int64_t act_bytes = 4;  // bytes per element in the compute dtype
+  bool keeps_probs = true;  // the backend keeps attention probabilities when not recomputing
+};
+
+// Bytes one micro-batch of one chunk occupies (MemCategory::Activations).
+struct ChunkActivationBytes {
+  int64_t input = 0;   // the chunk's input (first block's x): embedding output or received activation
+  int64_t held = 0;    // kept from the end of the forward until the backward, input excluded
+  int64_t output = 0;  // the output sent to the next stage (non-last chunks), until the send completes
+  int64_t tokens = 0;  // input tokens (first chunk) and targets (last chunk) of the micro-batch
+  // The most this chunk's own tensors (input, held, output) reach inside its forward and inside
+  // its backward; larger than input + held + output only where layers recompute.
+  int64_t forward_peak = 0, backward_peak = 0;
+};
+
+// Bytes of one transformer layer's saved tensors under `mode` (input x excluded).
+int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, RecomputeMode mode);
+// The per-micro-batch bytes of a chunk.
+ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkLayout& chunk,
+                                            const RecomputeConfig& rc, const ActivationShape& s);
+
+}  // namespace tripod
