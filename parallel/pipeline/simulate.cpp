@@ -8,6 +8,7 @@
 #include <cmath>
 #include <deque>
 #include <limits>
+#include <unordered_map>
 #include <utility>
 
 #include "core/error.h"
@@ -132,14 +133,16 @@ void add_messages(const Schedule& s, const std::vector<PositionTable>& tables, P
 // Messages between two ranks are matched in sending order: each receiver must consume them in
 // that order.
 void check_message_order(const Schedule& s, const PipePlan& plan) {
-  // Last message seen per (sender, receiver) pair, in sending order.
-  std::vector<int> last(static_cast<size_t>(s.pp) * s.pp, -1);
+  // Last message seen per (sender, receiver) pair, in sending order (pairs are neighbours only,
+  // so a map keeps this linear in the number of ranks).
+  std::unordered_map<long long, int> last;
   for (int r = 0; r < s.pp; ++r) {
     for (int id : plan.send_msg[r]) {
       if (id < 0) continue;
       const PipeMessage& y = plan.messages[id];
-      int& prev = last[static_cast<size_t>(y.src_rank) * s.pp + y.dst_rank];
-      if (prev >= 0) {
+      auto [it, fresh] = last.try_emplace(static_cast<long long>(y.src_rank) * s.pp + y.dst_rank, id);
+      int& prev = it->second;
+      if (!fresh) {
         const PipeMessage& x = plan.messages[prev];
         TRIPOD_INPUT_CHECK(x.dst_index < y.dst_index,
                            "{}: sends the {} of {} to rank {} before the {} of {}, but {} runs {} (which takes the "
@@ -198,10 +201,11 @@ PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs
   }
   std::vector<double> now(P, 0), sent(M, kUnset), posted(M, kUnset);
   std::vector<int> waiter(M, -1);  // the rank blocked on this message, if any
-  // Direct knowledge: known[r*P+q] = the last action rank q had finished when it sent the latest
-  // message rank r has received from it. Pending sends per (r, q), in sending order.
-  std::vector<int> known(find_releases ? static_cast<size_t>(P) * P : 0, -1);
-  std::vector<std::deque<int>> pending(find_releases ? static_cast<size_t>(P) * P : 0);
+  // Direct knowledge: known[r][q] = the last action rank q had finished when it sent the latest
+  // message rank r has received from it. pending[r][q]: r's sends to q not yet known consumed,
+  // in sending order. Maps, since each rank talks to a few neighbours only.
+  std::vector<std::unordered_map<int, int>> known(find_releases ? P : 0);
+  std::vector<std::unordered_map<int, std::deque<int>>> pending(find_releases ? P : 0);
   auto arrival = [&](int x) { return std::max(sent[x], posted[x]) + costs.comm; };
 
   std::deque<int> ready;
@@ -228,9 +232,9 @@ PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs
           if (find_releases) {
             const PipeMessage& msg = plan.messages[op.index];
             const int q = msg.src_rank;
-            int& k = known[static_cast<size_t>(r) * P + q];
+            int& k = known[r].try_emplace(q, -1).first->second;
             k = std::max(k, msg.src_index);
-            auto& pend = pending[static_cast<size_t>(r) * P + q];
+            auto& pend = pending[r][q];
             while (!pend.empty() && plan.messages[pend.front()].dst_index <= k) {
               run.releases[r].push_back({run.pc[r], pend.front()});
               pend.pop_front();
@@ -247,7 +251,7 @@ PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs
         }
         case PlanOpKind::PostSend:
           sent[op.index] = now[r];
-          if (find_releases) pending[static_cast<size_t>(r) * P + plan.messages[op.index].dst_rank].push_back(op.index);
+          if (find_releases) pending[r][plan.messages[op.index].dst_rank].push_back(op.index);
           if (waiter[op.index] >= 0) ready.push_back(std::exchange(waiter[op.index], -1));
           break;
         case PlanOpKind::WaitSend:

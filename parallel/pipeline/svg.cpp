@@ -54,7 +54,9 @@ std::string render_gantt_svg(const GanttChart& ch) {
   for (const auto& b : ch.boxes) t_end = std::max(t_end, b.end);
   if (t_end <= 0) t_end = 1;
   // Layout (px): title, rows, axis, footnotes; labels on the left, notes on the right.
-  const double left = 100, plot_w = 1000, row_h = 26, top = 40;
+  double plot_w = 1000;
+  if (ch.label_duration > 0) plot_w = std::clamp(t_end / ch.label_duration * 34, 1000.0, 4000.0);
+  const double left = 100, row_h = 26, top = 40;
   size_t note_chars = 0;
   for (const auto& n : ch.row_notes) note_chars = std::max(note_chars, n.size());
   const double right = 20 + 7.0 * static_cast<double>(note_chars);

@@ -24,6 +24,8 @@ struct GanttChart {
   std::vector<std::string> row_notes;   // right of each row (may be empty)
   std::vector<GanttBox> boxes;
   std::vector<std::string> footnotes;   // lines under the chart
+  // When > 0, the plot is made wide enough (up to 4000 px) for a box this long to hold a label.
+  double label_duration = 0;
 };
 
 // The chart as a standalone SVG document.

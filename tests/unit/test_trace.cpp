@@ -1,7 +1,10 @@
 // The measured timeline: the recorder's files, and the merge into a Chrome trace and an SVG
 // with measured idle fractions beside the simulator's.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
@@ -196,6 +199,33 @@ TEST_F(Trace, MergeRefusesBadInputNamingIt) {
   std::string e = error_of(dir_.string());
   EXPECT_NE(e.find("rank_1.jsonl:"), std::string::npos) << e;
   EXPECT_NE(e.find("not a JSON trace line"), std::string::npos) << e;
+}
+
+// `tripod trace merge RUN_DIR`: the table on stdout, one "error:" line and exit 2 on bad input.
+TEST_F(Trace, MergeCommand) {
+  const char* env = std::getenv("TRIPOD_BIN");
+  const std::string bin = env ? env : (fs::read_symlink("/proc/self/exe").parent_path() / "tripod").string();
+  ASSERT_TRUE(fs::exists(bin)) << bin;
+  auto run = [&](const std::string& args, std::string& out, std::string& err) {
+    int status = std::system((bin + " trace merge " + args + " >" + (dir_ / "out").string() + " 2>" +
+                              (dir_ / "err").string()).c_str());
+    out = slurp(dir_ / "out");
+    err = slurp(dir_ / "err");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  fs::path run_dir = dir_ / "run";
+  write_simulated_run(run_dir, build_schedule("interleaved", 2, 2, 2), 1.0);
+  std::string out, err;
+  ASSERT_EQ(run(run_dir.string(), out, err), 0) << err;
+  EXPECT_NE(out.find("interleaved schedule, pp=2 vp=2 microbatches=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("trace.json"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(run_dir / "trace.json"));
+  EXPECT_TRUE(fs::exists(run_dir / "trace.svg"));
+  EXPECT_EQ(run((dir_ / "missing").string(), out, err), 2);
+  EXPECT_EQ(out, "");
+  EXPECT_EQ(err, "error: " + (dir_ / "missing").string() + ": no such run directory\n");
+  EXPECT_EQ(run("", out, err), 2);  // RUN_DIR is required
+  EXPECT_EQ(err.rfind("error: ", 0), 0u) << err;
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // without compute and prints each rank's actions, bubble fraction and peak in-flight activations.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -64,6 +65,7 @@ GanttChart schedule_chart(const Schedule& s, const Simulation& sim, const PipeCo
                           fmt::format("{} (virtual stage {}) {:g}..{:g}", t.action.str(), s.stage(r, t.action.chunk),
                                       t.start, t.end)});
   }
+  ch.label_duration = std::min(costs.forward, costs.backward);
   ch.footnotes.push_back("F<micro-batch>.<chunk>: light = forward, dark = backward, hue by micro-batch");
   ch.footnotes.push_back("bubble = idle time / makespan per rank; peak = most (micro-batch, chunk) activations held");
   return ch;
