@@ -11,5 +11,7 @@ namespace tripod {
 using CommandFn = std::function<int()>;
 
 CommandFn add_train_command(CLI::App& app);
+CommandFn add_schedule_command(CLI::App& app);
+CommandFn add_trace_command(CLI::App& app);
 
 }  // namespace tripod

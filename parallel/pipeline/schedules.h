@@ -1,0 +1,61 @@
+// Pipeline schedules built by pure functions (GPipe, 1F1B, interleaved 1F1B) or loaded from a
+// CSV file. Nothing here computes or communicates; parallel/pipeline/simulate.h checks them.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "parallel/pipeline/action.h"
+
+namespace tripod {
+
+// The most (micro-batch, virtual stage) pairs a schedule may have: bounds what validating and
+// simulating one costs (a few hundred MB at most).
+inline constexpr long long kMaxSchedulePairs = 4'000'000;
+
+// GPipe: all forwards, then all backwards, micro-batches in order on every rank.
+std::vector<Action> gpipe_actions(int pp, int microbatches, int rank);
+
+// 1F1B (PipeDream-flush): rank r runs min(pp-r-1, m) warm-up forwards, then alternates one
+// forward and one backward, then runs the remaining backwards. It holds at most min(pp-r, m)
+// micro-batches' activations.
+std::vector<Action> one_f_one_b_actions(int pp, int microbatches, int rank);
+
+// Interleaved 1F1B over vp chunks per rank (Megatron-LM's schedule). Forward iteration k
+// (0..vp*m-1) runs micro-batch group*pp + k%pp on chunk (k/pp)%vp, with group = k/(pp*vp): pp
+// micro-batches go through chunk 0, the same pp through chunk 1, ..., then the next pp
+// micro-batches. Backward iteration k visits the same micro-batch on chunk vp-1-(k/pp)%vp.
+// Rank r warms up with min(2*(pp-r-1) + (vp-1)*pp, vp*m) forwards, then alternates one forward
+// and one backward, then drains the backwards. Needs vp >= 2 and m a multiple of pp.
+// Worked example pp=2, vp=2, m=2, rank 0: F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0.
+std::vector<Action> interleaved_actions(int pp, int vp, int microbatches, int rank);
+
+// The schedule of every rank for `kind` ("gpipe", "1f1b", "interleaved"). Bad numbers (pp < 1,
+// vp > 1 for a non-interleaved kind, m not a multiple of pp for interleaved, ...) throw
+// InputError naming them.
+Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches);
+
+// The CSV format of a custom schedule (also written by schedule_csv()):
+//   - one line per pipeline rank, in rank order (the first line is rank 0);
+//   - on each line, that rank's actions in execution order, separated by commas: F<mb>.<chunk>
+//     or B<mb>.<chunk> (".<chunk>" may be left out for chunk 0); spaces and empty cells are
+//     ignored, so rows padded by a spreadsheet load as they are;
+//   - blank lines and lines starting with '#' are ignored.
+// pp is the number of rows, vp the largest chunk + 1, microbatches the largest micro-batch + 1.
+// Example (pp=2, m=2, 1F1B):
+//   F0.0, F1.0, B0.0, B1.0
+//   F0.0, B0.0, F1.0, B1.0
+// A cell that is not an action throws InputError naming `source`, the line and the cell. The
+// result is not validated (validate_schedule() does that, naming the line of the rank at fault).
+Schedule parse_schedule_csv(std::string_view text, const std::string& source);
+// Reads and parses a CSV schedule file (InputError naming the path when it cannot be read).
+Schedule load_schedule_csv(const std::string& path);
+// The schedule in the CSV format above, with a comment line saying what it is.
+std::string schedule_csv(const Schedule& schedule);
+
+// Throws InputError naming the numbers unless the schedule was built for this pipeline
+// (`what` names the caller's setting, e.g. "parallel.schedule_file").
+void check_schedule_shape(const Schedule& schedule, int pp, int vp, int microbatches, const std::string& what);
+
+}  // namespace tripod

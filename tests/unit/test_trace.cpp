@@ -1,0 +1,232 @@
+// The measured timeline: the recorder's files, and the merge into a Chrome trace and an SVG
+// with measured idle fractions beside the simulator's.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+#include "parallel/pipeline/schedules.h"
+#include "parallel/pipeline/simulate.h"
+#include "parallel/pipeline/trace.h"
+
+namespace tripod {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class Trace : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("tripod_trace_test_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(Trace, DisabledRecorderRecordsNothing) {
+  TraceRecorder t;
+  EXPECT_FALSE(t.enabled());
+  { auto s = t.span("F0.0", TraceCategory::Forward, 0, 0); }
+  EXPECT_EQ(t.buffered(), 0u);
+  t.flush();
+  EXPECT_FALSE(fs::exists(dir_ / "trace"));
+}
+
+TEST_F(Trace, RecorderWritesHeaderAndEvents) {
+  Schedule s = build_schedule("1f1b", 2, 1, 2);
+  {
+    TraceRecorder t(dir_.string(), 1, 2, Coords{0, 0, 1}, s);
+    t.start();
+    t.set_step(3);
+    {
+      auto span = t.span("F0.0", TraceCategory::Forward, 0, 0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    auto r = t.span("allreduce", TraceCategory::Reduce);
+    r.end();
+    EXPECT_EQ(t.buffered(), 2u);
+    t.flush();
+    EXPECT_EQ(t.buffered(), 0u);
+  }
+  std::istringstream lines(slurp(dir_ / "trace" / "rank_1.jsonl"));
+  std::string line;
+  std::getline(lines, line);
+  json h = json::parse(line);
+  EXPECT_EQ(h["tripod_trace"], 1);
+  EXPECT_EQ(h["rank"], 1);
+  EXPECT_EQ(h["coords"]["pp"], 1);
+  EXPECT_EQ(h["schedule"]["kind"], "1f1b");
+  EXPECT_EQ(h["schedule"]["actions"], json({"F0.0", "B0.0", "F1.0", "B1.0"}));  // pipeline rank 1's list
+  EXPECT_TRUE(h.contains("origin_unix_us"));
+  std::getline(lines, line);
+  json e = json::parse(line);
+  EXPECT_EQ(e["name"], "F0.0");
+  EXPECT_EQ(e["cat"], "forward");
+  EXPECT_EQ(e["step"], 3);
+  EXPECT_GE(e["dur"].get<double>(), 2000.0);
+  EXPECT_GE(e["ts"].get<double>(), 0.0);
+  std::getline(lines, line);
+  EXPECT_EQ(json::parse(line)["cat"], "reduce");
+}
+
+// Writes rank files whose compute events follow the simulated timeline (one time unit = 1 ms),
+// for steps 0 and 1, plus communication events, as a traced run would.
+void write_simulated_run(const fs::path& dir, const Schedule& s, double step0_stretch) {
+  Simulation sim = simulate(s, PipeCosts{1, 2, 0});
+  fs::create_directories(dir / "trace");
+  for (int r = 0; r < s.pp; ++r) {
+    std::ofstream out(dir / "trace" / ("rank_" + std::to_string(r) + ".jsonl"));
+    json actions = json::array();
+    for (const Action& a : s.ranks[r]) actions.push_back(a.str());
+    out << json({{"tripod_trace", 1}, {"rank", r}, {"world", s.pp}, {"coords", {{"tp", 0}, {"dp", 0}, {"pp", r}}},
+                 {"origin_unix_us", 1000},
+                 {"schedule", {{"kind", s.kind}, {"pp", s.pp}, {"vp", s.vp}, {"microbatches", s.microbatches},
+                               {"actions", actions}}}})
+               .dump()
+        << "\n";
+    for (int step = 0; step < 2; ++step) {
+      const double base = step * 100000.0, k = step == 0 ? step0_stretch : 1.0;
+      for (const auto& t : sim.ranks[r].timeline) {
+        out << json({{"step", step}, {"name", t.action.str()}, {"cat", t.action.forward() ? "forward" : "backward"},
+                     {"mb", t.action.mb}, {"chunk", t.action.chunk}, {"ts", base + 1000 * k * t.start},
+                     {"dur", 1000 * k * (t.end - t.start)}})
+                   .dump()
+            << "\n";
+        // Receive waits happen in the gaps; they do not count as compute.
+        out << json({{"step", step}, {"name", "recv " + t.action.str()}, {"cat", "recv"}, {"mb", t.action.mb},
+                     {"chunk", t.action.chunk}, {"ts", base + 1000 * k * t.start - 1}, {"dur", 1}})
+                   .dump()
+            << "\n";
+      }
+      out << json({{"step", step}, {"name", "optimizer"}, {"cat", "optimizer"}, {"mb", -1}, {"chunk", -1},
+                   {"ts", base + 1000 * sim.makespan + 10}, {"dur", 500}})
+                 .dump()
+          << "\n";
+    }
+  }
+}
+
+TEST_F(Trace, MergeMeasuresIdleAndComparesWithTheSimulator) {
+  Schedule s = build_schedule("1f1b", 3, 1, 4);
+  // Step 0 ran 3x slower (warm-up); it is left out of the averages.
+  write_simulated_run(dir_, s, 3.0);
+  TraceSummary sum = merge_traces(dir_.string());
+  EXPECT_EQ(sum.kind, "1f1b");
+  EXPECT_EQ(sum.steps, 2);
+  EXPECT_EQ(sum.steps_used, 1);
+  EXPECT_EQ(sum.drawn_step, 1);
+  EXPECT_NEAR(sum.mean_forward_us, 1000, 1e-6);
+  EXPECT_NEAR(sum.mean_backward_us, 2000, 1e-6);
+  ASSERT_EQ(sum.ranks.size(), 3u);
+  for (const auto& r : sum.ranks) {
+    EXPECT_NEAR(r.measured_idle, 2.0 / 6, 1e-9) << r.rank;  // (p-1)/(m+p-1)
+    EXPECT_NEAR(r.ideal_idle, 2.0 / 6, 1e-9) << r.rank;
+  }
+  json j = json::parse(slurp(dir_ / "trace.json"));
+  int complete = 0, names = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "X") {
+      ++complete;
+      EXPECT_TRUE(e.contains("ts") && e.contains("dur") && e.contains("pid"));
+    }
+    if (e["ph"] == "M" && e["name"] == "process_name") ++names;
+  }
+  EXPECT_EQ(complete, 3 * 2 * (2 * 8 + 1));
+  EXPECT_EQ(names, 3);
+  std::string svg = slurp(dir_ / "trace.svg");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("idle 33.3%  (ideal 33.3%)"), std::string::npos);
+  EXPECT_NE(svg.find("step 1"), std::string::npos);
+}
+
+TEST_F(Trace, MergeReadsTheLastSessionAndIgnoresRanksOfOlderRuns) {
+  // An older run with 3 ranks, then a new 2-rank run in the same folder.
+  write_simulated_run(dir_, build_schedule("gpipe", 3, 1, 2), 1.0);
+  {
+    std::ofstream(dir_ / "trace" / "rank_0.jsonl", std::ios::trunc);
+    std::ofstream(dir_ / "trace" / "rank_1.jsonl", std::ios::trunc);
+  }
+  fs::path newer = dir_ / "newer";
+  write_simulated_run(newer, build_schedule("1f1b", 2, 1, 4), 1.0);
+  for (int r = 0; r < 2; ++r) {
+    std::string text = slurp(newer / "trace" / ("rank_" + std::to_string(r) + ".jsonl"));
+    // Make this the most recent session.
+    auto at = text.find("\"origin_unix_us\":1000");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 21, "\"origin_unix_us\":9000");
+    std::ofstream(dir_ / "trace" / ("rank_" + std::to_string(r) + ".jsonl"), std::ios::app) << text;
+  }
+  TraceSummary sum = merge_traces(dir_.string());
+  EXPECT_EQ(sum.kind, "1f1b");
+  EXPECT_EQ(sum.ranks.size(), 2u);
+  EXPECT_NEAR(sum.ranks[0].measured_idle, 1.0 / 5, 1e-9);
+}
+
+TEST_F(Trace, MergeRefusesBadInputNamingIt) {
+  auto error_of = [](const std::string& d) -> std::string {
+    try {
+      merge_traces(d);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of((dir_ / "nope").string()).find("no such run directory"), std::string::npos);
+  EXPECT_NE(error_of(dir_.string()).find("no trace folder"), std::string::npos);
+  fs::create_directories(dir_ / "trace");
+  EXPECT_NE(error_of(dir_.string()).find("no rank_<R>.jsonl trace files"), std::string::npos);
+  write_simulated_run(dir_, build_schedule("1f1b", 2, 1, 2), 1.0);
+  std::ofstream(dir_ / "trace" / "rank_1.jsonl", std::ios::app) << "{\"step\":1,\"name\":\"F0.0\"\n";
+  std::string e = error_of(dir_.string());
+  EXPECT_NE(e.find("rank_1.jsonl:"), std::string::npos) << e;
+  EXPECT_NE(e.find("not a JSON trace line"), std::string::npos) << e;
+}
+
+// `tripod trace merge RUN_DIR`: the table on stdout, one "error:" line and exit 2 on bad input.
+TEST_F(Trace, MergeCommand) {
+  const char* env = std::getenv("TRIPOD_BIN");
+  const std::string bin = env ? env : (fs::read_symlink("/proc/self/exe").parent_path() / "tripod").string();
+  ASSERT_TRUE(fs::exists(bin)) << bin;
+  auto run = [&](const std::string& args, std::string& out, std::string& err) {
+    int status = std::system((bin + " trace merge " + args + " >" + (dir_ / "out").string() + " 2>" +
+                              (dir_ / "err").string()).c_str());
+    out = slurp(dir_ / "out");
+    err = slurp(dir_ / "err");
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  fs::path run_dir = dir_ / "run";
+  write_simulated_run(run_dir, build_schedule("interleaved", 2, 2, 2), 1.0);
+  std::string out, err;
+  ASSERT_EQ(run(run_dir.string(), out, err), 0) << err;
+  EXPECT_NE(out.find("interleaved schedule, pp=2 vp=2 microbatches=2"), std::string::npos) << out;
+  EXPECT_NE(out.find("trace.json"), std::string::npos) << out;
+  EXPECT_TRUE(fs::exists(run_dir / "trace.json"));
+  EXPECT_TRUE(fs::exists(run_dir / "trace.svg"));
+  EXPECT_EQ(run((dir_ / "missing").string(), out, err), 2);
+  EXPECT_EQ(out, "");
+  EXPECT_EQ(err, "error: " + (dir_ / "missing").string() + ": no such run directory\n");
+  EXPECT_EQ(run("", out, err), 2);  // RUN_DIR is required
+  EXPECT_EQ(err.rfind("error: ", 0), 0u) << err;
+}
+
+}  // namespace
+}  // namespace tripod

@@ -1,0 +1,35 @@
+// `tripod trace merge RUN_DIR`: merges the ranks' trace files of a run into RUN_DIR/trace.json
+// (Chrome trace format) and RUN_DIR/trace.svg (Gantt chart, measured vs ideal idle fractions).
+#include <fmt/format.h>
+
+#include "parallel/pipeline/trace.h"
+#include "train/commands/commands.h"
+
+namespace tripod {
+
+namespace {
+
+int run_trace_merge(const std::string& run_dir) {
+  TraceSummary s = merge_traces(run_dir);
+  fmt::print("{} schedule, pp={} vp={} microbatches={}: {} step(s) traced, {} averaged\n", s.kind, s.pp, s.vp,
+             s.microbatches, s.steps, s.steps_used);
+  fmt::print("{:>5} {:>4} {:>4} {:>4} {:>8} {:>10} {:>10}\n", "rank", "pp", "dp", "tp", "events", "idle", "ideal");
+  for (const auto& r : s.ranks)
+    fmt::print("{:>5} {:>4} {:>4} {:>4} {:>8} {:>9.1f}% {:>10}\n", r.rank, r.coords.pp, r.coords.dp, r.coords.tp,
+               r.events, 100 * r.measured_idle, r.ideal_idle >= 0 ? fmt::format("{:.1f}%", 100 * r.ideal_idle) : "n/a");
+  fmt::print("wrote {} and {}\n", s.json_path, s.svg_path);
+  return 0;
+}
+
+}  // namespace
+
+CommandFn add_trace_command(CLI::App& app) {
+  auto run_dir = std::make_shared<std::string>();
+  CLI::App* sub = app.add_subcommand("trace", "Work with the measured timelines of a run");
+  sub->require_subcommand(1);
+  CLI::App* merge = sub->add_subcommand("merge", "Merge RUN_DIR/trace/rank_*.jsonl into RUN_DIR/trace.json and trace.svg");
+  merge->add_option("run_dir", *run_dir, "The run directory (train.output_dir)")->required();
+  return [run_dir] { return run_trace_merge(*run_dir); };
+}
+
+}  // namespace tripod
