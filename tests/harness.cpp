@@ -1,6 +1,9 @@
 // Test harness: gathering a sharded model's parameters into whole tensors.
 #include "harness.h"
 
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
 namespace tripod::test {
 
 std::map<std::string, std::vector<float>> gather_global_params(ParamRegistry& reg, ParallelContext& par, Ops& ops,
@@ -70,6 +73,22 @@ RunResult run_training(Config cfg, Ops& ops, ParallelContext& par, const SampleS
   return r;
 }
 
+double global_relative_difference(const std::map<std::string, std::vector<float>>& a,
+                                  const std::map<std::string, std::vector<float>>& b) {
+  double norm = 0, diff = 0;
+  for (const auto& [name, vb] : b) {
+    auto it = a.find(name);
+    if (it == a.end() || it->second.size() != vb.size()) return INFINITY;
+    for (size_t i = 0; i < vb.size(); ++i) {
+      norm += static_cast<double>(vb[i]) * vb[i];
+      double d = static_cast<double>(it->second[i]) - vb[i];
+      diff += d * d;
+    }
+  }
+  double rel = std::sqrt(diff / norm);
+  return std::isnan(rel) ? INFINITY : rel;
+}
+
 double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
                                const std::map<std::string, std::vector<float>>& b, std::string* worst) {
   double out = 0;
@@ -92,6 +111,22 @@ double max_relative_difference(const std::map<std::string, std::vector<float>>& 
     }
   }
   return out;
+}
+
+void expect_matches(const RunResult& run, const RunResult& serial, const std::string& label, bool print) {
+  EXPECT_EQ(run.losses.size(), serial.losses.size());
+  double loss_diff = 0;
+  for (size_t s = 0; s < std::min(run.losses.size(), serial.losses.size()); ++s) {
+    EXPECT_NEAR(run.losses[s], serial.losses[s], kLossTol * serial.losses[s]) << label << ", step " << s + 1;
+    loss_diff = std::max(loss_diff, std::abs(run.losses[s] - serial.losses[s]) / serial.losses[s]);
+  }
+  std::string worst;
+  double all = global_relative_difference(run.params, serial.params);
+  double tensor = max_relative_difference(run.params, serial.params, &worst);
+  EXPECT_LE(all, kWeightsTol) << label << ": all weights";
+  EXPECT_LE(tensor, kTensorTol) << label << ": largest tensor difference in " << worst;
+  if (print)
+    fmt::print("{:<46} loss {:.1e}  weights {:.1e}  worst tensor {:.1e} ({})\n", label, loss_diff, all, tensor, worst);
 }
 
 }  // namespace tripod::test

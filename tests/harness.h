@@ -65,6 +65,12 @@ inline SubWorld make_selfworld(Ops& ops) {
   return w;
 }
 
+// How parallel runs are held to the serial one: the loss of every step within 1e-5 relative; all
+// weights together within 1e-5 relative (L2); each tensor within 1e-4 relative. The per-tensor
+// bound is looser because tensors that start at zero (biases) are made only of Adam updates, and
+// Adam passes the relative rounding error of a cancelling gradient sum (~1e-5) straight into them.
+inline constexpr double kLossTol = 1e-5, kWeightsTol = 1e-5, kTensorTol = 1e-4;
+
 // Runs `cfg` for cfg.train.steps on the grid of `par`: the loss of every step and the final
 // whole parameters (gathered to every rank of the grid).
 struct RunResult {
@@ -73,9 +79,15 @@ struct RunResult {
 };
 RunResult run_training(Config cfg, Ops& ops, ParallelContext& par, const SampleSource& data);
 
+// The relative difference ||a - b|| / ||b|| (L2 norms) of all parameters taken together.
+double global_relative_difference(const std::map<std::string, std::vector<float>>& a,
+                                  const std::map<std::string, std::vector<float>>& b);
 // The largest per-tensor relative difference ||a - b|| / ||b|| (L2 norms) over the tensors.
 double max_relative_difference(const std::map<std::string, std::vector<float>>& a,
                                const std::map<std::string, std::vector<float>>& b, std::string* worst = nullptr);
+
+// Expects `run` to match `serial` by the tolerances above; prints the figures when `print`.
+void expect_matches(const RunResult& run, const RunResult& serial, const std::string& label, bool print);
 
 // The full (global) value of every parameter, gathered to every rank of the grid as host f32
 // vectors keyed by name (TP shards concatenated along their shard dim, PP stages merged).

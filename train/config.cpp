@@ -218,6 +218,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     s.get("output_dir", t.output_dir);
     s.get("exit_interval", t.exit_interval);
     s.get("max_bad_steps", t.max_bad_steps);
+    s.get("trace", t.trace);
     s.finish();
     require(t.device == "cpu" || t.device == "cuda", origin, "train.device",
             fmt::format("= \"{}\" is not \"cpu\" or \"cuda\"", t.device));
@@ -377,7 +378,8 @@ std::string config_to_toml(const Config& c) {
                             {"eval_steps", c.train.eval_steps},
                             {"output_dir", c.train.output_dir},
                             {"exit_interval", c.train.exit_interval},
-                            {"max_bad_steps", c.train.max_bad_steps}}},
+                            {"max_bad_steps", c.train.max_bad_steps},
+                            {"trace", c.train.trace}}},
       {"recompute", toml::table{{"mode", modes[static_cast<int>(c.recompute.mode)]},
                                 {"num_layers", c.recompute.num_layers}}},
       {"data", toml::table{{"prefixes", list(c.data.prefixes)},

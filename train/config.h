@@ -42,6 +42,7 @@ struct TrainConfig {
   std::string output_dir = "runs/default";
   int64_t exit_interval = 0;  // stop (with a checkpoint) after this step; 0: run all steps
   int max_bad_steps = 3;      // consecutive non-finite losses or grad norms before stopping
+  bool trace = true;          // record the per-rank timeline in output_dir/trace/
 };
 
 struct DataConfig {

@@ -8,14 +8,29 @@
 #include <filesystem>
 #include <fstream>
 
+#include "parallel/pipeline/schedules.h"
+#include "parallel/tensor_parallel/mappings.h"
+
 namespace tripod {
 
 Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data)
     : cfg_(cfg), ops_(ops), par_(par), data_(train_data) {
   const ParallelConfig& pc = cfg_.parallel;
   const TrainConfig& tc = cfg_.train;
-  TRIPOD_INPUT_CHECK(pc.pp == 1, "parallel.pp = {}: pipeline parallelism is not in this build yet", pc.pp);
   micro_per_rank_ = tc.global_batch_size / (tc.micro_batch_size * pc.dp);
+  // The pipeline schedule (validated before anything is allocated): built, or loaded from CSV.
+  Schedule schedule;
+  if (!pc.schedule_file.empty()) {
+    schedule = load_schedule_csv(pc.schedule_file);
+    check_schedule_shape(schedule, pc.pp, pc.vp, micro_per_rank_, "parallel.schedule_file");
+  } else {
+    schedule = build_schedule(pc.schedule, pc.pp, pc.vp, micro_per_rank_);
+  }
+  if (tc.trace && !tc.output_dir.empty()) {
+    trace_ = std::make_unique<TraceRecorder>(tc.output_dir, par.rank, par.grid.world_size(), par.coords, schedule);
+    trace_->start(par.world.get());
+  }
+  executor_ = std::make_unique<PipelineExecutor>(std::move(schedule), par.pp.get(), par.coords.pp, trace_.get());
 
   auto counts = layers_per_stage(cfg_.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage);
   model_ = std::make_unique<GptModel>(ops, par, cfg_.model, rank_chunks(counts, pc.pp, pc.vp, par.coords.pp),
@@ -23,6 +38,12 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   reg_.allocate(ops);
   reg_.initialize(ops, tc.seed);
   wte_ = model_->wte();
+  for (int c = 0; c < model_->num_chunks(); ++c) {
+    needs_tokens_ |= model_->layout(c).has_embedding;
+    needs_targets_ |= model_->layout(c).has_head;
+  }
+  TRIPOD_CHECK(!(needs_tokens_ || needs_targets_) || data_, "rank {} holds the embedding or head but has no data",
+               par.rank);
 
   // DP buckets over the parameters in registration order; the tied table (synchronised with the
   // other pipeline end first) gets a bucket of its own, as do the chunks.
@@ -64,16 +85,17 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   spdlog::info("model: {} layers, d_model {}, {} heads, seq {}, vocab {} (padded {}): {:.2f}M parameters",
                cfg_.model.n_layers, cfg_.model.d_model, cfg_.model.n_heads, cfg_.model.seq_len,
                cfg_.model.vocab_size, cfg_.model.padded_vocab(pc.tp), n_params / 1e6);
-  spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; device {}", par.grid.str(),
-               par.grid.world_size(), micro_per_rank_, tc.micro_batch_size, tc.device);
+  spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {} (vp {}); device {}",
+               par.grid.str(), par.grid.world_size(), micro_per_rank_, tc.micro_batch_size,
+               executor_->schedule().kind, pc.vp, tc.device);
 }
 
-MicroBatch Trainer::load_microbatch(int64_t step, int micro) {
+void Trainer::load_microbatch(int64_t step, int micro, MicroBatch& mb) {
   const TrainConfig& tc = cfg_.train;
   const int64_t B = tc.micro_batch_size, T = cfg_.model.seq_len;
-  MicroBatch mb;
   mb.shape = {B, T};
   mb.grad_scale = 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * T);
+  if (!needs_tokens_ && !needs_targets_) return;
   // Global sample order (Megatron's): each micro-step takes B * dp consecutive samples, DP rank d
   // the d-th run of B. The samples depend on (step, micro, d) only through the global index.
   const int64_t base = step * tc.global_batch_size + static_cast<int64_t>(micro) * B * par_.grid.dp() +
@@ -91,11 +113,14 @@ MicroBatch Trainer::load_microbatch(int64_t step, int micro) {
     std::copy(sample.begin(), sample.end() - 1, in.data<int32_t>() + b * T);
     std::copy(sample.begin() + 1, sample.end(), tg.data<int32_t>() + b * T);
   }
-  mb.tokens = ops_.empty({B * T}, DType::I32, MemCategory::Activations);
-  mb.targets = ops_.empty({B * T}, DType::I32, MemCategory::Activations);
-  ops_.copy(in, mb.tokens);
-  ops_.copy(tg, mb.targets);
-  return mb;
+  if (needs_tokens_) {
+    mb.tokens = ops_.empty({B * T}, DType::I32, MemCategory::Activations);
+    ops_.copy(in, mb.tokens);
+  }
+  if (needs_targets_) {
+    mb.targets = ops_.empty({B * T}, DType::I32, MemCategory::Activations);
+    ops_.copy(tg, mb.targets);
+  }
 }
 
 void Trainer::on_grads_ready(const std::vector<Param*>& params) {
@@ -110,13 +135,38 @@ void Trainer::on_grads_ready(const std::vector<Param*>& params) {
   }
 }
 
-void Trainer::run_microbatches(std::vector<MicroBatch>& mbs) {
+void Trainer::run_schedule(Tensor& losses) {
+  const int M = micro_per_rank_, vp = model_->num_chunks();
+  const int64_t N = static_cast<int64_t>(cfg_.train.micro_batch_size) * cfg_.model.seq_len;
+  const int64_t Ns = local_tokens(par_, N);
+  // Per micro-batch: its data (loaded at its first forward here, dropped after its last
+  // backward) and how many chunks still owe a backward; per (micro-batch, chunk): activations.
+  std::vector<MicroBatch> mbs(M);
+  std::vector<int> pending(M, 0);
+  std::vector<std::vector<ChunkActs>> acts(M, std::vector<ChunkActs>(vp));
   GradReadyFn ready = [this](const std::vector<Param*>& ps) { on_grads_ready(ps); };
-  for (int m = 0; m < static_cast<int>(mbs.size()); ++m) {
-    ChunkActs acts;
-    model_->forward(0, mbs[m], Tensor{}, acts);
-    model_->backward(0, mbs[m], Tensor{}, acts, m + 1 == static_cast<int>(mbs.size()) ? ready : GradReadyFn{});
-  }
+
+  PipelineCallbacks cb;
+  cb.forward = [&](int mb, int chunk, const Tensor& input) {
+    if (pending[mb] == 0) {
+      load_microbatch(step_, mb, mbs[mb]);
+      if (losses.defined()) mbs[mb].losses = losses.slice(mb, mb + 1).view({N});
+      pending[mb] = vp;
+    }
+    return model_->forward(chunk, mbs[mb], input, acts[mb][chunk]);
+  };
+  cb.backward = [&](int mb, int chunk, const Tensor& grad_output) {
+    bool last = executor_->is_last_backward(mb, chunk);
+    Tensor dx = model_->backward(chunk, mbs[mb], grad_output, acts[mb][chunk], last ? ready : GradReadyFn{});
+    if (--pending[mb] == 0) mbs[mb] = MicroBatch{};
+    return dx;
+  };
+  cb.recv_buffer = [&](int mb, int chunk, bool grad) {
+    // A received activation is the chunk's input (kept for its backward); a gradient is transient.
+    return ops_.empty({Ns, cfg_.model.d_model}, ops_.compute_dtype(),
+                      grad ? MemCategory::Workspace : MemCategory::Activations);
+  };
+  executor_->run(cb);
 }
 
 void Trainer::finish_gradients() {
@@ -135,18 +185,19 @@ StepMetrics Trainer::step() {
   reg_.zero_grads(ops_);
   reducer_->begin_step();
 
+  if (trace_) trace_->set_step(step_ + 1);
   // Losses of this rank's micro-batches, one row each (the last stage fills them).
   const int64_t N = static_cast<int64_t>(tc.micro_batch_size) * cfg_.model.seq_len;
-  Tensor losses = ops_.empty({micro_per_rank_, N}, DType::F32, MemCategory::Workspace);
-  ops_.fill(losses, 0.f);
-  std::vector<MicroBatch> mbs;
-  for (int m = 0; m < micro_per_rank_; ++m) {
-    mbs.push_back(load_microbatch(step_, m));
-    mbs.back().losses = losses.slice(m, m + 1).view({N});
+  Tensor losses;
+  if (needs_targets_) {
+    losses = ops_.empty({micro_per_rank_, N}, DType::F32, MemCategory::Workspace);
+    ops_.fill(losses, 0.f);
   }
-  run_microbatches(mbs);
-  mbs.clear();
-  finish_gradients();
+  run_schedule(losses);
+  {
+    auto span = trace_ ? trace_->span("grad sync", TraceCategory::Reduce) : TraceRecorder::Span{};
+    finish_gradients();
+  }
 
   // One world all-reduce gives the grad norm and the loss: replicated copies count once (TP rank
   // 0, DP rank 0 unless the optimizer is sharded), the loss from the last stage's TP rank 0.
@@ -154,7 +205,7 @@ StepMetrics Trainer::step() {
   double sq = 0;
   if (sharded || par_.coords.dp == 0)
     sq = optimizer_->grad_sq_sum([this](const ParamSpec& s) { return s.counts_in_norm(par_.coords.tp); });
-  double loss_sum = (par_.last_stage() && par_.coords.tp == 0) ? ops_.sum(losses) : 0.0;
+  double loss_sum = (needs_targets_ && par_.coords.tp == 0) ? ops_.sum(losses) : 0.0;
   CpuAllocator host;
   Tensor red = Tensor::empty(host, {2}, DType::F32, MemCategory::Workspace);
   // f32 is enough for the all-reduce of two positive partial sums across ranks.
@@ -179,10 +230,12 @@ StepMetrics Trainer::step() {
     bad_in_a_row_ = 0;
     float clip = 1.f;
     if (tc.grad_clip > 0 && grad_norm > tc.grad_clip) clip = static_cast<float>(tc.grad_clip / (grad_norm + 1e-6));
+    auto span = trace_ ? trace_->span("optimizer", TraceCategory::Optimizer) : TraceRecorder::Span{};
     optimizer_->step(m.lr, step_ + 1, clip);
     reducer_->all_gather_values();
   }
   ops_.synchronize();
+  if (trace_) trace_->flush();
   m.skipped_total = skipped_total_;
   ++step_;
   m.consumed_samples = step_ * tc.global_batch_size;

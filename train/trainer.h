@@ -8,6 +8,8 @@
 #include "model/gpt.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel/grad_reducer.h"
+#include "parallel/pipeline/executor.h"
+#include "parallel/pipeline/trace.h"
 #include "train/config.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -29,10 +31,14 @@ class Trainer {
   ParamRegistry& registry() { return reg_; }
   GptModel& model() { return *model_; }
   const Config& config() const { return cfg_; }
+  const Schedule& schedule() const { return executor_->schedule(); }
 
  private:
-  MicroBatch load_microbatch(int64_t step, int micro);
-  void run_microbatches(std::vector<MicroBatch>& mbs);
+  // The tokens (first stage) and targets (last stage) of micro-batch `micro` of `step`.
+  void load_microbatch(int64_t step, int micro, MicroBatch& mb);
+  // Runs this rank's part of the pipeline schedule over the step's micro-batches; the last
+  // stage writes the per-token losses into `losses` (one row per micro-batch).
+  void run_schedule(Tensor& losses);
   void finish_gradients();
   void on_grads_ready(const std::vector<Param*>& params);
 
@@ -44,6 +50,8 @@ class Trainer {
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<PipelineExecutor> executor_;
+  std::unique_ptr<TraceRecorder> trace_;
   std::unique_ptr<MetricsLog> metrics_;
   LrSchedule lr_;
   int64_t step_ = 0;
@@ -51,6 +59,7 @@ class Trainer {
   int micro_per_rank_ = 1;
   double peak_flops_ = 0;  // the whole world's
   Param* wte_ = nullptr;
+  bool needs_tokens_ = false, needs_targets_ = false;  // holds the embedding / the head
 };
 
 }  // namespace tripod

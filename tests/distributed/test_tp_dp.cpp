@@ -54,16 +54,7 @@ TEST(TensorDataParallel, EveryLayoutMatchesSerial) {
     c.parallel.bucket_mb = 0.01;  // several buckets
     auto r = test::run_training(c, *ops, *w.par, data);
     ASSERT_EQ(r.losses.size(), serial.losses.size());
-    for (size_t s = 0; s < r.losses.size(); ++s)
-      EXPECT_NEAR(r.losses[s], serial.losses[s], 1e-5 * serial.losses[s]) << "step " << s + 1;
-    std::string worst;
-    double diff = test::max_relative_difference(r.params, serial.params, &worst);
-    EXPECT_LE(diff, 1e-5) << "largest weight difference in " << worst;
-    double loss_diff = 0;
-    for (size_t s = 0; s < r.losses.size(); ++s)
-      loss_diff = std::max(loss_diff, std::abs(r.losses[s] - serial.losses[s]) / serial.losses[s]);
-    if (w.par->rank == 0)
-      fmt::print("{:<24} loss rel diff {:.2e}  weights rel diff {:.2e} ({})\n", l.str(), loss_diff, diff, worst);
+    test::expect_matches(r, serial, l.str(), w.par->rank == 0);
   }
 }
 
