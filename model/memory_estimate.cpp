@@ -34,7 +34,9 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
                                             const RecomputeConfig& rc, const ActivationShape& s) {
   const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model, b = s.act_bytes;
   const int64_t x = Ns * C * b;
-  const int64_t full_layer = layer_saved_bytes(cfg, s, RecomputeMode::None);
+  // What a fully recomputed layer holds while it runs: everything but the attention probabilities
+  // (a recomputing layer never keeps those).
+  const int64_t working_set = layer_saved_bytes(cfg, s, RecomputeMode::Selective);
   ChunkActivationBytes out;
   out.input = x;
   out.tokens = (chunk.has_embedding ? N * 4 : 0) + (chunk.has_head ? N * 4 : 0);
@@ -52,7 +54,7 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
   // first holds everything, then drops all but its input.
   int64_t live = x, peak = x;
   for (int i = 0; i < n; ++i) {
-    peak = std::max(peak, live + full_layer + x);
+    if (recomputed[i]) peak = std::max(peak, live + working_set + x);
     live += saved[i] + x;
   }
   live += head;
@@ -69,11 +71,52 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
   peak = live;
   live -= head + (chunk.has_head ? x : 0);  // ln_f's output, statistics, logits' gradient; its input
   for (int i = n - 1; i >= 0; --i) {
-    if (recomputed[i]) peak = std::max(peak, live + full_layer + x);
+    if (recomputed[i]) peak = std::max(peak, live + working_set + x);
     live -= saved[i] + x;
   }
   out.backward_peak = peak;
   return out;
+}
+
+int64_t activation_peak(const Schedule& schedule, const PipePlan& plan, int pp_rank,
+                        const std::vector<ChunkActivationBytes>& chunks, int64_t token_bytes) {
+  const auto& list = schedule.ranks[pp_rank];
+  const int M = schedule.microbatches;
+  std::vector<int> first_f(M, -1), last_b(M, -1);
+  for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+    if (list[i].forward() && first_f[list[i].mb] < 0) first_f[list[i].mb] = i;
+    if (!list[i].forward()) last_b[list[i].mb] = i;
+  }
+  int64_t live = 0, peak = 0;
+  for (const PlanOp& op : plan.ranks[pp_rank]) {
+    if (op.kind == PlanOpKind::PostRecv || op.kind == PlanOpKind::WaitSend) {
+      const PipeMessage& m = plan.messages[op.index];
+      if (m.grad) continue;  // gradients are workspace
+      // A received activation is the receiving chunk's input; a sent one was its output.
+      live += op.kind == PlanOpKind::PostRecv ? chunks[m.dst.chunk].input : -chunks[m.src.chunk].output;
+      peak = std::max(peak, live);
+      continue;
+    }
+    if (op.kind != PlanOpKind::Compute) continue;
+    const Action& a = list[op.index];
+    const ChunkActivationBytes& c = chunks[a.chunk];
+    if (a.forward()) {
+      if (op.index == first_f[a.mb]) live += token_bytes;
+      // Past stage 0 the input is already here: received (counted at its posting) or handed over
+      // by the previous stage's chunk on this rank (counted as that chunk's output).
+      bool input_here = schedule.stage(pp_rank, a.chunk) > 0;
+      int64_t base = live - (input_here ? c.input : 0);
+      peak = std::max(peak, base + c.forward_peak);
+      live = base + c.input + c.held + c.output;
+    } else {
+      int64_t base = live - c.input - c.held;
+      peak = std::max(peak, base + c.backward_peak);
+      live = base;
+      if (op.index == last_b[a.mb]) live -= token_bytes;
+    }
+    peak = std::max(peak, live);
+  }
+  return peak;
 }
 
 }  // namespace tripod

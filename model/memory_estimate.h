@@ -8,6 +8,7 @@
 
 #include "model/config.h"
 #include "model/gpt.h"
+#include "parallel/pipeline/simulate.h"
 
 namespace tripod {
 
@@ -36,5 +37,13 @@ int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, Reco
 // The per-micro-batch bytes of a chunk.
 ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkLayout& chunk,
                                             const RecomputeConfig& rc, const ActivationShape& s);
+
+// The peak of MemCategory::Activations on pipeline rank `pp_rank` during one step, walking the
+// executor's plan op by op: received activations are held from their receive's posting, a chunk's
+// tensors from its forward to its backward, a sent output until its send completes, and a
+// micro-batch's tokens (`token_bytes`, this rank's share) from its first forward here to its last
+// backward here.
+int64_t activation_peak(const Schedule& schedule, const PipePlan& plan, int pp_rank,
+                        const std::vector<ChunkActivationBytes>& chunks, int64_t token_bytes);
 
 }  // namespace tripod

@@ -49,7 +49,7 @@ struct Param {
   int64_t offset = 0;  // into the flat buffers
   Tensor value;        // (local shape), compute dtype, a view into the flat values
   Tensor grad;         // (local shape), f32, a view into the flat gradients
-  int64_t numel() const { return value.numel(); }
+  int64_t numel() const { return spec.local_numel(); }
 };
 
 class ParamRegistry {

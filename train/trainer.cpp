@@ -13,19 +13,34 @@
 
 namespace tripod {
 
+Schedule make_schedule(const Config& cfg) {
+  const ParallelConfig& pc = cfg.parallel;
+  const int micro = cfg.train.global_batch_size / (cfg.train.micro_batch_size * pc.dp);
+  if (pc.schedule_file.empty()) return build_schedule(pc.schedule, pc.pp, pc.vp, micro);
+  Schedule s = load_schedule_csv(pc.schedule_file);
+  check_schedule_shape(s, pc.pp, pc.vp, micro, "parallel.schedule_file");
+  return s;
+}
+
+std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb) {
+  std::vector<FlatSpan> spans;
+  std::vector<int> boundaries;  // no bucket holds parameters i and i+1
+  const auto& ps = reg.params();
+  for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
+    spans.push_back({ps[i].offset, ps[i].offset + ps[i].numel()});
+    bool last = i + 1 == static_cast<int>(ps.size());
+    if (!last && (&ps[i] == wte || &ps[i + 1] == wte || ps[i + 1].spec.chunk != ps[i].spec.chunk))
+      boundaries.push_back(i);
+  }
+  return GradReducer::make_buckets(spans, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4), boundaries);
+}
+
 Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data)
     : cfg_(cfg), ops_(ops), par_(par), data_(train_data) {
   const ParallelConfig& pc = cfg_.parallel;
   const TrainConfig& tc = cfg_.train;
   micro_per_rank_ = tc.global_batch_size / (tc.micro_batch_size * pc.dp);
-  // The pipeline schedule (validated before anything is allocated): built, or loaded from CSV.
-  Schedule schedule;
-  if (!pc.schedule_file.empty()) {
-    schedule = load_schedule_csv(pc.schedule_file);
-    check_schedule_shape(schedule, pc.pp, pc.vp, micro_per_rank_, "parallel.schedule_file");
-  } else {
-    schedule = build_schedule(pc.schedule, pc.pp, pc.vp, micro_per_rank_);
-  }
+  Schedule schedule = make_schedule(cfg_);  // validated before anything is allocated
   if (tc.trace && !tc.output_dir.empty()) {
     trace_ = std::make_unique<TraceRecorder>(tc.output_dir, par.rank, par.grid.world_size(), par.coords, schedule);
     trace_->start(par.world.get());
@@ -45,24 +60,8 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   TRIPOD_CHECK(!(needs_tokens_ || needs_targets_) || data_, "rank {} holds the embedding or head but has no data",
                par.rank);
 
-  // DP buckets over the parameters in registration order; the tied table (synchronised with the
-  // other pipeline end first) gets a bucket of its own, as do the chunks.
-  std::vector<FlatSpan> spans;
-  std::vector<int> boundaries;
-  int idx = 0;
-  for (Param& p : reg_.params()) {
-    spans.push_back({p.offset, p.offset + p.numel()});
-    bool next_chunk_differs = idx + 1 < static_cast<int>(reg_.params().size()) &&
-                              reg_.params()[idx + 1].spec.chunk != p.spec.chunk;
-    if (&p == wte_ || (idx + 1 < static_cast<int>(reg_.params().size()) && &reg_.params()[idx + 1] == wte_) ||
-        next_chunk_differs)
-      boundaries.push_back(idx);
-    ++idx;
-  }
-  int64_t bucket_elems = static_cast<int64_t>(pc.bucket_mb * 1024 * 1024 / 4);
   reducer_ = std::make_unique<GradReducer>(ops, par.dp.get(), reg_.flat_grads(), reg_.flat_values(),
-                                           GradReducer::make_buckets(spans, bucket_elems, boundaries),
-                                           pc.distributed_optimizer);
+                                           make_grad_buckets(reg_, wte_, pc.bucket_mb), pc.distributed_optimizer);
   optimizer_ = std::make_unique<AdamW>(
       ops, reg_, reducer_->owned(),
       AdamWConfig{.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay}, tc.seed);

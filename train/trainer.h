@@ -17,6 +17,14 @@
 
 namespace tripod {
 
+// The run's pipeline schedule: parallel.schedule built for the step's micro-batches per rank, or
+// parallel.schedule_file loaded and checked against the grid. Throws InputError.
+Schedule make_schedule(const Config& cfg);
+// DP buckets over a rank's parameters in registration order, about parallel.bucket_mb each;
+// chunks never share a bucket and the tied table `wte` (synchronised between the pipeline's ends
+// first) gets one of its own.
+std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb);
+
 class Trainer {
  public:
   // `cfg` must have passed validate_layout() for par's world size.
