@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<CommandFn> commands;
   commands.push_back(add_train_command(app));
+  commands.push_back(add_data_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -11,5 +11,6 @@ namespace tripod {
 using CommandFn = std::function<int()>;
 
 CommandFn add_train_command(CLI::App& app);
+CommandFn add_data_command(CLI::App& app);
 
 }  // namespace tripod
