@@ -136,6 +136,8 @@ void GptDataset::get_unshuffled(int64_t raw, std::span<int32_t> out) const {
   int64_t pos = sample_doc_[raw], offset = sample_offset_[raw];
   size_t done = 0;
   while (done < out.size()) {
+    TRIPOD_CHECK(pos < static_cast<int64_t>(doc_index_.size()), "{}: sample {} runs past the document index",
+                 cache_path_, raw);
     const int64_t doc = doc_index_[pos];
     const int64_t take = std::min<int64_t>(data_->document_tokens(doc) - offset, static_cast<int64_t>(out.size() - done));
     if (take > 0) {

@@ -112,6 +112,29 @@ TEST_F(DataGpt, SampleIndexTilesEveryEpoch) {
   EXPECT_FALSE(std::is_sorted(sh.begin(), sh.end()));
 }
 
+TEST_F(DataGpt, SamplesLongerThanTheSplitWrapAcrossEpochs) {
+  auto docs = make_dataset(dir_ / "two", 2, 5, 3, 3);  // two documents of 1 to 3 tokens
+  auto two = open("two");
+  GptDataset ds(two, GptIndexOptions{.seq_len = 16, .seed = 4, .num_samples = 3, .doc_begin = 0, .doc_end = 2,
+                                     .split = "train"},
+                nullptr);
+  ASSERT_GE(ds.num_samples(), 3);
+  // Each sample spans several epochs of the document index, each epoch both documents.
+  std::vector<int32_t> stream;
+  auto di = ds.document_index();
+  for (size_t e = 0; e < di.size(); e += 2) {
+    EXPECT_EQ(std::min(di[e], di[e + 1]), 0);
+    EXPECT_EQ(std::max(di[e], di[e + 1]), 1);
+    for (size_t k = e; k < e + 2; ++k) stream.insert(stream.end(), docs[di[k]].begin(), docs[di[k]].end());
+  }
+  for (int64_t j = 0; j < ds.num_samples(); ++j) {
+    std::vector<int32_t> s(17);
+    ds.get_unshuffled(j, s);
+    ASSERT_LE(16 * j + 17, static_cast<int64_t>(stream.size()));
+    EXPECT_EQ(s, std::vector<int32_t>(stream.begin() + 16 * j, stream.begin() + 16 * j + 17)) << "sample " << j;
+  }
+}
+
 TEST_F(DataGpt, SeededAndStableUnderMoreSamples) {
   GptDataset small(open(), options(5), nullptr);
   GptDataset big(open(), options(5000), nullptr);

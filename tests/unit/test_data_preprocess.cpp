@@ -244,5 +244,32 @@ TEST(DataDocuments, Utf8Validation) {
   EXPECT_EQ(find_invalid_utf8("abcdefgh\xe2\x82"), 8u);        // truncated at the end
 }
 
+TEST(DataDocuments, BlockReaderKeepsLinesWholeAndCountsThem) {
+  TempDir dir;
+  std::string text;
+  for (int i = 1; i <= 500; ++i) text += "line " + std::to_string(i) + (i % 3 ? "\n" : "\r\n");
+  text += "last line without a newline";
+  write_text(dir / "lines.txt", text);
+  for (size_t block : {size_t{1}, size_t{7}, size_t{64}, size_t{1} << 20}) {
+    BlockReader r(dir / "lines.txt", block);
+    std::string b;
+    int64_t first = 0, expect_line = 1;
+    std::vector<std::string> lines;
+    while (r.next(b, first)) {
+      EXPECT_EQ(first, expect_line) << "block size " << block;
+      for_each_line(b, [&](std::string_view l) {
+        lines.emplace_back(l);
+        ++expect_line;
+      });
+    }
+    ASSERT_EQ(lines.size(), 501u) << "block size " << block;
+    EXPECT_EQ(lines[0], "line 1");
+    EXPECT_EQ(lines[2], "line 3");  // the \r of \r\n dropped
+    EXPECT_EQ(lines[499], "line 500");
+    EXPECT_EQ(lines[500], "last line without a newline");
+    EXPECT_EQ(r.bytes_read(), static_cast<int64_t>(text.size()));
+  }
+}
+
 }  // namespace
 }  // namespace tripod
