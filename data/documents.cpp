@@ -159,10 +159,11 @@ BlockReader::~BlockReader() {
 bool BlockReader::next(std::string& block, int64_t& first_line) {
   block.swap(carry_);
   carry_.clear();
-  // Read until the block holds at least one newline past block_bytes_ worth of data, or EOF.
+  // Read until the block holds at least block_bytes_ and a newline, or the file ends. A line
+  // longer than a block doubles the read size, and only new bytes are searched for a newline.
   while (!eof_) {
     size_t have = block.size();
-    size_t want = block_bytes_ > have ? block_bytes_ - have : block_bytes_ / 4 + 1;
+    size_t want = std::max(block_bytes_ > have ? block_bytes_ - have : size_t{0}, std::max(have, size_t{4096}));
     block.resize(have + want);
     size_t got = std::fread(block.data() + have, 1, want, f_);
     block.resize(have + got);
@@ -171,11 +172,12 @@ bool BlockReader::next(std::string& block, int64_t& first_line) {
       if (std::ferror(f_)) throw InputError(fmt::format("{}: read failed ({})", path_, std::strerror(errno)));
       eof_ = true;
     }
-    if (block.size() >= block_bytes_) {
-      size_t nl = block.rfind('\n');
-      if (nl != std::string::npos) {
-        carry_.assign(block, nl + 1, std::string::npos);
-        block.resize(nl + 1);
+    if (block.size() >= block_bytes_ && got > 0) {
+      const void* nl = ::memrchr(block.data() + have, '\n', got);
+      if (nl) {
+        size_t cut = static_cast<size_t>(static_cast<const char*>(nl) - block.data()) + 1;
+        carry_.assign(block, cut, std::string::npos);
+        block.resize(cut);
         break;
       }
     }

@@ -174,7 +174,9 @@ class EncodePool {
 
 PreprocessStats preprocess(const PreprocessOptions& o) {
   auto t0 = Clock::now();
-  TRIPOD_INPUT_CHECK(o.workers >= 1 && o.workers <= 256, "--workers {}: must be between 1 and 256", o.workers);
+  TRIPOD_INPUT_CHECK(o.workers >= 0 && o.workers <= 256, "--workers {}: must be between 0 (all cores) and 256",
+                     o.workers);
+  const int workers = o.workers > 0 ? o.workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   TRIPOD_INPUT_CHECK(!o.output_prefix.empty(), "--output-prefix: must not be empty");
   std::error_code ec;
   for (const std::string& out : {bin_path(o.output_prefix), idx_path(o.output_prefix)})
@@ -193,8 +195,8 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
   IndexedDatasetWriter writer(o.output_prefix, st.dtype);
   ProgressLine progress(o.progress, reader.file_size());
   {
-    EncodePool pool(o.workers, o, fmt, tok);
-    const int64_t max_in_flight = 2 * o.workers + 2;  // bounds memory: blocks read but not written
+    EncodePool pool(workers, o, fmt, tok);
+    const int64_t max_in_flight = 2 * workers + 2;  // bounds memory: blocks read but not written
     int64_t next_seq = 0, next_write = 0;
     auto write_ready = [&](bool wait) {
       Result r;

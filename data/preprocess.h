@@ -16,7 +16,7 @@ struct PreprocessOptions {
   std::string json_key = "text";
   std::string eod_piece;  // the end-of-document token; empty: the model's end-of-sentence token
   bool append_eod = true;
-  int workers = 1;
+  int workers = 0;  // encoding threads; 0: one per hardware thread
   bool skip_bad_lines = false;
   bool overwrite = false;
   bool progress = true;  // a progress line on stderr, only when stderr is a terminal

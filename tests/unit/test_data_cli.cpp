@@ -121,8 +121,8 @@ TEST_F(DataCli, BadInputLines) {
                {dir_ / "not.model", "not a SentencePiece model"});
   expect_error(run("data preprocess --input " + quote(dir_ / "in.jsonl") + common),
                {dir_ / "o.bin", "exists", "--overwrite"});
-  expect_error(run("data preprocess --input " + quote(dir_ / "in.jsonl") + common + " --workers 0"),
-               {"--workers 0"});
+  expect_error(run("data preprocess --input " + quote(dir_ / "in.jsonl") + common + " --workers -1"),
+               {"--workers -1"});
   expect_error(run("data train-tokenizer --input " + quote(dir_ / "in.jsonl") + " --vocab-size 400 --model-prefix " +
                    quote(dir_ / "t2")),
                {dir_ / "in.jsonl:3:", "not valid JSON"});

@@ -269,6 +269,15 @@ TEST(DataDocuments, BlockReaderKeepsLinesWholeAndCountsThem) {
     EXPECT_EQ(lines[500], "last line without a newline");
     EXPECT_EQ(r.bytes_read(), static_cast<int64_t>(text.size()));
   }
+  // A line far longer than a block arrives whole (read sizes double: no quadratic rescans).
+  std::string long_line(8 << 20, 'x');
+  write_text(dir / "long.txt", "a\n" + long_line + "\nb\n");
+  BlockReader r(dir / "long.txt", 16);
+  std::vector<size_t> sizes;
+  std::string b;
+  int64_t first = 0;
+  while (r.next(b, first)) for_each_line(b, [&](std::string_view l) { sizes.push_back(l.size()); });
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, long_line.size(), 1}));
 }
 
 }  // namespace
