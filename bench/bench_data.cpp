@@ -5,6 +5,7 @@
 // Needs scripts/prepare_corpus.sh to have run (build/corpus/kjv.txt and the tokenizer).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,21 +29,38 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_of(const std::string& cmd) {
+struct Timing {
+  double wall = 1e30, cpu = 1e30;  // seconds: elapsed, and user + system of the command
+};
+
+double children_cpu() {
+  struct rusage ru {};
+  ::getrusage(RUSAGE_CHILDREN, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+// Runs `cmd` once and keeps the best wall and CPU times seen.
+void time_into(Timing& t, const std::string& cmd) {
+  double cpu0 = children_cpu();
   auto t0 = Clock::now();
   int st = std::system(cmd.c_str());
-  double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
     fmt::print(stderr, "error: command failed: {}\n", cmd);
     std::exit(1);
   }
-  return s;
+  t.wall = std::min(t.wall, wall);
+  t.cpu = std::min(t.cpu, children_cpu() - cpu0);
 }
 
-double best_of(int runs, const std::string& cmd) {
-  double best = 1e30;
-  for (int i = 0; i < runs; ++i) best = std::min(best, seconds_of(cmd));
-  return best;
+double load_average() {
+  double l = -1;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1;
+    std::fclose(f);
+  }
+  return l;
 }
 
 std::string q(const std::string& s) { return "'" + s + "'"; }
@@ -106,13 +124,6 @@ int main(int argc, char** argv) {
     for (std::string l; std::getline(in, l);) ++docs;
   }
 
-  fmt::print("preprocess throughput: {} ({} x{}, {:.1f} MB, {} documents), model {}, best of {} runs, {} cores\n",
-             input, text, repeat, mb, docs, model, runs, std::thread::hardware_concurrency());
-  fmt::print("{:<36} {:>9} {:>8} {:>14}\n", "tool", "seconds", "MB/s", "vs spm_encode");
-  const std::string spm_ids = tmp + "/spm.ids";
-  double spm = best_of(runs, fmt::format("spm_encode --model={} --output_format=id < {} > {}", q(model), q(input),
-                                         q(spm_ids)));
-  fmt::print("{:<36} {:>9.2f} {:>8.2f} {:>13.2f}x\n", "spm_encode (one thread)", spm, mb / spm, 1.0);
   std::vector<int> workers;
   for (size_t at = 0; at < workers_list.size();) {
     size_t end = workers_list.find(',', at);
@@ -120,15 +131,50 @@ int main(int argc, char** argv) {
     workers.push_back(std::atoi(workers_list.substr(at, end - at).c_str()));
     at = end + 1;
   }
+  // The tools take turns in every round, so a change in the machine's load hits them alike.
+  const std::string spm_ids = tmp + "/spm.ids";
+  const std::string spm_cmd =
+      fmt::format("spm_encode --model={} --output_format=id < {} > {}", q(model), q(input), q(spm_ids));
+  // Each worker count with the word cache (the default) and without (every document encoded
+  // whole, as spm_encode does).
+  struct Variant {
+    int workers;
+    bool cache;
+    std::string prefix() const { return fmt::format("w{}{}", workers, cache ? "" : "-nocache"); }
+    std::string name() const {
+      return fmt::format("tripod data preprocess --workers {}{}", workers, cache ? "" : " --no-word-cache");
+    }
+  };
+  std::vector<Variant> variants;
+  for (bool cache : {false, true})
+    for (int w : workers) variants.push_back({w, cache});
+  auto ours_cmd = [&](const Variant& v) {
+    return fmt::format("{} data preprocess --input {} --tokenizer-model {} --output-prefix {}/{} --workers {} "
+                       "--no-eod --no-progress --overwrite{} 2>/dev/null", q(tripod), q(input), q(model), tmp,
+                       v.prefix(), v.workers, v.cache ? "" : " --no-word-cache");
+  };
+  const double load_before = load_average();
+  Timing spm;
+  std::vector<Timing> ours(variants.size());
+  for (int r = 0; r < runs; ++r) {
+    time_into(spm, spm_cmd);
+    for (size_t i = 0; i < variants.size(); ++i) time_into(ours[i], ours_cmd(variants[i]));
+  }
+  fmt::print("preprocess throughput: {} x{} ({:.1f} MB, {} documents, one per line), model {}\n", text, repeat, mb,
+             docs, model);
+  fmt::print("best of {} interleaved runs on {} cores; load average {:.2f} before, {:.2f} after (other work slows "
+             "the wall times)\n", runs, std::thread::hardware_concurrency(), load_before, load_average());
+  fmt::print("{:<54} {:>8} {:>8} {:>13} {:>8} {:>13}\n", "tool", "wall s", "MB/s", "vs spm_encode", "CPU s",
+             "MB per CPU s");
+  auto row = [&](const std::string& name, const Timing& t) {
+    fmt::print("{:<54} {:>8.2f} {:>8.2f} {:>12.2f}x {:>8.2f} {:>13.2f}\n", name, t.wall, mb / t.wall, spm.wall / t.wall,
+               t.cpu, mb / t.cpu);
+  };
+  row("spm_encode (one thread)", spm);
   bool identical = true;
-  for (int w : workers) {
-    const std::string prefix = fmt::format("{}/w{}", tmp, w);
-    double s = best_of(runs, fmt::format("{} data preprocess --input {} --tokenizer-model {} --output-prefix {} "
-                                         "--workers {} --no-eod --no-progress --overwrite 2>/dev/null",
-                                         q(tripod), q(input), q(model), q(prefix), w));
-    fmt::print("{:<36} {:>9.2f} {:>8.2f} {:>13.2f}x\n", fmt::format("tripod data preprocess --workers {}", w), s,
-               mb / s, spm / s);
-    identical = identical && same_ids(spm_ids, IndexedDataset(prefix));
+  for (size_t i = 0; i < variants.size(); ++i) {
+    row(variants[i].name(), ours[i]);
+    identical = identical && same_ids(spm_ids, IndexedDataset(tmp + "/" + variants[i].prefix()));
   }
   fmt::print("token ids identical to spm_encode's: {}\n\n", identical ? "yes" : "NO");
 

@@ -38,7 +38,8 @@ struct Result {
 };
 
 // Parses and encodes one block of lines.
-void encode_block(const Job& job, const PreprocessOptions& o, InputFormat fmt, const Tokenizer& tok, Result& r) {
+void encode_block(const Job& job, const PreprocessOptions& o, InputFormat fmt, const Tokenizer& tok, WordCache* cache,
+                  Result& r) {
   r.bytes = static_cast<int64_t>(job.block.size());
   std::string text, why;
   std::vector<int> ids;
@@ -54,7 +55,7 @@ void encode_block(const Job& job, const PreprocessOptions& o, InputFormat fmt, c
     } else if (kind == LineKind::Blank) {
       ++r.blank;
     } else {
-      tok.encode(text, ids);
+      tok.encode(text, ids, cache);
       if (o.append_eod) ids.push_back(tok.eod_id());
       if (ids.empty()) {
         ++r.blank;
@@ -108,6 +109,7 @@ class EncodePool {
   EncodePool(int workers, const PreprocessOptions& o, InputFormat fmt, const Tokenizer& tok) {
     for (int i = 0; i < workers; ++i)
       threads_.emplace_back([this, &o, fmt, &tok] {
+        WordCache cache;  // per thread: no locks
         while (true) {
           Job job;
           {
@@ -120,7 +122,7 @@ class EncodePool {
           Result r;
           if (!cancel_) {
             try {
-              encode_block(job, o, fmt, tok, r);
+              encode_block(job, o, fmt, tok, o.word_cache ? &cache : nullptr, r);
             } catch (...) {
               r.failure = std::current_exception();
             }

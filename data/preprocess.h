@@ -20,6 +20,7 @@ struct PreprocessOptions {
   bool skip_bad_lines = false;
   bool overwrite = false;
   bool progress = true;  // a progress line on stderr, only when stderr is a terminal
+  bool word_cache = true;  // encode ASCII text word by word, each distinct word once (same ids)
   size_t block_bytes = 256 << 10;
 };
 

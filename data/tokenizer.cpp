@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <thread>
@@ -21,6 +22,34 @@ void SetMinLogLevel(int v);
 
 namespace tripod {
 
+namespace {
+
+bool is_ascii(std::string_view s) {
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    if (w & 0x8080808080808080ull) return false;
+  }
+  for (; i < s.size(); ++i)
+    if (static_cast<unsigned char>(s[i]) & 0x80) return false;
+  return true;
+}
+
+// Calls fn(word) for the runs of `s` between ASCII spaces.
+template <typename Fn>
+void for_each_word(std::string_view s, Fn&& fn) {
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t end = s.find(' ', start);
+    if (end == std::string_view::npos) end = s.size();
+    if (end > start) fn(s.substr(start, end - start));
+    start = end + 1;
+  }
+}
+
+}  // namespace
+
 Tokenizer::Tokenizer(const std::string& model_path, const std::string& eod_piece)
     : path_(model_path), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
   std::error_code ec;
@@ -29,6 +58,24 @@ Tokenizer::Tokenizer(const std::string& model_path, const std::string& eod_piece
   sentencepiece::logging::SetMinLogLevel(2);
   auto status = sp_->Load(model_path);
   TRIPOD_INPUT_CHECK(status.ok(), "{}: not a SentencePiece model ({})", model_path, status.ToString());
+  // Word-by-word encoding is exact when no piece spans a word boundary ("\u2581" after a
+  // piece's start: split_by_whitespace off, or whitespace as suffix) and spaces behave as in
+  // the default normalisation (dummy prefix added, runs of spaces collapsed): checked on probes.
+  const std::string boundary = "\xe2\x96\x81";
+  word_splittable_ = true;
+  for (int id = 0; id < sp_->GetPieceSize() && word_splittable_; ++id)
+    word_splittable_ = sp_->IdToPiece(id).find(boundary, 1) == std::string::npos;
+  for (std::string_view probe : {"a b", "In the beginning God", "  two  spaces  ", "x y z", "tab\tand\nnewline here",
+                                 "12 345 6789", "end.", "Mixed CASE, punct-uation! (yes)"}) {
+    if (!word_splittable_) break;
+    std::vector<int> whole, part, joined;
+    encode(probe, whole);
+    for_each_word(probe, [&](std::string_view w) {
+      encode(w, part);
+      joined.insert(joined.end(), part.begin(), part.end());
+    });
+    word_splittable_ = whole == joined;
+  }
   if (eod_piece.empty()) {
     eod_id_ = sp_->eos_id();
   } else {
@@ -47,9 +94,25 @@ std::string Tokenizer::piece(int id) const {
   return sp_->IdToPiece(id);
 }
 
-void Tokenizer::encode(std::string_view text, std::vector<int>& ids) const {
-  auto status = sp_->Encode(text, &ids);
-  TRIPOD_CHECK(status.ok(), "sentencepiece encode failed: {}", status.ToString());
+void Tokenizer::encode(std::string_view text, std::vector<int>& ids, WordCache* cache) const {
+  if (!cache || !word_splittable_ || !is_ascii(text)) {
+    auto status = sp_->Encode(text, &ids);
+    TRIPOD_CHECK(status.ok(), "sentencepiece encode failed: {}", status.ToString());
+    return;
+  }
+  ids.clear();
+  std::vector<int> part;
+  std::string key;
+  for_each_word(text, [&](std::string_view w) {
+    key.assign(w);
+    auto it = cache->words_.find(key);
+    if (it == cache->words_.end()) {
+      encode(w, part);
+      if (cache->words_.size() >= cache->max_words_) cache->words_.clear();
+      it = cache->words_.emplace(key, part).first;
+    }
+    ids.insert(ids.end(), it->second.begin(), it->second.end());
+  });
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {

@@ -2,6 +2,7 @@
 // number of workers, and bad input lines reported as file:line (or counted and skipped).
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sentencepiece_trainer.h>
 
 #include "core/error.h"
 #include "data/indexed_dataset.h"
@@ -63,6 +64,51 @@ TEST(DataTokenizer, TrainsAndEncodes) {
   EXPECT_EQ(uni.piece(uni.eod_id()), "<eod>");
   uni.encode("a<sep>b", ids);
   EXPECT_NE(std::find(ids.begin(), ids.end(), Tokenizer(dir / "uni.model", "<sep>").eod_id()), ids.end());
+}
+
+TEST(DataTokenizer, WordCacheGivesTheSameIds) {
+  TempDir dir;
+  Tokenizer tok(train_fixture_tokenizer(dir));
+  EXPECT_TRUE(tok.word_splittable());
+  std::vector<std::string> texts = fixture_texts();
+  for (std::string s : {"", " ", "   ", "a", "  lead", "trail  ", "many     spaces   between", "tab\there\tand\tthere",
+                        "new\nline \n  and\r\ncrlf", "ctrl\x01char \x7f del", "digits 1 22 333 4444 12345678",
+                        "Punct: (a), [b]; {c}! d? e... 'f' \"g\"", "UPPER lower MiXeD", "caf\xc3\xa9 non-ASCII text",
+                        "x\xe2\x80\x94y \xe3\x80\x80 wide space"})
+    texts.push_back(s);
+  WordCache cache(64);  // small: it fills and restarts
+  for (int round = 0; round < 2; ++round)
+    for (const auto& t : texts) {
+      std::vector<int> direct, cached;
+      tok.encode(t, direct);
+      tok.encode(t, cached, &cache);
+      ASSERT_EQ(cached, direct) << "'" << t << "'";
+    }
+}
+
+// Models for which word-by-word encoding would change the ids must not use it.
+TEST(DataTokenizer, WordCacheOffWhenWordsAreNotIndependent) {
+  TempDir dir;
+  std::string text;
+  for (const auto& t : fixture_texts()) text += t + "\n";
+  write_text(dir / "gen.txt", text);
+  for (auto [flag, value] : {std::pair{"split_by_whitespace", "false"}, std::pair{"remove_extra_whitespaces", "false"},
+                             std::pair{"add_dummy_prefix", "false"}, std::pair{"treat_whitespace_as_suffix", "true"}}) {
+    std::string prefix = dir / flag;
+    auto status = sentencepiece::SentencePieceTrainer::Train(
+        {{"input", dir / "gen.txt"}, {"model_prefix", prefix}, {"vocab_size", "400"}, {"model_type", "bpe"},
+         {"minloglevel", "2"}, {flag, value}});
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    Tokenizer tok(prefix + ".model");
+    EXPECT_FALSE(tok.word_splittable()) << flag << "=" << value;
+    WordCache cache;
+    for (const std::string& t : {std::string("In  the beginning   God created"), fixture_texts()[0]}) {
+      std::vector<int> direct, cached;
+      tok.encode(t, direct);
+      tok.encode(t, cached, &cache);
+      EXPECT_EQ(cached, direct) << flag;
+    }
+  }
 }
 
 TEST(DataTokenizer, BadModelAndOptions) {

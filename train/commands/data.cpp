@@ -21,7 +21,7 @@ struct DataOptions {
   std::string tok_format = "auto";
   PreprocessOptions pre;
   std::string pre_format = "auto";
-  bool no_eod = false, no_progress = false;
+  bool no_eod = false, no_progress = false, no_word_cache = false;
   std::string inspect_prefix, inspect_tokenizer, inspect_eod;
   int64_t show_document = -1;
   bool json = false, verbose = false;
@@ -43,6 +43,7 @@ int run_preprocess(DataOptions& o) {
   o.pre.format = parse_input_format(o.pre_format, "--input-format");
   o.pre.append_eod = !o.no_eod;
   o.pre.progress = !o.no_progress;
+  o.pre.word_cache = !o.no_word_cache;
   PreprocessStats st = preprocess(o.pre);
   spdlog::info("wrote {0}.bin and {0}.idx: {1} documents, {2} tokens ({3}, vocabulary {4}) from {5:.1f} MB in {6:.2f} "
                "s ({7:.2f} MB/s){8}{9}", o.pre.output_prefix, st.documents, st.tokens, dtype_name(st.dtype),
@@ -139,6 +140,7 @@ CommandFn add_data_command(CLI::App& app) {
   pp->add_flag("--skip-bad-lines", o->pre.skip_bad_lines, "Count and skip bad input lines instead of failing");
   pp->add_flag("--overwrite", o->pre.overwrite, "Replace an existing dataset");
   pp->add_flag("--no-progress", o->no_progress, "No progress line (it shows only on a terminal anyway)");
+  pp->add_flag("--no-word-cache", o->no_word_cache, "Encode every document whole (the same ids, slower)");
   pp->add_flag("-v,--verbose", o->verbose, "Debug logging");
 
   CLI::App* in = data->add_subcommand("inspect", "Describe an indexed dataset; decode one document");
