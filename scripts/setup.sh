@@ -33,3 +33,4 @@ fi
 
 cmake --preset release >/dev/null
 cmake --build --preset release
+scripts/prepare_corpus.sh build

@@ -1,6 +1,7 @@
 // `tripod schedule`: the table, exactly one JSON object with --json, the SVG chart, custom CSV
 // schedules refused before any compute, and bad arguments as one "error:" line with exit 2.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+
+#include "cli_util.h"
 
 namespace {
 
@@ -32,9 +35,7 @@ std::string slurp(const fs::path& p) {
 class ScheduleCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    // TRIPOD_BIN, else the tripod next to this test (both land in build/bin).
-    const char* bin = std::getenv("TRIPOD_BIN");
-    bin_ = bin ? bin : (fs::read_symlink("/proc/self/exe").parent_path() / "tripod").string();
+    bin_ = tripod::test::tripod_bin();
     ASSERT_TRUE(fs::exists(bin_)) << bin_;
     dir_ = fs::temp_directory_path() / ("tripod_schedule_cli_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
@@ -42,14 +43,8 @@ class ScheduleCli : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   Result run(const std::string& args) {
-    const fs::path out = dir_ / "stdout", err = dir_ / "stderr";
-    std::string cmd = bin_ + " schedule " + args + " >" + out.string() + " 2>" + err.string();
-    int status = std::system(cmd.c_str());
-    Result r;
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    r.out = slurp(out);
-    r.err = slurp(err);
-    return r;
+    tripod::test::CmdResult c = tripod::test::run_cmd(bin_ + " schedule " + args);
+    return Result{c.status, c.out, c.err};
   }
   fs::path write(const std::string& name, const std::string& text) {
     fs::path p = dir_ / name;

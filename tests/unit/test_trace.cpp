@@ -1,6 +1,7 @@
 // The measured timeline: the recorder's files, and the merge into a Chrome trace and an SVG
 // with measured idle fractions beside the simulator's.
 #include <gtest/gtest.h>
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
+
+#include "cli_util.h"
 
 #include "core/error.h"
 #include "parallel/pipeline/schedules.h"
@@ -203,15 +206,13 @@ TEST_F(Trace, MergeRefusesBadInputNamingIt) {
 
 // `tripod trace merge RUN_DIR`: the table on stdout, one "error:" line and exit 2 on bad input.
 TEST_F(Trace, MergeCommand) {
-  const char* env = std::getenv("TRIPOD_BIN");
-  const std::string bin = env ? env : (fs::read_symlink("/proc/self/exe").parent_path() / "tripod").string();
+  const std::string bin = tripod::test::tripod_bin();
   ASSERT_TRUE(fs::exists(bin)) << bin;
   auto run = [&](const std::string& args, std::string& out, std::string& err) {
-    int status = std::system((bin + " trace merge " + args + " >" + (dir_ / "out").string() + " 2>" +
-                              (dir_ / "err").string()).c_str());
-    out = slurp(dir_ / "out");
-    err = slurp(dir_ / "err");
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    tripod::test::CmdResult r = tripod::test::run_cmd(bin + " trace merge " + args);
+    out = r.out;
+    err = r.err;
+    return r.status;
   };
   fs::path run_dir = dir_ / "run";
   write_simulated_run(run_dir, build_schedule("interleaved", 2, 2, 2), 1.0);

@@ -13,5 +13,6 @@ using CommandFn = std::function<int()>;
 CommandFn add_train_command(CLI::App& app);
 CommandFn add_schedule_command(CLI::App& app);
 CommandFn add_trace_command(CLI::App& app);
+CommandFn add_data_command(CLI::App& app);
 
 }  // namespace tripod

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/log.h"
+#include "data/gpt_data.h"
 #include "data/sample_source.h"
 #include "parallel/comm/mpi_comm.h"
 #include "train/commands/commands.h"
@@ -45,7 +46,12 @@ int run_train(const TrainOptions& o) {
   if (cfg.data.synthetic)
     data = std::make_unique<SyntheticSource>(cfg.model.seq_len, cfg.model.vocab_size, cfg.train.seed);
   else
-    throw InputError("data.prefixes: reading indexed datasets is not in this build yet; set data.synthetic = true");
+    data = make_gpt_source(GptDataOptions{.prefixes = cfg.data.prefixes, .weights = cfg.data.weights,
+                                          .split = cfg.data.split, .seq_len = cfg.model.seq_len,
+                                          .seed = cfg.train.seed,
+                                          .num_samples = std::max<int64_t>(1, cfg.train.steps * cfg.train.global_batch_size),
+                                          .vocab_size = cfg.model.vocab_size},
+                           Split::Train, par.world.get());
 
   Trainer trainer(cfg, *ops, par, data.get());
   trainer.run();

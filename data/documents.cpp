@@ -1,0 +1,193 @@
+// Reading text and JSONL documents.
+#include "data/documents.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace tripod {
+
+InputFormat parse_input_format(std::string_view name, std::string_view option) {
+  if (name == "auto") return InputFormat::Auto;
+  if (name == "text") return InputFormat::Text;
+  if (name == "jsonl") return InputFormat::Jsonl;
+  throw InputError(fmt::format("{} '{}': valid formats are auto, text and jsonl", option, name));
+}
+
+InputFormat resolve_input_format(InputFormat f, const std::string& path) {
+  if (f != InputFormat::Auto) return f;
+  for (std::string_view ext : {".jsonl", ".json", ".ndjson"})
+    if (path.size() >= ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
+      return InputFormat::Jsonl;
+  return InputFormat::Text;
+}
+
+size_t find_invalid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    // ASCII fast path, 8 bytes at a time.
+    if (i + 8 <= n) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      if ((w & 0x8080808080808080ull) == 0) {
+        i += 8;
+        continue;
+      }
+    }
+    unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return i;  // a continuation byte, an overlong lead (C0, C1) or F5..FF
+    }
+    if (i + len > n) return i;
+    for (int k = 1; k < len; ++k) {
+      unsigned cc = p[i + k];
+      if ((cc & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
+      return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+namespace {
+
+bool is_blank(std::string_view s) {
+  for (char c : s)
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\f' && c != '\v') return false;
+  return true;
+}
+
+const char* json_type(const nlohmann::json& j) {
+  switch (j.type()) {
+    case nlohmann::json::value_t::null: return "null";
+    case nlohmann::json::value_t::boolean: return "a boolean";
+    case nlohmann::json::value_t::number_integer:
+    case nlohmann::json::value_t::number_unsigned:
+    case nlohmann::json::value_t::number_float: return "a number";
+    case nlohmann::json::value_t::array: return "an array";
+    case nlohmann::json::value_t::object: return "an object";
+    default: return "not a string";
+  }
+}
+
+}  // namespace
+
+LineKind extract_document(std::string_view line, InputFormat fmt, const std::string& key, std::string& text,
+                          std::string& why) {
+  if (is_blank(line)) return LineKind::Blank;
+  if (size_t bad = find_invalid_utf8(line); bad != std::string_view::npos) {
+    why = fmt::format("invalid UTF-8 at byte {} (byte 0x{:02x}); the input must be UTF-8", bad + 1,
+                      static_cast<unsigned char>(line[bad]));
+    return LineKind::Bad;
+  }
+  if (fmt != InputFormat::Jsonl) {
+    text.assign(line);
+    return LineKind::Document;
+  }
+  nlohmann::json j = nlohmann::json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    // Parse again with exceptions for the parser's own account of what is wrong.
+    try {
+      nlohmann::json again = nlohmann::json::parse(line.begin(), line.end());
+      (void)again;
+      why = "not valid JSON";
+    } catch (const nlohmann::json::exception& e) {
+      std::string_view msg = e.what();
+      if (auto pos = msg.find("] "); pos != std::string_view::npos) msg.remove_prefix(pos + 2);
+      why = fmt::format("not valid JSON ({})", msg);
+    }
+    return LineKind::Bad;
+  }
+  if (!j.is_object()) {
+    why = fmt::format("a JSON line must be an object with the document under \"{}\", got {}", key, json_type(j));
+    return LineKind::Bad;
+  }
+  auto it = j.find(key);
+  if (it == j.end()) {
+    why = fmt::format("the JSON object has no key \"{}\" (choose the key with --json-key)", key);
+    return LineKind::Bad;
+  }
+  if (!it->is_string()) {
+    why = fmt::format("key \"{}\" holds {}, not a string", key, json_type(*it));
+    return LineKind::Bad;
+  }
+  text = it->get_ref<const std::string&>();
+  if (text.empty()) return LineKind::Blank;
+  return LineKind::Document;
+}
+
+BlockReader::BlockReader(const std::string& path, size_t block_bytes) : path_(path), block_bytes_(block_bytes) {
+  f_ = std::fopen(path.c_str(), "rb");
+  if (!f_) {
+    int err = errno;
+    throw InputError(err == ENOENT ? fmt::format("{}: no such file", path)
+                                   : fmt::format("{}: cannot open ({})", path, std::strerror(err)));
+  }
+  if (std::fseek(f_, 0, SEEK_END) == 0) {
+    file_size_ = std::ftell(f_);
+    std::fseek(f_, 0, SEEK_SET);
+  }
+}
+
+BlockReader::~BlockReader() {
+  if (f_) std::fclose(f_);
+}
+
+bool BlockReader::next(std::string& block, int64_t& first_line) {
+  block.swap(carry_);
+  carry_.clear();
+  // Read until the block holds at least block_bytes_ and a newline, or the file ends. A line
+  // longer than a block doubles the read size, and only new bytes are searched for a newline.
+  while (!eof_) {
+    size_t have = block.size();
+    size_t want = std::max(block_bytes_ > have ? block_bytes_ - have : size_t{0}, std::max(have, size_t{4096}));
+    block.resize(have + want);
+    size_t got = std::fread(block.data() + have, 1, want, f_);
+    block.resize(have + got);
+    bytes_read_ += static_cast<int64_t>(got);
+    if (got < want) {
+      if (std::ferror(f_)) throw InputError(fmt::format("{}: read failed ({})", path_, std::strerror(errno)));
+      eof_ = true;
+    }
+    if (block.size() >= block_bytes_ && got > 0) {
+      const void* nl = ::memrchr(block.data() + have, '\n', got);
+      if (nl) {
+        size_t cut = static_cast<size_t>(static_cast<const char*>(nl) - block.data()) + 1;
+        carry_.assign(block, cut, std::string::npos);
+        block.resize(cut);
+        break;
+      }
+    }
+  }
+  if (block.empty()) return false;
+  first_line = next_line_;
+  int64_t lines = std::count(block.begin(), block.end(), '\n');
+  if (block.back() != '\n') ++lines;
+  next_line_ += lines;
+  return true;
+}
+
+}  // namespace tripod

@@ -1,0 +1,330 @@
+// Tokenizer training and preprocess: documents read back exactly, the same bytes with any
+// number of workers, and bad input lines reported as file:line (or counted and skipped).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sentencepiece_trainer.h>
+
+#include "core/error.h"
+#include "data/indexed_dataset.h"
+#include "data/preprocess.h"
+#include "data/tokenizer.h"
+#include "test_data_helpers.h"
+
+namespace tripod {
+namespace {
+
+using namespace tripod::testing;
+
+std::vector<std::string> fixture_texts() {
+  std::vector<std::string> texts;
+  std::ifstream f(fixture("genesis_1_8.jsonl"));
+  for (std::string line; std::getline(f, line);) texts.push_back(nlohmann::json::parse(line)["text"]);
+  return texts;
+}
+
+std::string expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "no InputError";
+  } catch (const InputError& e) {
+    std::string msg = e.what();
+    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+    return msg;
+  }
+  return "";
+}
+
+TEST(DataTokenizer, TrainsAndEncodes) {
+  TempDir dir;
+  std::string model = train_fixture_tokenizer(dir);
+  Tokenizer tok(model);
+  EXPECT_EQ(tok.vocab_size(), 400);
+  EXPECT_EQ(tok.eod_id(), 2);
+  EXPECT_EQ(tok.piece(tok.eod_id()), "<|endoftext|>");
+  std::vector<int> ids;
+  tok.encode("In the beginning God created the heaven and the earth.", ids);
+  EXPECT_GT(ids.size(), 3u);
+  std::vector<int32_t> v(ids.begin(), ids.end());
+  EXPECT_EQ(tok.decode(v), "In the beginning God created the heaven and the earth.");
+  // The same input and seed train the same vocabulary.
+  TempDir dir2;
+  Tokenizer again(train_fixture_tokenizer(dir2));
+  ASSERT_EQ(again.vocab_size(), tok.vocab_size());
+  for (int i = 0; i < tok.vocab_size(); ++i) ASSERT_EQ(again.piece(i), tok.piece(i)) << "piece " << i;
+  // Unigram and extra special tokens.
+  TokenizerTrainOptions o;
+  o.inputs = {fixture("genesis_1_8.jsonl")};
+  o.vocab_size = 300;
+  o.model_type = "unigram";
+  o.user_symbols = {"<sep>"};
+  o.eod_piece = "<eod>";
+  o.model_prefix = dir / "uni";
+  train_tokenizer(o);
+  Tokenizer uni(dir / "uni.model");
+  EXPECT_EQ(uni.piece(uni.eod_id()), "<eod>");
+  uni.encode("a<sep>b", ids);
+  EXPECT_NE(std::find(ids.begin(), ids.end(), Tokenizer(dir / "uni.model", "<sep>").eod_id()), ids.end());
+}
+
+TEST(DataTokenizer, WordCacheGivesTheSameIds) {
+  TempDir dir;
+  Tokenizer tok(train_fixture_tokenizer(dir));
+  EXPECT_TRUE(tok.word_splittable());
+  std::vector<std::string> texts = fixture_texts();
+  for (std::string s : {"", " ", "   ", "a", "  lead", "trail  ", "many     spaces   between", "tab\there\tand\tthere",
+                        "new\nline \n  and\r\ncrlf", "ctrl\x01char \x7f del", "digits 1 22 333 4444 12345678",
+                        "Punct: (a), [b]; {c}! d? e... 'f' \"g\"", "UPPER lower MiXeD", "caf\xc3\xa9 non-ASCII text",
+                        "x\xe2\x80\x94y \xe3\x80\x80 wide space"})
+    texts.push_back(s);
+  WordCache cache(64);  // small: it fills and restarts
+  for (int round = 0; round < 2; ++round)
+    for (const auto& t : texts) {
+      std::vector<int> direct, cached;
+      tok.encode(t, direct);
+      tok.encode(t, cached, &cache);
+      ASSERT_EQ(cached, direct) << "'" << t << "'";
+    }
+}
+
+// Models for which word-by-word encoding would change the ids must not use it.
+TEST(DataTokenizer, WordCacheOffWhenWordsAreNotIndependent) {
+  TempDir dir;
+  std::string text;
+  for (const auto& t : fixture_texts()) text += t + "\n";
+  write_text(dir / "gen.txt", text);
+  for (auto [flag, value] : {std::pair{"split_by_whitespace", "false"}, std::pair{"remove_extra_whitespaces", "false"},
+                             std::pair{"add_dummy_prefix", "false"}, std::pair{"treat_whitespace_as_suffix", "true"}}) {
+    std::string prefix = dir / flag;
+    auto status = sentencepiece::SentencePieceTrainer::Train(
+        {{"input", dir / "gen.txt"}, {"model_prefix", prefix}, {"vocab_size", "400"}, {"model_type", "bpe"},
+         {"minloglevel", "2"}, {flag, value}});
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    Tokenizer tok(prefix + ".model");
+    EXPECT_FALSE(tok.word_splittable()) << flag << "=" << value;
+    WordCache cache;
+    for (const std::string& t : {std::string("In  the beginning   God created"), fixture_texts()[0]}) {
+      std::vector<int> direct, cached;
+      tok.encode(t, direct);
+      tok.encode(t, cached, &cache);
+      EXPECT_EQ(cached, direct) << flag;
+    }
+  }
+}
+
+TEST(DataTokenizer, BadModelAndOptions) {
+  TempDir dir;
+  write_text(dir / "junk.model", "this is not a sentencepiece model");
+  expect_input_error([&] { Tokenizer t(dir / "junk.model"); }, {dir / "junk.model", "not a SentencePiece model"});
+  expect_input_error([&] { Tokenizer t(dir / "none.model"); }, {dir / "none.model", "no such file"});
+  std::string model = train_fixture_tokenizer(dir);
+  expect_input_error([&] { Tokenizer t(model, "<nope>"); }, {"no piece \"<nope>\""});
+  TokenizerTrainOptions o;
+  o.inputs = {fixture("genesis_1_8.jsonl")};
+  o.model_prefix = dir / "genesis400";
+  o.vocab_size = 400;
+  expect_input_error([&] { train_tokenizer(o); }, {"genesis400.model exists", "--overwrite"});
+  o.model_prefix = dir / "big";
+  o.vocab_size = 100000;
+  expect_input_error([&] { train_tokenizer(o); }, {"--vocab-size 100000"});
+  EXPECT_FALSE(fs::exists(dir / "big.model"));
+  write_text(dir / "empty.txt", "\n\n  \n");
+  o.inputs = {dir / "empty.txt"};
+  o.vocab_size = 100;
+  expect_input_error([&] { train_tokenizer(o); }, {"empty.txt", "no documents"});
+  write_text(dir / "bad.jsonl", "{\"text\": \"fine\"}\n{\"txt\": \"no key\"}\n");
+  o.inputs = {dir / "bad.jsonl"};
+  expect_input_error([&] { train_tokenizer(o); }, {"bad.jsonl:2:", "no key \"text\""});
+}
+
+class DataPreprocess : public ::testing::Test {
+ protected:
+  void SetUp() override { model_ = train_fixture_tokenizer(dir_); }
+  PreprocessOptions options(const std::string& input, const std::string& out) {
+    PreprocessOptions o;
+    o.input = input;
+    o.tokenizer_model = model_;
+    o.output_prefix = dir_ / out;
+    o.block_bytes = 4096;  // many blocks, so the workers interleave
+    return o;
+  }
+  TempDir dir_;
+  std::string model_;
+};
+
+TEST_F(DataPreprocess, RoundTripEveryDocument) {
+  PreprocessOptions o = options(fixture("genesis_1_8.jsonl"), "gen");
+  o.workers = 3;
+  PreprocessStats st = preprocess(o);
+  std::vector<std::string> texts = fixture_texts();
+  Tokenizer tok(model_);
+  IndexedDataset d(o.output_prefix);
+  ASSERT_EQ(d.num_documents(), static_cast<int64_t>(texts.size()));
+  EXPECT_EQ(st.documents, d.num_documents());
+  EXPECT_EQ(d.num_sequences(), d.num_documents());
+  EXPECT_EQ(d.dtype(), TokenDType::U16);
+  int64_t tokens = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    std::vector<int> ids;
+    tok.encode(texts[i], ids);
+    ids.push_back(tok.eod_id());
+    EXPECT_EQ(d.document(static_cast<int64_t>(i)), std::vector<int32_t>(ids.begin(), ids.end())) << "document " << i;
+    tokens += static_cast<int64_t>(ids.size());
+  }
+  EXPECT_EQ(d.num_tokens(), tokens);
+  EXPECT_EQ(st.tokens, tokens);
+}
+
+TEST_F(DataPreprocess, SameBytesForAnyWorkerCountAndTextInput) {
+  // The text form: one document per line (JSON-escaped newlines become spaces, which the
+  // tokenizer's normalisation treats alike).
+  std::string text;
+  for (const auto& t : fixture_texts()) {
+    std::string line = t;
+    std::replace(line.begin(), line.end(), '\n', ' ');
+    text += line + "\n";
+  }
+  write_text(dir_ / "gen.txt", text + "\n   \n");  // trailing blank lines hold no documents
+  std::vector<uint8_t> first_bin, first_idx;
+  for (int workers : {1, 2, 5}) {
+    PreprocessOptions o = options(dir_ / "gen.txt", "w" + std::to_string(workers));
+    o.workers = workers;
+    PreprocessStats st = preprocess(o);
+    EXPECT_EQ(st.documents, 8);
+    EXPECT_EQ(st.blank_lines, 2);
+    if (workers == 1) {
+      first_bin = read_bytes(o.output_prefix + ".bin");
+      first_idx = read_bytes(o.output_prefix + ".idx");
+    } else {
+      EXPECT_EQ(read_bytes(o.output_prefix + ".bin"), first_bin) << workers << " workers";
+      EXPECT_EQ(read_bytes(o.output_prefix + ".idx"), first_idx) << workers << " workers";
+    }
+  }
+  PreprocessOptions j = options(fixture("genesis_1_8.jsonl"), "fromjson");
+  preprocess(j);
+  EXPECT_EQ(read_bytes(j.output_prefix + ".bin"), first_bin);
+}
+
+TEST_F(DataPreprocess, NoEodAndOneTokenDocuments) {
+  write_text(dir_ / "short.txt", "a\nGod\nthe\n");
+  PreprocessOptions o = options(dir_ / "short.txt", "short");
+  o.append_eod = false;
+  preprocess(o);
+  IndexedDataset d(o.output_prefix);
+  Tokenizer tok(model_);
+  ASSERT_EQ(d.num_documents(), 3);
+  for (int64_t i = 0; i < 3; ++i)
+    for (int32_t t : d.document(i)) EXPECT_NE(t, tok.eod_id());
+  EXPECT_EQ(tok.decode(d.document(1)), "God");
+}
+
+TEST_F(DataPreprocess, BadLinesNameFileAndLine) {
+  const std::string good = "{\"text\": \"In the beginning\"}\n";
+  struct Case {
+    std::string line, what;
+  } cases[] = {
+      {"{\"text\": \"unterminated\n", "not valid JSON"},
+      {"just words\n", "not valid JSON"},
+      {"{\"body\": \"x\"}\n", "no key \"text\""},
+      {"{\"text\": 42}\n", "holds a number, not a string"},
+      {"[1, 2]\n", "must be an object"},
+      {"{\"text\": \"caf\xc3\"}\n", "invalid UTF-8"},
+      {"{\"text\": \"\xed\xa0\x80 surrogate\"}\n", "invalid UTF-8"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    std::string input = dir_ / ("bad" + std::to_string(n) + ".jsonl");
+    // The bad line is line 4, after many good lines in other blocks.
+    write_text(input, good + good + good + c.line + good);
+    PreprocessOptions o = options(input, "out" + std::to_string(n));
+    o.workers = 2;
+    o.block_bytes = 16;
+    expect_input_error([&] { preprocess(o); }, {input + ":4:", c.what});
+    EXPECT_FALSE(fs::exists(o.output_prefix + ".bin"));
+    EXPECT_FALSE(fs::exists(o.output_prefix + ".idx"));
+    o.skip_bad_lines = true;
+    PreprocessStats st = preprocess(o);
+    EXPECT_EQ(st.bad_lines, 1) << c.line;
+    EXPECT_EQ(st.documents, 4) << c.line;
+    ++n;
+  }
+  // Invalid UTF-8 in a text file.
+  write_text(dir_ / "bad.txt", "fine\nalso fine\n\xff\xfe bad\n");
+  expect_input_error([&] { preprocess(options(dir_ / "bad.txt", "t")); }, {dir_ / "bad.txt:3:", "invalid UTF-8"});
+  for (const auto& e : fs::directory_iterator(dir_.path()))
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path() << " left behind";
+}
+
+TEST_F(DataPreprocess, EmptyInputMissingFilesAndNoOverwrite) {
+  write_text(dir_ / "empty.jsonl", "");
+  expect_input_error([&] { preprocess(options(dir_ / "empty.jsonl", "e")); }, {"empty.jsonl", "no documents"});
+  write_text(dir_ / "blank.txt", "\n \n\t\n");
+  expect_input_error([&] { preprocess(options(dir_ / "blank.txt", "e")); }, {"blank.txt", "no documents"});
+  expect_input_error([&] { preprocess(options(dir_ / "missing.jsonl", "e")); }, {"missing.jsonl", "no such file"});
+  PreprocessOptions o = options(fixture("genesis_1_8.jsonl"), "keep");
+  o.tokenizer_model = dir_ / "nope.model";
+  expect_input_error([&] { preprocess(o); }, {"nope.model", "no such file"});
+  write_text(dir_ / "fake.model", std::string(1000, 'x'));
+  o.tokenizer_model = dir_ / "fake.model";
+  expect_input_error([&] { preprocess(o); }, {"fake.model", "not a SentencePiece model"});
+  o.tokenizer_model = model_;
+  preprocess(o);
+  auto before = read_bytes(o.output_prefix + ".bin");
+  o.input = dir_ / "blank.txt";
+  expect_input_error([&] { preprocess(o); }, {"keep.bin exists", "--overwrite"});
+  o.overwrite = true;
+  expect_input_error([&] { preprocess(o); }, {"no documents"});
+  EXPECT_EQ(read_bytes(o.output_prefix + ".bin"), before);  // a failed run replaces nothing
+  o.output_prefix = dir_ / "no/such/dir/x";
+  o.input = fixture("genesis_1_8.jsonl");
+  expect_input_error([&] { preprocess(o); }, {"no/such/dir/x.bin", "cannot create"});
+}
+
+TEST(DataDocuments, Utf8Validation) {
+  EXPECT_EQ(find_invalid_utf8("plain ascii, long enough for the fast path"), std::string_view::npos);
+  EXPECT_EQ(find_invalid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), std::string_view::npos);
+  EXPECT_EQ(find_invalid_utf8("ab\x80"), 2u);                  // lone continuation byte
+  EXPECT_EQ(find_invalid_utf8("ab\xc0\xaf"), 2u);              // overlong
+  EXPECT_EQ(find_invalid_utf8("\xe0\x80\xaf"), 0u);            // overlong 3-byte
+  EXPECT_EQ(find_invalid_utf8("x\xed\xa0\x80"), 1u);           // surrogate
+  EXPECT_EQ(find_invalid_utf8("\xf4\x90\x80\x80"), 0u);        // above U+10FFFF
+  EXPECT_EQ(find_invalid_utf8("abcdefgh\xe2\x82"), 8u);        // truncated at the end
+}
+
+TEST(DataDocuments, BlockReaderKeepsLinesWholeAndCountsThem) {
+  TempDir dir;
+  std::string text;
+  for (int i = 1; i <= 500; ++i) text += "line " + std::to_string(i) + (i % 3 ? "\n" : "\r\n");
+  text += "last line without a newline";
+  write_text(dir / "lines.txt", text);
+  for (size_t block : {size_t{1}, size_t{7}, size_t{64}, size_t{1} << 20}) {
+    BlockReader r(dir / "lines.txt", block);
+    std::string b;
+    int64_t first = 0, expect_line = 1;
+    std::vector<std::string> lines;
+    while (r.next(b, first)) {
+      EXPECT_EQ(first, expect_line) << "block size " << block;
+      for_each_line(b, [&](std::string_view l) {
+        lines.emplace_back(l);
+        ++expect_line;
+      });
+    }
+    ASSERT_EQ(lines.size(), 501u) << "block size " << block;
+    EXPECT_EQ(lines[0], "line 1");
+    EXPECT_EQ(lines[2], "line 3");  // the \r of \r\n dropped
+    EXPECT_EQ(lines[499], "line 500");
+    EXPECT_EQ(lines[500], "last line without a newline");
+    EXPECT_EQ(r.bytes_read(), static_cast<int64_t>(text.size()));
+  }
+  // A line far longer than a block arrives whole (read sizes double: no quadratic rescans).
+  std::string long_line(8 << 20, 'x');
+  write_text(dir / "long.txt", "a\n" + long_line + "\nb\n");
+  BlockReader r(dir / "long.txt", 16);
+  std::vector<size_t> sizes;
+  std::string b;
+  int64_t first = 0;
+  while (r.next(b, first)) for_each_line(b, [&](std::string_view l) { sizes.push_back(l.size()); });
+  EXPECT_EQ(sizes, (std::vector<size_t>{1, long_line.size(), 1}));
+}
+
+}  // namespace
+}  // namespace tripod
