@@ -152,9 +152,9 @@ class GraphBuilder {
   cudnnBackendDescriptor_t causal_mask(cudnnBackendDescriptor_t s, cudnnBackendDescriptor_t lowest, const Dims& dims,
                                        const Dims& strides) {
     cudnnBackendDescriptor_t row = virt(CUDNN_DATA_INT32, dims, strides);
-    pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s, nullptr, nullptr, row, 2);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, row, 2);
     cudnnBackendDescriptor_t col = virt(CUDNN_DATA_INT32, dims, strides);
-    pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_FLOAT, s, nullptr, nullptr, col, 3);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, col, 3);
     cudnnBackendDescriptor_t keep = virt(CUDNN_DATA_BOOLEAN, dims, strides);
     pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep);
     cudnnBackendDescriptor_t masked = virt(CUDNN_DATA_FLOAT, dims, strides);

@@ -51,6 +51,8 @@ CudaOps::~CudaOps() {
   // Destructors do not throw: errors here (a GPU already in a failed state) are ignored.
   cudaStreamSynchronize(compute_);
   cudaStreamSynchronize(comm_);
+  for (Upload& u : uploads_) cudaEventDestroy(u.done);
+  uploads_.clear();
   attention_.reset();
   gemm_.reset();
   for (auto& [key, table] : chunk_tables_) cudaFree(table.first);
@@ -225,15 +227,6 @@ void host_convert(const Tensor& src, const Tensor& dst) {
   }
 }
 
-bool is_pinned(const void* p) {
-  cudaPointerAttributes attr{};
-  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return attr.type == cudaMemoryTypeHost;
-}
-
 }  // namespace
 
 void CudaOps::fill(Tensor& t, float value) {
@@ -250,6 +243,32 @@ void CudaOps::fill(Tensor& t, float value) {
   }
   k::fill(t.raw(), t.dtype(), t.numel(), value, compute_);
   TRIPOD_CUDA_LAUNCHED("fill {} with {}", t.str(), value);
+}
+
+// Host -> device through a pinned staging buffer of this backend: the host converts into it, the
+// copy runs asynchronously on the compute stream, and the buffer is kept until an event says the
+// copy is done. The caller may reuse `src` at once and the host never waits (uploading a
+// micro-batch's tokens mid-step costs no synchronisation).
+void CudaOps::upload(const Tensor& src, Tensor& dst) {
+  reap_uploads();
+  Tensor staging = Tensor::empty(pinned_alloc_, dst.shape(), dst.dtype(), MemCategory::Comm);
+  host_convert(src, staging);
+  TRIPOD_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), staging.raw(), staging.nbytes(), cudaMemcpyHostToDevice, compute_),
+                    "copy {} -> {}", src.str(), dst.str());
+  cudaEvent_t done;
+  TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "copy {} -> {}", src.str(), dst.str());
+  TRIPOD_CUDA_CHECK(cudaEventRecord(done, compute_), "copy {} -> {}", src.str(), dst.str());
+  uploads_.push_back({std::move(staging), done});
+}
+
+void CudaOps::reap_uploads() {
+  while (!uploads_.empty()) {
+    cudaError_t q = cudaEventQuery(uploads_.front().done);
+    if (q == cudaErrorNotReady) break;
+    TRIPOD_CUDA_CHECK(q, "host to device copy");
+    cudaEventDestroy(uploads_.front().done);
+    uploads_.pop_front();  // the staging block goes back to the pinned cache
+  }
 }
 
 void CudaOps::copy(const Tensor& src, Tensor& dst) {
@@ -274,24 +293,8 @@ void CudaOps::copy(const Tensor& src, Tensor& dst) {
     }
     return;
   }
-  if (src_host) {  // host -> device
-    if (src.dtype() == dst.dtype()) {
-      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(dst.raw(), src.raw(), src.nbytes(), cudaMemcpyHostToDevice, compute_),
-                        "copy {} -> {}", src.str(), dst.str());
-      // From pageable memory the call returns once the bytes are staged; pinned memory is read
-      // by the DMA later, so wait before the caller may reuse it.
-      if (is_pinned(src.raw()))
-        TRIPOD_CUDA_CHECK(cudaStreamSynchronize(compute_), "copy {} -> {}", src.str(), dst.str());
-    } else {
-      CpuAllocator scratch;
-      Tensor converted = Tensor::empty(scratch, dst.shape(), dst.dtype(), MemCategory::Workspace);
-      host_convert(src, converted);
-      TRIPOD_CUDA_CHECK(
-          cudaMemcpyAsync(dst.raw(), converted.raw(), converted.nbytes(), cudaMemcpyHostToDevice, compute_),
-          "copy {} -> {}", src.str(), dst.str());
-      // `converted` is pageable and dies here: the copy must have left it.
-      TRIPOD_CUDA_CHECK(cudaStreamSynchronize(compute_), "copy {} -> {}", src.str(), dst.str());
-    }
+  if (src_host) {  // host -> device, without waiting (see upload())
+    upload(src, dst);
     return;
   }
   // device -> host: the caller reads the result at once, so this waits for it.

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -131,6 +132,8 @@ class CudaOps final : public Ops {
  private:
   cudaEvent_t take_event();
   double reduce_to_host(const float* x, const k::Chunk* chunks, int nchunks, bool square, const char* what);
+  void upload(const Tensor& src, Tensor& dst);
+  void reap_uploads();
 
   int device_ = 0;
   cudaStream_t compute_ = nullptr, comm_ = nullptr;
@@ -142,6 +145,13 @@ class CudaOps final : public Ops {
   // Reductions: kReduceBlocks partial sums and the result on the device, the result on the host.
   double* reduce_dev_ = nullptr;
   double* reduce_host_ = nullptr;
+
+  // Host -> device copies in flight: their pinned staging buffers, kept until the copy is done.
+  struct Upload {
+    Tensor staging;
+    cudaEvent_t done;
+  };
+  std::deque<Upload> uploads_;
 
   // Chunk tables by their ranges ({begin, end, decay} flattened).
   std::map<std::vector<int64_t>, std::pair<k::Chunk*, int>> chunk_tables_;

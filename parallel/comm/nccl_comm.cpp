@@ -92,20 +92,12 @@ NcclComm::NcclComm(std::unique_ptr<MpiComm> twin, cuda::CudaOps& ops, std::vecto
 
 NcclComm::~NcclComm() {
   const bool unwinding = std::uncaught_exceptions() > 0;
-  if (!unwinding) {
+  if (!unwinding && comm_) {
     try {
       flush();
     } catch (...) {
     }
-  }
-  if (comm_) {
-    if (unwinding) {
-      ncclCommAbort(comm_);  // peers may be gone: do not wait for transfers in flight
-    } else {
-      cudaStreamSynchronize(ops_.comm_stream());  // a hang here is ended by the watchdog
-      ncclCommDestroy(comm_);
-    }
-    cudaGetLastError();
+    cudaStreamSynchronize(ops_.comm_stream());  // the transfers in flight end (or the watchdog ends the process)
   }
   {
     std::lock_guard lock(mu_);
@@ -113,6 +105,14 @@ NcclComm::~NcclComm() {
   }
   cv_.notify_all();
   if (watchdog_.joinable()) watchdog_.join();
+  if (comm_) {
+    // Unwinding from an error, peers may be gone: abort rather than wait for them.
+    if (unwinding)
+      ncclCommAbort(comm_);
+    else
+      ncclCommDestroy(comm_);
+    cudaGetLastError();
+  }
 }
 
 std::string NcclComm::describe(const char* what) const {
