@@ -7,6 +7,9 @@
 // by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute. The host
 // waits for the GPU only where a number is asked for on the host (sum, sum_squares, copies to
 // host memory) and in synchronize().
+//
+// Environment: TRIPOD_ATTENTION = auto | cudnn | reference (attention_runner.h),
+// TRIPOD_CUDA_TIMING=1 (per-op-family GPU time, see take_times()).
 #pragma once
 
 #include <cuda_runtime_api.h>
