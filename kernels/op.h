@@ -85,6 +85,13 @@ class Ops {
   // dx (N, I) = dy w (skipped when dx is undefined); dw (O, I) f32 += dy^T x; db (O) f32 += sum_n dy.
   virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
                                Tensor& db) = 0;
+  // pre (N, O) = x w^T + b and y (N, O) = gelu(pre): the MLP's first half, with the
+  // pre-activation kept for gelu_backward. A backend may fuse the GELU into the GEMM (cuBLASLt's
+  // epilogue on CUDA); this default is the two ops.
+  virtual void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre, Tensor& y) {
+    linear_forward(x, w, b, pre);
+    gelu_forward(pre, y);
+  }
 
   // ---- GELU, tanh approximation ---------------------------------------------------------------
   virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;

@@ -36,7 +36,7 @@ TEST_F(Memory, RecomputeModesGiveBitIdenticalWeightsOnTwoByTwoByTwo) {
   for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
     auto w = test::make_subworld(*ops, RankGrid(2, 2, 2));
     Config cfg = test::tiny_config(4, 32, 4, 16, 100);
-    cfg.parallel = {.tp = 2, .pp = 2, .dp = 2, .vp = 1, .schedule = "1f1b"};
+    cfg.parallel.tp = cfg.parallel.pp = cfg.parallel.dp = 2;
     cfg.train.micro_batch_size = 1;
     cfg.train.global_batch_size = 8;
     cfg.train.steps = 2;
@@ -73,8 +73,9 @@ TEST_F(Memory, MeasuredPeaksMatchThePlan) {
       auto w = test::make_subworld(*ops, grid, c.sp);
       if (!w.par) continue;
       Config cfg = test::tiny_config(sz.layers, sz.d_model, sz.heads, sz.seq, sz.vocab);
-      cfg.parallel = {.tp = c.tp, .pp = c.pp, .dp = c.dp, .vp = c.vp, .schedule = c.schedule,
-                      .sequence_parallel = c.sp, .distributed_optimizer = c.distopt, .bucket_mb = 0.05};
+      ParallelConfig& pc = cfg.parallel;
+      pc.tp = c.tp, pc.pp = c.pp, pc.dp = c.dp, pc.vp = c.vp, pc.schedule = c.schedule;
+      pc.sequence_parallel = c.sp, pc.distributed_optimizer = c.distopt, pc.bucket_mb = 0.05;
       cfg.train.micro_batch_size = sz.micro;
       cfg.train.global_batch_size = sz.micro * c.dp * 4;  // 4 micro-batches per pipeline
       cfg.recompute = {.mode = c.mode, .num_layers = c.num_layers};

@@ -31,7 +31,11 @@ int run_train(const TrainOptions& o) {
   try {
     cfg = load_config(o.config, o.sets);
     validate_layout(cfg, mpi.size());
-    ops = make_ops(cfg.train.device == "cuda" ? Device::CUDA : Device::CPU, MpiSession::local_rank());
+    // One GPU per node-local rank; more ranks than GPUs share them round-robin (their
+    // communicators then stage through MPI, see parallel/context.cpp).
+    const int gpus = cuda_device_count();
+    ops = make_ops(cfg.train.device == "cuda" ? Device::CUDA : Device::CPU,
+                   gpus > 0 ? MpiSession::local_rank() % gpus : 0);
   } catch (const InputError& e) {
     if (mpi.rank() == 0) fmt::print(stderr, "error: {}\n", e.what());
     MPI_Finalize();

@@ -1,0 +1,169 @@
+// GPU training throughput: GPT-2 124M and 350M at seq 1024 on one GPU, through the real trainer
+// step (forward, backward, grad norm, AdamW), with the largest micro-batch that fits. Prints one
+// table row per model: tokens/s, MFU (DESIGN.md: 6N + 6LCT FLOPs per token over 989 TFLOP/s),
+// peak memory, and the share of the step's time spent in GEMMs, attention and everything else
+// (from cudaEvent pairs around each op).
+//
+//   tripod_gpu_bench [--model 124M|350M|all] [--micro-batch B] [--steps N] [--warmup N]
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <optional>
+
+#include "core/log.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "parallel/comm/mpi_comm.h"
+#include "train/mpi_session.h"
+#include "train/trainer.h"
+
+namespace tripod {
+namespace {
+
+struct Shape {
+  const char* name;
+  int n_layers, n_heads, d_model;
+};
+constexpr Shape kShapes[] = {{"124M", 12, 12, 768}, {"350M", 24, 16, 1024}};
+
+Config make_config(const Shape& s, int micro_batch, const std::string& out_dir) {
+  Config c;
+  c.model.n_layers = s.n_layers;
+  c.model.n_heads = s.n_heads;
+  c.model.d_model = s.d_model;
+  c.model.seq_len = 1024;
+  c.model.vocab_size = 50257;
+  c.train.device = "cuda";
+  c.train.micro_batch_size = micro_batch;
+  c.train.global_batch_size = micro_batch;
+  c.train.steps = 1000000;
+  c.train.lr = 6e-4;
+  c.train.log_interval = 1000000;
+  c.train.output_dir = out_dir;
+  c.data.synthetic = true;
+  validate_layout(c, 1);
+  return c;
+}
+
+struct Result {
+  int micro_batch = 0;
+  double tokens_per_s = 0, mfu = 0, step_ms = 0;
+  int64_t peak_bytes = 0, reserved_bytes = 0;
+  double gemm = 0, attention = 0;  // shares of the step time
+  std::string attention_impl;
+};
+
+bool is_out_of_memory(const std::exception& e) {
+  const std::string w = e.what();
+  return w.find("out of cuda memory") != std::string::npos || w.find("ALLOC") != std::string::npos ||
+         w.find("cudaErrorMemoryAllocation") != std::string::npos;
+}
+
+// Runs warmup + measured steps at one micro-batch size; nullopt when it does not fit.
+std::optional<Result> run(cuda::CudaOps& ops, ParallelContext& par, const Shape& s, int B, int warmup, int steps,
+                          const std::string& out_dir) {
+  Result r;
+  r.micro_batch = B;
+  try {
+    Config cfg = make_config(s, B, out_dir);
+    SyntheticSource data(cfg.model.seq_len, cfg.model.vocab_size, cfg.train.seed);
+    Trainer trainer(cfg, ops, par, &data);
+    for (int i = 0; i < warmup; ++i) trainer.step();
+    double time_s = 0;
+    for (int i = 0; i < steps; ++i) {
+      StepMetrics m = trainer.step();
+      time_s += m.step_time_s;
+      r.mfu += m.mfu / steps;
+      r.peak_bytes = std::max<int64_t>(r.peak_bytes, m.memory["total"].get<int64_t>());
+    }
+    r.step_ms = 1e3 * time_s / steps;
+    r.tokens_per_s = static_cast<double>(B) * cfg.model.seq_len * steps / time_s;
+    r.reserved_bytes = static_cast<int64_t>(ops.allocator().reserved_bytes());
+    // The time shares come from separate steps with the per-op events on (they cost a little).
+    ops.set_timing(true);
+    ops.take_times();
+    const int timed = std::max(2, steps / 2);
+    double timed_s = 0;
+    for (int i = 0; i < timed; ++i) timed_s += trainer.step().step_time_s;
+    cuda::OpTimes t = ops.take_times();
+    ops.set_timing(false);
+    r.gemm = t.ms[static_cast<int>(cuda::OpFamily::Gemm)] / (1e3 * timed_s);
+    r.attention = t.ms[static_cast<int>(cuda::OpFamily::Attention)] / (1e3 * timed_s);
+    r.attention_impl = ops.attention_impl();
+  } catch (const std::exception& e) {
+    ops.set_timing(false);
+    ops.synchronize();
+    ops.allocator().release_cache();
+    if (is_out_of_memory(e)) return std::nullopt;
+    throw;
+  }
+  ops.allocator().release_cache();
+  return r;
+}
+
+int bench_main(int argc, char** argv) {
+  CLI::App app{"GPU training throughput of GPT-2 124M / 350M at seq 1024"};
+  std::string model = "all";
+  int micro_batch = 0, steps = 10, warmup = 3;
+  app.add_option("--model", model, "124M, 350M or all")->check(CLI::IsMember({"124M", "350M", "all"}));
+  app.add_option("--micro-batch", micro_batch, "Micro-batch size (0: the largest that fits)");
+  app.add_option("--steps", steps, "Measured steps")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "Steps before measuring")->check(CLI::NonNegativeNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  MpiSession mpi;
+  TRIPOD_INPUT_CHECK(cuda::device_count() > 0, "tripod_gpu_bench needs a CUDA GPU and none is visible");
+  init_logging(0, 1);  // on stderr, so stdout is the table
+  spdlog::set_level(spdlog::level::warn);
+  auto ops_owner = cuda::make_cuda_ops(0);
+  auto& ops = dynamic_cast<cuda::CudaOps&>(*ops_owner);
+  auto world = mpi_world(&ops, 600);
+  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1));
+  const std::string out_dir =
+      (std::filesystem::temp_directory_path() / fmt::format("tripod_gpu_bench_{}", getpid())).string();
+
+  fmt::print("{:>6} {:>8} {:>5} {:>11} {:>6} {:>9} {:>10} {:>10} {:>6} {:>6} {:>6}  {}\n", "model", "params", "B",
+             "tokens/s", "MFU", "step ms", "peak GiB", "resv GiB", "GEMM", "attn", "other", "attention");
+  for (const Shape& s : kShapes) {
+    if (model != "all" && model != s.name) continue;
+    std::optional<Result> best;
+    const std::vector<int> candidates =
+        micro_batch > 0 ? std::vector<int>{micro_batch} : std::vector<int>{128, 96, 64, 48, 32, 24, 16, 12, 8, 4, 2, 1};
+    for (int B : candidates) {
+      best = run(ops, par, s, B, warmup, steps, out_dir);
+      if (best) break;
+      fmt::print(stderr, "{}: micro-batch {} does not fit\n", s.name, B);
+    }
+    if (!best) {
+      fmt::print("{:>6}  does not fit even at micro-batch 1\n", s.name);
+      continue;
+    }
+    const Result& r = *best;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    ModelConfig mc = make_config(s, r.micro_batch, out_dir).model;
+    fmt::print("{:>6} {:>7.1f}M {:>5} {:>11.0f} {:>5.1f}% {:>9.1f} {:>10.2f} {:>10.2f} {:>5.1f}% {:>5.1f}% {:>5.1f}%  {}\n",
+               s.name, mc.num_params() / 1e6, r.micro_batch, r.tokens_per_s, 100 * r.mfu, r.step_ms,
+               r.peak_bytes / gib, r.reserved_bytes / gib, 100 * r.gemm, 100 * r.attention,
+               100 * (1 - r.gemm - r.attention), r.attention_impl);
+  }
+  std::filesystem::remove_all(out_dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tripod
+
+int main(int argc, char** argv) {
+  try {
+    return tripod::bench_main(argc, argv);
+  } catch (const tripod::InputError& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "error: {}\n", e.what());
+    return 1;
+  }
+}

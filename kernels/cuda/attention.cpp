@@ -1,0 +1,532 @@
+// Causal attention through cuDNN's fused flash attention, built with the cuDNN 9 backend graph
+// API: the operation graphs below are the patterns cuDNN's fused-attention engines recognise
+// (the ones its frontend library emits for causal SDPA with statistics); heuristics pick an
+// engine, and the finalized execution plan is cached per shape. Shapes cuDNN declines run on the
+// reference kernels (attention_ref.cu).
+//
+// Layouts as cuDNN sees them, logical dims (b, h, s, d) with strides into our buffers:
+//   Q, V     qkv (B, T, 3, H, D) at offsets 0 and 2*H*D: dims (B, H, T, D), strides (3HD*T, D, 3HD, 1)
+//   K^T      offset H*D: dims (B, H, D, T), strides (3HD*T, D, 1, 3HD)
+//   O, dO    (B, T, H, D): dims (B, H, T, D), strides (HD*T, D, HD, 1)
+//   Stats    lse (B, H, T) f32: dims (B, H, T, 1), natural-log log-sum-exp of the scaled scores,
+//            the same quantity the CPU backend and the reference kernels store.
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <string_view>
+#include <vector>
+
+#include "kernels/cuda/attention_runner.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/op_checks.h"
+
+namespace tripod::cuda {
+
+namespace cudnn_graph {
+
+// Unique ids of the graph tensors that hold data (the variant pack binds pointers to them);
+// virtual tensors number from kFirstVirtual.
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kScale, kNegInf, kDO, kDQ, kDK, kDV, kOne, kSoftmaxSum, kDQAccum,
+  kFirstVirtual = 100
+};
+
+using Dims = std::array<int64_t, 4>;
+
+// An owned backend descriptor.
+class Desc {
+ public:
+  Desc(cudnnBackendDescriptorType_t type, const std::string& what) {
+    TRIPOD_CUDNN_CHECK(cudnnBackendCreateDescriptor(type, &d_), "{}: descriptor type {}", what,
+                       static_cast<int>(type));
+  }
+  ~Desc() {
+    if (d_) cudnnBackendDestroyDescriptor(d_);
+  }
+  Desc(const Desc&) = delete;
+  Desc& operator=(const Desc&) = delete;
+  cudnnBackendDescriptor_t get() const { return d_; }
+
+ private:
+  cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+// The descriptors a finalized plan refers to, kept alive with it.
+struct Kept {
+  std::vector<std::unique_ptr<Desc>> descs;
+};
+
+// Builds one operation graph: each call adds a tensor or an operation in topological order.
+class GraphBuilder {
+ public:
+  GraphBuilder(cudnnHandle_t handle, std::string what) : handle_(handle), what_(std::move(what)) {}
+
+  cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t dt, const Dims& dims, const Dims& strides,
+                                  bool is_virtual = false, bool by_value = false) {
+    cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
+    const int64_t alignment = 16;
+    const bool virt = is_virtual;
+    set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt);
+    set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
+    set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
+    set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &alignment);
+    set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &virt);
+    if (by_value) {
+      const bool yes = true;
+      set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &yes);
+    }
+    finalize(t, "tensor");
+    return t;
+  }
+  cudnnBackendDescriptor_t virt(cudnnDataType_t dt, const Dims& dims, const Dims& strides) {
+    return tensor(next_uid_++, dt, dims, strides, true);
+  }
+  // An f32 scalar passed by value (its variant-pack pointer is host memory).
+  cudnnBackendDescriptor_t scalar(int64_t uid) {
+    return tensor(uid, CUDNN_DATA_FLOAT, {1, 1, 1, 1}, {1, 1, 1, 1}, false, true);
+  }
+
+  // y = mode(x[, b[, t]]) computed in `math`; axis for GEN_INDEX.
+  void pointwise(cudnnPointwiseMode_t mode, cudnnDataType_t math, cudnnBackendDescriptor_t x,
+                 cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t t, cudnnBackendDescriptor_t y,
+                 int64_t axis = -1) {
+    cudnnBackendDescriptor_t pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR);
+    set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &math);
+    if (mode == CUDNN_POINTWISE_GEN_INDEX) set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis);
+    finalize(pw, "pointwise descriptor");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &pw);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    if (b) set(op, CUDNN_ATTR_OPERATION_POINTWISE_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    if (t) set(op, CUDNN_ATTR_OPERATION_POINTWISE_TDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &t);
+    set(op, CUDNN_ATTR_OPERATION_POINTWISE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    finalize(op, "pointwise operation");
+    ops_.push_back(op);
+  }
+
+  void reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t red = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR);
+    const cudnnDataType_t math = CUDNN_DATA_FLOAT;
+    set(red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode);
+    set(red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &math);
+    finalize(red, "reduction descriptor");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    set(op, CUDNN_ATTR_OPERATION_REDUCTION_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &red);
+    finalize(op, "reduction operation");
+    ops_.push_back(op);
+  }
+
+  // c = a b over the last two dims, batched over the first two; accumulation in f32.
+  void matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+    cudnnBackendDescriptor_t mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR);
+    const cudnnDataType_t math = CUDNN_DATA_FLOAT;
+    set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &math);
+    finalize(mm, "matmul descriptor");
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_ADESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_BDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &b);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_CDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &c);
+    set(op, CUDNN_ATTR_OPERATION_MATMUL_DESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &mm);
+    finalize(op, "matmul operation");
+    ops_.push_back(op);
+  }
+
+  // y: x with other dims/strides over the same elements (used for transposes).
+  void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+    cudnnBackendDescriptor_t op = make(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_XDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x);
+    set(op, CUDNN_ATTR_OPERATION_RESHAPE_YDESC, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y);
+    finalize(op, "reshape operation");
+    ops_.push_back(op);
+  }
+
+  // Scores s (b, h, s_q, s_kv) with the future masked: s where row >= column, else `lowest`.
+  cudnnBackendDescriptor_t causal_mask(cudnnBackendDescriptor_t s, cudnnBackendDescriptor_t lowest, const Dims& dims,
+                                       const Dims& strides) {
+    cudnnBackendDescriptor_t row = virt(CUDNN_DATA_INT32, dims, strides);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, row, 2);
+    cudnnBackendDescriptor_t col = virt(CUDNN_DATA_INT32, dims, strides);
+    pointwise(CUDNN_POINTWISE_GEN_INDEX, CUDNN_DATA_INT32, s, nullptr, nullptr, col, 3);
+    cudnnBackendDescriptor_t keep = virt(CUDNN_DATA_BOOLEAN, dims, strides);
+    pointwise(CUDNN_POINTWISE_CMP_GE, CUDNN_DATA_BOOLEAN, row, col, nullptr, keep);
+    cudnnBackendDescriptor_t masked = virt(CUDNN_DATA_FLOAT, dims, strides);
+    pointwise(CUDNN_POINTWISE_BINARY_SELECT, CUDNN_DATA_FLOAT, s, lowest, keep, masked);
+    return masked;
+  }
+
+  // Finalizes the graph, asks the heuristics for engine configurations and keeps the first one
+  // that builds an execution plan. Throws Error (with cuDNN's reason) when none does.
+  std::unique_ptr<Kept> build_plan(cudnnBackendDescriptor_t* plan_out, int64_t* workspace_out) {
+    cudnnBackendDescriptor_t graph = make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+    set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<int64_t>(ops_.size()),
+        ops_.data());
+    finalize(graph, "operation graph");
+    std::string reason = "the heuristics returned no engine configuration";
+    for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
+      cudnnBackendDescriptor_t heur = make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+      set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+      set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+      cudnnStatus_t st = cudnnBackendFinalize(heur);
+      if (st != CUDNN_STATUS_SUCCESS) {
+        reason = "engine heuristics: " + cudnn_error(st);
+        continue;
+      }
+      int64_t count = 0;
+      st = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                    nullptr);
+      if (st != CUDNN_STATUS_SUCCESS || count == 0) continue;
+      std::vector<cudnnBackendDescriptor_t> cfgs;
+      for (int64_t i = 0; i < count; ++i) cfgs.push_back(make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR));
+      int64_t returned = 0;
+      TRIPOD_CUDNN_CHECK(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                                  count, &returned, cfgs.data()),
+                         "{}: engine configurations", what_);
+      for (int64_t i = 0; i < returned; ++i) {
+        cudnnBackendDescriptor_t plan = make(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        set(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle_);
+        set(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
+        st = cudnnBackendFinalize(plan);
+        if (st != CUDNN_STATUS_SUCCESS) {
+          reason = "no engine configuration builds a plan; last: " + cudnn_error(st);
+          continue;
+        }
+        int64_t workspace = 0, n = 0;
+        TRIPOD_CUDNN_CHECK(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
+                                                    1, &n, &workspace),
+                           "{}: plan workspace size", what_);
+        *plan_out = plan;
+        *workspace_out = workspace;
+        return std::move(kept_);
+      }
+    }
+    TRIPOD_FAIL("{}: {}", what_, reason);
+  }
+
+ private:
+  cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type) {
+    kept_->descs.push_back(std::make_unique<Desc>(type, what_));
+    return kept_->descs.back()->get();
+  }
+  void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
+           int64_t count, const void* values) {
+    TRIPOD_CUDNN_CHECK(cudnnBackendSetAttribute(d, name, type, count, values), "{}: attribute {}", what_,
+                       static_cast<int>(name));
+  }
+  void finalize(cudnnBackendDescriptor_t d, const char* what) {
+    TRIPOD_CUDNN_CHECK(cudnnBackendFinalize(d), "{}: finalizing the {}", what_, what);
+  }
+
+  cudnnHandle_t handle_;
+  std::string what_;
+  std::unique_ptr<Kept> kept_ = std::make_unique<Kept>();
+  std::vector<cudnnBackendDescriptor_t> ops_;
+  int64_t next_uid_ = kFirstVirtual;
+};
+
+}  // namespace cudnn_graph
+
+struct AttentionRunner::Plan {
+  std::unique_ptr<cudnn_graph::Kept> kept;
+  cudnnBackendDescriptor_t plan = nullptr;  // owned by `kept`
+  int64_t workspace = 0;
+};
+
+namespace {
+
+using cudnn_graph::Dims;
+using namespace cudnn_graph;  // the uids
+
+struct Layout {
+  Dims q_dims, q_strides;    // Q, V, dQ, dK, dV in qkv / dqkv
+  Dims kt_dims, kt_strides;  // K^T (and V^T) in qkv
+  Dims o_dims, o_strides;    // O, dO
+  Dims row_dims, row_strides;    // (b, h, s, 1) statistics
+  Dims s_dims, s_strides;        // (b, h, s_q, s_kv) scores
+  Dims st_dims, st_strides;      // scores transposed, (b, h, s_kv, s_q)
+};
+
+Layout layout_of(int64_t B, int64_t T, int64_t H, int64_t D) {
+  const int64_t tq = 3 * H * D, to = H * D;
+  return {{B, H, T, D}, {T * tq, D, tq, 1}, {B, H, D, T}, {T * tq, D, 1, tq}, {B, H, T, D}, {T * to, D, to, 1},
+          {B, H, T, 1}, {H * T, T, 1, 1},   {B, H, T, T}, {H * T * T, T * T, T, 1}, {B, H, T, T},
+          {H * T * T, T * T, 1, T}};
+}
+
+// Forward: S = Q K^T; S *= scale; causal mask; softmax with Stats = max + log(sum exp); O = P V.
+std::unique_ptr<AttentionRunner::Plan> build_forward(cudnnHandle_t h, int64_t B, int64_t T, int64_t H, int64_t D) {
+  const Layout L = layout_of(B, T, H, D);
+  GraphBuilder g(h, fmt::format("cuDNN attention forward B={} T={} H={} D={}", B, T, H, D));
+  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, L.kt_dims, L.kt_strides);
+  auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
+  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, L.o_dims, L.o_strides);
+  auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, L.row_dims, L.row_strides);
+  auto scale = g.scalar(kScale);
+  auto lowest = g.scalar(kNegInf);
+
+  auto s = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.matmul(q, kt, s);
+  auto scaled = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s, scale, nullptr, scaled);
+  auto masked = g.causal_mask(scaled, lowest, L.s_dims, L.s_strides);
+  auto max = g.virt(CUDNN_DATA_FLOAT, L.row_dims, L.row_strides);
+  g.reduction(CUDNN_REDUCE_TENSOR_MAX, masked, max);
+  auto shifted = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, masked, max, nullptr, shifted);
+  auto e = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, shifted, nullptr, nullptr, e);
+  auto z = g.virt(CUDNN_DATA_FLOAT, L.row_dims, L.row_strides);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, e, z);
+  auto log_z = g.virt(CUDNN_DATA_FLOAT, L.row_dims, L.row_strides);
+  g.pointwise(CUDNN_POINTWISE_LOG, CUDNN_DATA_FLOAT, z, nullptr, nullptr, log_z);
+  g.pointwise(CUDNN_POINTWISE_ADD, CUDNN_DATA_FLOAT, max, log_z, nullptr, stats);
+  auto p = g.virt(CUDNN_DATA_BFLOAT16, L.s_dims, L.s_strides);  // the second GEMM takes P in the I/O type
+  g.pointwise(CUDNN_POINTWISE_DIV, CUDNN_DATA_FLOAT, e, z, nullptr, p);
+  g.matmul(p, v, o);
+
+  auto plan = std::make_unique<AttentionRunner::Plan>();
+  plan->kept = g.build_plan(&plan->plan, &plan->workspace);
+  return plan;
+}
+
+// Backward (flash attention's): softmax_sum = rowsum(dO * O); P = exp(scale Q K^T - Stats) masked;
+// dV = P^T dO; dS = P (dO V^T - softmax_sum) scale; dK = dS^T Q; dQ = dS K (accumulated in f32).
+std::unique_ptr<AttentionRunner::Plan> build_backward(cudnnHandle_t h, int64_t B, int64_t T, int64_t H, int64_t D) {
+  const Layout L = layout_of(B, T, H, D);
+  GraphBuilder g(h, fmt::format("cuDNN attention backward B={} T={} H={} D={}", B, T, H, D));
+  auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
+  auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, L.kt_dims, L.kt_strides);
+  auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, L.kt_dims, L.kt_strides);
+  auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, L.o_dims, L.o_strides);
+  auto dout = g.tensor(kDO, CUDNN_DATA_BFLOAT16, L.o_dims, L.o_strides);
+  auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, L.row_dims, L.row_strides);
+  auto scale = g.scalar(kScale);
+  auto lowest = g.scalar(kNegInf);
+  auto one = g.scalar(kOne);
+  auto dq = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
+  auto dk = g.tensor(kDK, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
+  auto dv = g.tensor(kDV, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
+  auto softmax_sum = g.tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, L.row_dims, L.row_strides);
+  auto dq_accum = g.tensor(kDQAccum, CUDNN_DATA_FLOAT, L.q_dims, {H * T * D, T * D, D, 1});
+
+  // softmax_sum (b, h, s, 1) = sum_d dO * O
+  auto d_o = g.virt(CUDNN_DATA_FLOAT, L.o_dims, {H * T * D, T * D, H * D, 1});
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dout, o, nullptr, d_o);
+  auto row_sum = g.virt(CUDNN_DATA_FLOAT, L.row_dims, L.row_strides);
+  g.reduction(CUDNN_REDUCE_TENSOR_ADD, d_o, row_sum);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, row_sum, one, nullptr, softmax_sum);
+
+  // P = exp(scale Q K^T - Stats), masked
+  auto s = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.matmul(q, kt, s);
+  auto scaled = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, s, scale, nullptr, scaled);
+  auto centered = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, scaled, stats, nullptr, centered);
+  auto masked = g.causal_mask(centered, lowest, L.s_dims, L.s_strides);
+  auto p = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, masked, nullptr, nullptr, p);
+
+  // dV = P^T dO
+  auto p_t = g.virt(CUDNN_DATA_BFLOAT16, L.st_dims, L.st_strides);
+  g.reshape(p, p_t);
+  g.matmul(p_t, dout, dv);
+
+  // dS = P (dO V^T - softmax_sum) scale
+  auto dp = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.matmul(dout, vt, dp);
+  auto dp_kept = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dp, one, nullptr, dp_kept);
+  auto dp_centered = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_SUB, CUDNN_DATA_FLOAT, dp_kept, softmax_sum, nullptr, dp_centered);
+  auto ds_unscaled = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, dp_centered, p, nullptr, ds_unscaled);
+  auto ds = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
+  g.pointwise(CUDNN_POINTWISE_MUL, CUDNN_DATA_FLOAT, ds_unscaled, scale, nullptr, ds);
+
+  // dK = dS^T Q
+  auto ds_t = g.virt(CUDNN_DATA_BFLOAT16, L.st_dims, L.st_strides);
+  g.reshape(ds, ds_t);
+  g.matmul(ds_t, q, dk);
+
+  // dQ = dS K, accumulated in f32 then converted
+  auto k = g.virt(CUDNN_DATA_FLOAT, L.q_dims, L.q_strides);
+  g.reshape(kt, k);
+  g.matmul(ds, k, dq_accum);
+  g.pointwise(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_accum, nullptr, nullptr, dq);
+
+  auto plan = std::make_unique<AttentionRunner::Plan>();
+  plan->kept = g.build_plan(&plan->plan, &plan->workspace);
+  return plan;
+}
+
+struct Qkv {
+  int64_t B, T, H, D;
+};
+
+Qkv qkv_dims(const Tensor& qkv, const char* op) {
+  TRIPOD_CHECK(qkv.dim() == 5 && qkv.size(2) == 3, "{}: qkv must be (B, T, 3, H, D), got {}", op, qkv.str());
+  return {qkv.size(0), qkv.size(1), qkv.size(3), qkv.size(4)};
+}
+
+}  // namespace
+
+AttentionRunner::AttentionRunner(CudaOps& ops) : ops_(ops) {
+  const char* env = std::getenv("TRIPOD_ATTENTION");
+  const std::string_view m = env ? env : "auto";
+  if (m == "cudnn")
+    mode_ = Mode::Cudnn;
+  else if (m == "reference")
+    mode_ = Mode::Reference;
+  else
+    TRIPOD_INPUT_CHECK(m == "auto" || m.empty(),
+                       "environment variable TRIPOD_ATTENTION = \"{}\" is not \"auto\", \"cudnn\" or \"reference\"", m);
+}
+
+AttentionRunner::~AttentionRunner() {
+  plans_.clear();  // the plans' descriptors go before the handle
+  if (handle_) cudnnDestroy(handle_);
+}
+
+AttentionRunner::Plan* AttentionRunner::plan_for(const Shape& s) {
+  if (mode_ == Mode::Reference) return nullptr;
+  auto it = plans_.find(s);
+  if (it != plans_.end()) return it->second.get();
+  std::unique_ptr<Plan> plan;
+  std::string why;
+  if (s.D % 8 != 0 || s.D > 256) {
+    why = "cuDNN needs a head dimension that is a multiple of 8 and at most 256";
+  } else {
+    try {
+      if (!handle_) {
+        TRIPOD_CUDNN_CHECK(cudnnCreate(&handle_), "cuDNN handle on GPU {}", ops_.device_index());
+        TRIPOD_CUDNN_CHECK(cudnnSetStream(handle_, ops_.compute_stream()), "cuDNN stream");
+      }
+      plan = s.backward ? build_backward(handle_, s.B, s.T, s.H, s.D) : build_forward(handle_, s.B, s.T, s.H, s.D);
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  if (!plan) {
+    TRIPOD_CHECK(mode_ != Mode::Cudnn, "attention {} B={} T={} H={} D={}: cuDNN fused attention is unavailable "
+                 "(TRIPOD_ATTENTION=cudnn): {}", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);
+    spdlog::warn("attention {} B={} T={} H={} D={}: cuDNN fused attention is unavailable ({}); using the slower "
+                 "reference kernels", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);
+  }
+  return plans_.emplace(s, std::move(plan)).first->second.get();
+}
+
+namespace {
+
+void execute(CudaOps& ops, cudnnHandle_t handle, const AttentionRunner::Plan& plan, std::span<const int64_t> uids,
+             std::span<void* const> ptrs, const std::string& what) {
+  Tensor workspace;
+  void* ws = nullptr;
+  if (plan.workspace > 0) {
+    workspace = ops.empty({(plan.workspace + 3) / 4}, DType::F32, MemCategory::Workspace);
+    ws = workspace.raw();
+  }
+  cudnn_graph::Desc pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, what);
+  TRIPOD_CUDNN_CHECK(cudnnBackendSetAttribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64,
+                                              static_cast<int64_t>(uids.size()), uids.data()),
+                     "{}: variant pack", what);
+  TRIPOD_CUDNN_CHECK(cudnnBackendSetAttribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR,
+                                              static_cast<int64_t>(ptrs.size()), ptrs.data()),
+                     "{}: variant pack", what);
+  TRIPOD_CUDNN_CHECK(
+      cudnnBackendSetAttribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws),
+      "{}: variant pack", what);
+  TRIPOD_CUDNN_CHECK(cudnnBackendFinalize(pack.get()), "{}: variant pack", what);
+  TRIPOD_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan, pack.get()), "{}", what);
+}
+
+void* mut(const void* p) { return const_cast<void*>(p); }
+
+}  // namespace
+
+void AttentionRunner::forward(const Tensor& qkv, Tensor& out, Tensor& lse) {
+  const char* op = "attention_forward";
+  auto [B, T, H, D] = qkv_dims(qkv, op);
+  expect(qkv, DType::BF16, B * T * 3 * H * D, op, "qkv");
+  expect(out, DType::BF16, B * T * H * D, op, "out");
+  expect(lse, DType::F32, B * H * T, op, "lse");
+  float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (Plan* plan = plan_for({B, T, H, D, false})) {
+    const bf16* q = qkv.data<bf16>();
+    float lowest = std::numeric_limits<float>::lowest();
+    const std::array<int64_t, 7> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
+    const std::array<void*, 7> ptrs{mut(q), mut(q + H * D), mut(q + 2 * H * D), out.raw(), lse.raw(), &scale,
+                                    &lowest};
+    execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str()));
+    last_impl_ = "cudnn";
+    return;
+  }
+  TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
+               k::kMaxRefHeadDim);
+  k::attention_forward(qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), B, T, H, D, scale,
+                       ops_.compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
+  last_impl_ = "reference";
+}
+
+void AttentionRunner::backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                               Tensor& dqkv) {
+  const char* op = "attention_backward";
+  auto [B, T, H, D] = qkv_dims(qkv, op);
+  expect(qkv, DType::BF16, B * T * 3 * H * D, op, "qkv");
+  expect(dqkv, DType::BF16, B * T * 3 * H * D, op, "dqkv");
+  expect(out, DType::BF16, B * T * H * D, op, "out");
+  expect(dout, DType::BF16, B * T * H * D, op, "dout");
+  expect(lse, DType::F32, B * H * T, op, "lse");
+  float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (Plan* plan = plan_for({B, T, H, D, true})) {
+    Tensor softmax_sum = ops_.empty({B, H, T}, DType::F32, MemCategory::Workspace);
+    Tensor dq_accum = ops_.empty({B, H, T, D}, DType::F32, MemCategory::Workspace);
+    TRIPOD_CUDA_CHECK(cudaMemsetAsync(dq_accum.raw(), 0, dq_accum.nbytes(), ops_.compute_stream()),
+                      "{} dq accumulator", op);
+    const bf16* q = qkv.data<bf16>();
+    bf16* dq = dqkv.data<bf16>();
+    float lowest = std::numeric_limits<float>::lowest(), one = 1.0f;
+    const std::array<int64_t, 14> uids{kQ,  kK,  kV,  kO,  kDO,  kStats,      kScale, kNegInf,
+                                       kOne, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum};
+    const std::array<void*, 14> ptrs{mut(q),    mut(q + H * D), mut(q + 2 * H * D), mut(out.raw()), mut(dout.raw()),
+                                     mut(lse.raw()), &scale,   &lowest,            &one,           dq,
+                                     dq + H * D, dq + 2 * H * D, softmax_sum.raw(),  dq_accum.raw()};
+    execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str()));
+    last_impl_ = "cudnn";
+    return;
+  }
+  TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
+               k::kMaxRefHeadDim);
+  Tensor delta = ops_.empty({B, H, T}, DType::F32, MemCategory::Workspace);
+  k::attention_backward(dout.data<bf16>(), qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), dqkv.data<bf16>(),
+                        delta.data<float>(), B, T, H, D, scale, ops_.compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
+  last_impl_ = "reference";
+}
+
+// ---- the Ops entry points ---------------------------------------------------------------------
+
+void CudaOps::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  attention_->forward(qkv, out, lse);
+}
+
+void CudaOps::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                 const Tensor& probs, Tensor& dqkv) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  attention_->backward(dout, qkv, out, lse, dqkv);
+}
+
+const char* CudaOps::attention_impl() const { return attention_->last_impl(); }
+
+}  // namespace tripod::cuda

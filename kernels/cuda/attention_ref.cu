@@ -1,0 +1,201 @@
+// Reference causal attention on the GPU: one warp per query (forward, dQ) or key (dK, dV) row,
+// exact softmax in f32 with the online max/sum. Simple and deterministic rather than fast; the
+// fast path is cuDNN's fused attention (attention.cpp), this one serves shapes cuDNN declines.
+//
+// qkv (B, T, 3, H, D): q of token t, head h of batch b starts at ((b*T + t)*3 + 0)*H*D + h*D,
+// k at ... + 1*H*D, v at ... + 2*H*D (tokens 3*H*D apart). out, dout (B, T, H, D): tokens H*D
+// apart. lse, delta (B, H, T). Lane l of a warp holds elements d = l, l + 32, ... of a head row.
+#include <cmath>
+
+#include "kernels/cuda/device_utils.cuh"
+
+namespace tripod::cuda::k {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+
+struct Geometry {
+  int64_t B, T, H, D;
+  __host__ __device__ int64_t tok_qkv() const { return 3 * H * D; }  // between tokens in qkv
+  __host__ __device__ int64_t tok_out() const { return H * D; }      // between tokens in out
+};
+
+// Per-lane slice of one head row (NPL = elements per lane).
+template <int NPL> struct Row {
+  float v[NPL];
+  __device__ void load(const bf16_t* p, int64_t D, int lane) {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int64_t d = lane + 32 * i;
+      v[i] = d < D ? to_float(p[d]) : 0.f;
+    }
+  }
+  __device__ void zero() {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) v[i] = 0.f;
+  }
+  __device__ void store(bf16_t* p, int64_t D, int lane, float s) const {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < D) p[d] = from_float<bf16_t>(v[i] * s);
+    }
+  }
+  // Dot product with a row in memory, summed over the warp (every lane gets it).
+  __device__ float dot(const bf16_t* p, int64_t D, int lane) const {
+    float acc = 0;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < D) acc += v[i] * to_float(p[d]);
+    }
+    return warp_sum(acc);
+  }
+  __device__ void axpy(float a, const bf16_t* p, int64_t D, int lane) {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < D) v[i] += a * to_float(p[d]);
+    }
+  }
+};
+
+// Warp per (b, h, t): out = softmax(scale q K^T over keys j <= t) V; lse = log-sum-exp.
+template <int NPL>
+__global__ void forward_kernel(const bf16_t* qkv, bf16_t* out, float* lse, Geometry g, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= g.B * g.H * g.T) return;
+  const int64_t t = w % g.T, bh = w / g.T, b = bh / g.H, h = bh % g.H;
+  const bf16_t* base = qkv + b * g.T * g.tok_qkv() + h * g.D;
+  Row<NPL> q, acc;
+  q.load(base + t * g.tok_qkv(), g.D, lane);
+  acc.zero();
+  float m = -INFINITY, l = 0.f;
+  for (int64_t j = 0; j <= t; ++j) {
+    const bf16_t* kj = base + j * g.tok_qkv() + g.H * g.D;
+    const float s = q.dot(kj, g.D, lane) * scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), p = expf(s - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) acc.v[i] *= corr;
+    acc.axpy(p, kj + g.H * g.D, g.D, lane);  // v_j
+    m = m_new;
+  }
+  acc.store(out + (b * g.T + t) * g.tok_out() + h * g.D, g.D, lane, 1.0f / l);
+  if (lane == 0) lse[bh * g.T + t] = m + logf(l);
+}
+
+// delta (b, h, t) = sum_d dout * out, the row term of the softmax gradient.
+template <int NPL>
+__global__ void delta_kernel(const bf16_t* dout, const bf16_t* out, float* delta, Geometry g) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= g.B * g.H * g.T) return;
+  const int64_t t = w % g.T, bh = w / g.T, b = bh / g.H, h = bh % g.H;
+  const int64_t off = (b * g.T + t) * g.tok_out() + h * g.D;
+  Row<NPL> d;
+  d.load(dout + off, g.D, lane);
+  const float v = d.dot(out + off, g.D, lane);
+  if (lane == 0) delta[bh * g.T + t] = v;
+}
+
+// Warp per query (b, h, t): dq = scale sum_{j<=t} p_tj (dO_t . v_j - delta_t) k_j.
+template <int NPL>
+__global__ void dq_kernel(const bf16_t* dout, const bf16_t* qkv, const float* lse, const float* delta, bf16_t* dqkv,
+                          Geometry g, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= g.B * g.H * g.T) return;
+  const int64_t t = w % g.T, bh = w / g.T, b = bh / g.H, h = bh % g.H;
+  const bf16_t* base = qkv + b * g.T * g.tok_qkv() + h * g.D;
+  Row<NPL> q, d, dq;
+  q.load(base + t * g.tok_qkv(), g.D, lane);
+  d.load(dout + (b * g.T + t) * g.tok_out() + h * g.D, g.D, lane);
+  dq.zero();
+  const float l = lse[bh * g.T + t], dl = delta[bh * g.T + t];
+  for (int64_t j = 0; j <= t; ++j) {
+    const bf16_t* kj = base + j * g.tok_qkv() + g.H * g.D;
+    const float p = expf(q.dot(kj, g.D, lane) * scale - l);
+    const float ds = p * (d.dot(kj + g.H * g.D, g.D, lane) - dl);
+    dq.axpy(ds, kj, g.D, lane);
+  }
+  dq.store(dqkv + (b * g.T + t) * g.tok_qkv() + h * g.D, g.D, lane, scale);
+}
+
+// Warp per key (b, h, j): dv = sum_{t>=j} p_tj dO_t; dk = scale sum_{t>=j} p_tj (dO_t . v_j - delta_t) q_t.
+template <int NPL>
+__global__ void dkv_kernel(const bf16_t* dout, const bf16_t* qkv, const float* lse, const float* delta, bf16_t* dqkv,
+                           Geometry g, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= g.B * g.H * g.T) return;
+  const int64_t j = w % g.T, bh = w / g.T, b = bh / g.H, h = bh % g.H;
+  const bf16_t* base = qkv + b * g.T * g.tok_qkv() + h * g.D;
+  Row<NPL> k, v, dk, dv;
+  k.load(base + j * g.tok_qkv() + g.H * g.D, g.D, lane);
+  v.load(base + j * g.tok_qkv() + 2 * g.H * g.D, g.D, lane);
+  dk.zero();
+  dv.zero();
+  for (int64_t t = j; t < g.T; ++t) {
+    const bf16_t* qt = base + t * g.tok_qkv();
+    const bf16_t* dot_row = dout + (b * g.T + t) * g.tok_out() + h * g.D;
+    const float p = expf(k.dot(qt, g.D, lane) * scale - lse[bh * g.T + t]);
+    dv.axpy(p, dot_row, g.D, lane);
+    const float ds = p * (v.dot(dot_row, g.D, lane) - delta[bh * g.T + t]);
+    dk.axpy(ds, qt, g.D, lane);
+  }
+  bf16_t* dst = dqkv + (b * g.T + j) * g.tok_qkv() + h * g.D;
+  dk.store(dst + g.H * g.D, g.D, lane, scale);
+  dv.store(dst + 2 * g.H * g.D, g.D, lane, 1.0f);
+}
+
+template <int NPL> void run_forward(const bf16_t* qkv, bf16_t* out, float* lse, Geometry g, float scale,
+                                    cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((g.B * g.H * g.T + kWarps - 1) / kWarps);
+  forward_kernel<NPL><<<blocks, kThreads, 0, s>>>(qkv, out, lse, g, scale);
+}
+
+template <int NPL>
+void run_backward(const bf16_t* dout, const bf16_t* qkv, const bf16_t* out, const float* lse, bf16_t* dqkv,
+                  float* delta, Geometry g, float scale, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((g.B * g.H * g.T + kWarps - 1) / kWarps);
+  delta_kernel<NPL><<<blocks, kThreads, 0, s>>>(dout, out, delta, g);
+  dq_kernel<NPL><<<blocks, kThreads, 0, s>>>(dout, qkv, lse, delta, dqkv, g, scale);
+  dkv_kernel<NPL><<<blocks, kThreads, 0, s>>>(dout, qkv, lse, delta, dqkv, g, scale);
+}
+
+}  // namespace
+
+void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                       float scale, cudaStream_t s) {
+  const Geometry g{B, T, H, D};
+  if (B * H * T == 0) return;
+  if (D <= 32)
+    run_forward<1>(dev(qkv), dev(out), lse, g, scale, s);
+  else if (D <= 64)
+    run_forward<2>(dev(qkv), dev(out), lse, g, scale, s);
+  else if (D <= 128)
+    run_forward<4>(dev(qkv), dev(out), lse, g, scale, s);
+  else
+    run_forward<8>(dev(qkv), dev(out), lse, g, scale, s);
+}
+
+void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, const float* lse, bf16* dqkv,
+                        float* delta, int64_t B, int64_t T, int64_t H, int64_t D, float scale, cudaStream_t s) {
+  const Geometry g{B, T, H, D};
+  if (B * H * T == 0) return;
+  if (D <= 32)
+    run_backward<1>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);
+  else if (D <= 64)
+    run_backward<2>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);
+  else if (D <= 128)
+    run_backward<4>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);
+  else
+    run_backward<8>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);
+}
+
+}  // namespace tripod::cuda::k

@@ -1,0 +1,55 @@
+// Causal self-attention on the GPU: cuDNN's fused flash attention (backend graph API), its
+// execution plans built once per shape and cached; the reference kernels of attention_ref.cu for
+// shapes cuDNN has no engine for, or when asked for.
+//
+// TRIPOD_ATTENTION = auto (default: cuDNN, the reference kernels with a warning when cuDNN
+// declines a shape) | cudnn (cuDNN or fail) | reference.
+#pragma once
+
+#include <compare>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+struct cudnnContext;
+
+namespace tripod::cuda {
+
+class CudaOps;
+
+class AttentionRunner {
+ public:
+  explicit AttentionRunner(CudaOps& ops);
+  ~AttentionRunner();
+  AttentionRunner(const AttentionRunner&) = delete;
+  AttentionRunner& operator=(const AttentionRunner&) = delete;
+
+  // qkv (B, T, 3, H, D) -> out (B, T, H, D), lse (B, H, T) f32.
+  void forward(const Tensor& qkv, Tensor& out, Tensor& lse);
+  // dout (B, T, H, D) -> dqkv (B, T, 3, H, D).
+  void backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv);
+  // "cudnn" or "reference": what the last call ran.
+  const char* last_impl() const { return last_impl_; }
+
+  struct Plan;  // a finalized cuDNN execution plan and the descriptors it uses (attention.cpp)
+
+ private:
+  enum class Mode { Auto, Cudnn, Reference };
+  struct Shape {
+    int64_t B, T, H, D;
+    bool backward;
+    auto operator<=>(const Shape&) const = default;
+  };
+  // The cached plan for a shape, built on first use; null when cuDNN declined it (Auto mode).
+  Plan* plan_for(const Shape& s);
+
+  CudaOps& ops_;
+  cudnnContext* handle_ = nullptr;
+  Mode mode_ = Mode::Auto;
+  std::map<Shape, std::unique_ptr<Plan>> plans_;
+  const char* last_impl_ = "none";
+};
+
+}  // namespace tripod::cuda

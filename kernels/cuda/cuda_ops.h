@@ -1,0 +1,171 @@
+// The CUDA backend: bf16 weights and activations, f32 gradients, master weights and Adam states;
+// GEMMs on cuBLASLt (bias and GELU fused in epilogues), causal attention through cuDNN's fused
+// scaled-dot-product attention, own kernels for the rest. One instance per rank and GPU.
+//
+// Streams: every op runs on the compute stream, in issue order. NCCL transfers run on the
+// communication stream, which waits for the compute stream before each transfer and is waited for
+// by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute. The host
+// waits for the GPU only where a number is asked for on the host (sum, sum_squares, copies to
+// host memory) and in synchronize().
+//
+// Environment: TRIPOD_ATTENTION = auto | cudnn | reference (attention_runner.h),
+// TRIPOD_CUDA_TIMING=1 (per-op-family GPU time, see take_times()).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "kernels/cuda/allocators.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/op.h"
+
+namespace tripod::cuda {
+
+// Number of usable CUDA devices; 0 (never an exception) without a driver or a GPU.
+int device_count();
+// The backend on GPU `index` (which must be < device_count()).
+std::unique_ptr<Ops> make_cuda_ops(int index);
+
+class GemmRunner;       // gemm.cpp
+class AttentionRunner;  // attention.cpp
+
+// Op families of the per-op timing.
+enum class OpFamily { Gemm, Attention, Other };
+inline constexpr int kNumOpFamilies = 3;
+
+// GPU milliseconds per op family, and how many ops were timed.
+struct OpTimes {
+  double ms[kNumOpFamilies] = {0, 0, 0};
+  int64_t ops = 0;
+  double total_ms() const { return ms[0] + ms[1] + ms[2]; }
+};
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(int device_index);
+  ~CudaOps() override;
+  CudaOps(const CudaOps&) = delete;
+  CudaOps& operator=(const CudaOps&) = delete;
+
+  Device device() const override { return Device::CUDA; }
+  DType compute_dtype() const override { return DType::BF16; }
+  Allocator& allocator() override { return device_alloc_; }
+  Allocator& host_allocator() override { return pinned_alloc_; }
+  // H100 SXM dense bf16, DESIGN.md's MFU denominator.
+  double peak_flops() override { return 989e12; }
+  void synchronize() override;
+
+  void fill(Tensor& t, float value) override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void accumulate(Tensor& dst, const Tensor& src) override;
+  void scale(Tensor& t, float s) override;
+  double sum_squares(const Tensor& t, std::span<const FlatRange> ranges) override;
+  double sum(const Tensor& t) override;
+
+  void embedding_forward(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe, int64_t T,
+                         Tensor& out) override;
+  void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte, Tensor& dwpe,
+                          int64_t T) override;
+
+  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Tensor& mean,
+                         Tensor& rstd) override;
+  void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
+                          Tensor& dx, Tensor& dw, Tensor& db) override;
+
+  void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override;
+  void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre, Tensor& y) override;
+  void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                       Tensor& db) override;
+
+  void gelu_forward(const Tensor& x, Tensor& y) override;
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
+
+  // cuDNN's fused attention recomputes the probabilities from lse: `probs` is never filled.
+  bool keeps_attention_probs() const override { return false; }
+  void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) override;
+  void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                          const Tensor& probs, Tensor& dqkv) override;
+
+  void xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
+                  Tensor& stats) override;
+  void xent_combine(const Tensor& parts, Tensor& lse, Tensor& loss) override;
+  void xent_backward(Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid, const Tensor& lse,
+                     float scale) override;
+
+  void adamw(Tensor& master, const Tensor& grads, Tensor& m, Tensor& v, std::span<const FlatRange> ranges,
+             const AdamWHyper& h, Tensor& compute_copy) override;
+
+  // ---- for the communicators and benchmarks ---------------------------------------------------
+  int device_index() const { return device_; }
+  cudaStream_t compute_stream() const { return compute_; }
+  cudaStream_t comm_stream() const { return comm_; }
+  // Which attention implementation ran last: "cudnn" or "reference" (see attention.cpp).
+  const char* attention_impl() const;
+
+  // Per-family GPU time: a cudaEvent pair around each op while enabled (TRIPOD_CUDA_TIMING=1 in
+  // the environment turns it on at construction).
+  void set_timing(bool on) { timing_ = on; }
+  bool timing() const { return timing_; }
+  // Waits for the GPU and returns the time per family since the previous call.
+  OpTimes take_times();
+
+  // Records the span of one op (used by the op implementations in this folder).
+  class ScopedTimer {
+   public:
+    ScopedTimer(CudaOps& ops, OpFamily f);
+    ~ScopedTimer();
+    ScopedTimer(const ScopedTimer&) = delete;
+    ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+   private:
+    CudaOps* ops_ = nullptr;
+    OpFamily family_;
+    cudaEvent_t start_ = nullptr;
+  };
+
+  // A device copy of the chunk table of `ranges` (offsets into a flat buffer; flag = decay),
+  // built once per distinct list (the same ranges come every step). Returns the chunk count.
+  int chunk_table(std::span<const FlatRange> ranges, const k::Chunk** table);
+
+ private:
+  cudaEvent_t take_event();
+  double reduce_to_host(const float* x, const k::Chunk* chunks, int nchunks, bool square, const char* what);
+  void upload(const Tensor& src, Tensor& dst);
+  void reap_uploads();
+
+  int device_ = 0;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  DeviceAllocator device_alloc_;
+  PinnedAllocator pinned_alloc_;
+  std::unique_ptr<GemmRunner> gemm_;
+  std::unique_ptr<AttentionRunner> attention_;
+
+  // Reductions: kReduceBlocks partial sums and the result on the device, the result on the host.
+  double* reduce_dev_ = nullptr;
+  double* reduce_host_ = nullptr;
+
+  // Host -> device copies in flight: their pinned staging buffers, kept until the copy is done.
+  struct Upload {
+    Tensor staging;
+    cudaEvent_t done;
+  };
+  std::deque<Upload> uploads_;
+
+  // Chunk tables by their ranges ({begin, end, decay} flattened).
+  std::map<std::vector<int64_t>, std::pair<k::Chunk*, int>> chunk_tables_;
+
+  bool timing_ = false;
+  std::vector<cudaEvent_t> free_events_;
+  struct Span {
+    OpFamily family;
+    cudaEvent_t start, stop;
+  };
+  std::vector<Span> spans_;
+};
+
+}  // namespace tripod::cuda

@@ -1,0 +1,289 @@
+// Elementwise kernels of the CUDA backend: fill, dtype conversion, add, accumulate, scale, GELU,
+// the embedding lookup and its gradient, deterministic sums and the multi-range AdamW.
+#include "kernels/cuda/device_utils.cuh"
+
+namespace tripod::cuda::k {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+// ---- generic maps over packs --------------------------------------------------------------
+// o[i] = f(a[i]) (map1) or f(a[i], b[i]) (map2), V elements per load when every pointer is
+// aligned to its pack; o may alias an input (each element is read and written by one thread).
+template <int V, class A, class O, class F>
+__global__ void map1_kernel(const A* a, O* o, int64_t n, F f) {
+  const int64_t nv = n / V, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = first; i < nv; i += stride) {
+    Pack<A, V> pa = reinterpret_cast<const Pack<A, V>*>(a)[i];
+    Pack<O, V> po;
+#pragma unroll
+    for (int j = 0; j < V; ++j) po.v[j] = from_float<O>(f(to_float(pa.v[j])));
+    reinterpret_cast<Pack<O, V>*>(o)[i] = po;
+  }
+  for (int64_t i = nv * V + first; i < n; i += stride) o[i] = from_float<O>(f(to_float(a[i])));
+}
+
+template <int V, class A, class B, class O, class F>
+__global__ void map2_kernel(const A* a, const B* b, O* o, int64_t n, F f) {
+  const int64_t nv = n / V, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = first; i < nv; i += stride) {
+    Pack<A, V> pa = reinterpret_cast<const Pack<A, V>*>(a)[i];
+    Pack<B, V> pb = reinterpret_cast<const Pack<B, V>*>(b)[i];
+    Pack<O, V> po;
+#pragma unroll
+    for (int j = 0; j < V; ++j) po.v[j] = from_float<O>(f(to_float(pa.v[j]), to_float(pb.v[j])));
+    reinterpret_cast<Pack<O, V>*>(o)[i] = po;
+  }
+  for (int64_t i = nv * V + first; i < n; i += stride) o[i] = from_float<O>(f(to_float(a[i]), to_float(b[i])));
+}
+
+template <class A, class O> constexpr int pack_width() {
+  constexpr size_t big = sizeof(A) > sizeof(O) ? sizeof(A) : sizeof(O);
+  return static_cast<int>(16 / big);
+}
+
+template <class A, class O, class F> void map1(const A* a, O* o, int64_t n, F f, cudaStream_t s) {
+  if (n <= 0) return;
+  constexpr int V = pack_width<A, O>();
+  if (aligned_to(a, V * sizeof(A)) && aligned_to(o, V * sizeof(O)))
+    map1_kernel<V><<<blocks_for(n / V + 1, kThreads), kThreads, 0, s>>>(a, o, n, f);
+  else
+    map1_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(a, o, n, f);
+}
+
+template <class A, class B, class O, class F>
+void map2(const A* a, const B* b, O* o, int64_t n, F f, cudaStream_t s) {
+  if (n <= 0) return;
+  constexpr int V1 = pack_width<A, O>(), V2 = pack_width<B, O>(), V = V1 < V2 ? V1 : V2;
+  if (aligned_to(a, V * sizeof(A)) && aligned_to(b, V * sizeof(B)) && aligned_to(o, V * sizeof(O)))
+    map2_kernel<V><<<blocks_for(n / V + 1, kThreads), kThreads, 0, s>>>(a, b, o, n, f);
+  else
+    map2_kernel<1><<<blocks_for(n, kThreads), kThreads, 0, s>>>(a, b, o, n, f);
+}
+
+struct Identity {
+  __device__ float operator()(float x) const { return x; }
+};
+struct Plus {
+  __device__ float operator()(float x, float y) const { return x + y; }
+};
+struct Times {
+  float v;
+  __device__ float operator()(float x) const { return x * v; }
+};
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+constexpr float kGeluS = 0.7978845608028654f;
+constexpr float kGeluA = 0.044715f;
+struct Gelu {
+  __device__ float operator()(float x) const {
+    float u = kGeluS * (x + kGeluA * x * x * x);
+    return 0.5f * x * (1.0f + tanhf(u));
+  }
+};
+struct GeluGrad {
+  __device__ float operator()(float x, float dy) const {
+    float u = kGeluS * (x + kGeluA * x * x * x);
+    float t = tanhf(u);
+    float sech2 = 1.0f - t * t;
+    float g = 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluS * (1.0f + 3.0f * kGeluA * x * x);
+    return g * dy;
+  }
+};
+
+template <class T> __global__ void fill_kernel(T* p, int64_t n, T v) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) p[i] = v;
+}
+
+template <class S> void convert_from(const S* src, void* dst, DType ddt, int64_t n, cudaStream_t s) {
+  switch (ddt) {
+    case DType::F32: map1(src, static_cast<float*>(dst), n, Identity{}, s); break;
+    case DType::BF16: map1(src, static_cast<bf16_t*>(dst), n, Identity{}, s); break;
+    case DType::I32: map1(src, static_cast<int32_t*>(dst), n, Identity{}, s); break;
+  }
+}
+
+// ---- reductions ---------------------------------------------------------------------------
+// Block b sums the chunks b, b + gridDim.x, ...; partials[b] gets its sum (0 without chunks).
+__global__ void reduce_partial_kernel(const float* x, const Chunk* chunks, int nchunks, bool square,
+                                      double* partials) {
+  double acc = 0;
+  for (int c = blockIdx.x; c < nchunks; c += gridDim.x) {
+    const Chunk ch = chunks[c];
+    for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
+      double v = x[i];
+      acc += square ? v * v : v;
+    }
+  }
+  __shared__ double warp_sums[kThreads / 32];
+  acc = warp_sum(acc);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    double v = threadIdx.x < kThreads / 32 ? warp_sums[threadIdx.x] : 0.0;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) partials[blockIdx.x] = v;
+  }
+}
+
+// One block of kReduceBlocks threads sums the partials in a fixed tree order.
+__global__ void reduce_final_kernel(const double* partials, double* out) {
+  __shared__ double buf[kReduceBlocks];
+  buf[threadIdx.x] = partials[threadIdx.x];
+  __syncthreads();
+  for (int half = kReduceBlocks / 2; half > 0; half >>= 1) {
+    if (threadIdx.x < half) buf[threadIdx.x] += buf[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[0] = buf[0];
+}
+
+// ---- embedding ------------------------------------------------------------------------------
+__global__ void embedding_forward_kernel(const int32_t* tok, int64_t N, const bf16_t* wte, int64_t V, int64_t C,
+                                         int64_t vocab_start, const bf16_t* wpe, int64_t T, bf16_t* out) {
+  const int64_t total = N * C, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t n = i / C, c = i % C;
+    const int64_t row = tok[n] - vocab_start;
+    float v = (row >= 0 && row < V) ? to_float(wte[row * C + c]) : 0.f;
+    if (wpe) v += to_float(wpe[(n % T) * C + c]);
+    out[i] = from_float<bf16_t>(v);
+  }
+}
+
+__global__ void embedding_backward_wte_kernel(const int32_t* tok, int64_t N, const bf16_t* dout, int64_t C,
+                                              int64_t vocab_start, float* dwte, int64_t V) {
+  const int64_t total = N * C, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t n = i / C, c = i % C;
+    const int64_t row = tok[n] - vocab_start;
+    if (row >= 0 && row < V) atomicAdd(dwte + row * C + c, to_float(dout[i]));
+  }
+}
+
+// One thread per (position t, column c) sums the rows n = t, t + T, ... in order.
+__global__ void embedding_backward_wpe_kernel(int64_t N, const bf16_t* dout, int64_t C, float* dwpe, int64_t T) {
+  const int64_t total = T * C, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t t = i / C, c = i % C;
+    float acc = 0;
+    for (int64_t n = t; n < N; n += T) acc += to_float(dout[n * C + c]);
+    dwpe[t * C + c] += acc;
+  }
+}
+
+// ---- AdamW --------------------------------------------------------------------------------
+// The same arithmetic as the CPU backend, in f32; chunk.flag says whether weight decay applies.
+__global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16_t* copy, const Chunk* chunks,
+                             int nchunks, AdamWArgs a) {
+  for (int c = blockIdx.x; c < nchunks; c += gridDim.x) {
+    const Chunk ch = chunks[c];
+    const float wd = ch.flag ? a.weight_decay : 0.f;
+    for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
+      float gi = g[i] * a.grad_scale;
+      float mi = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
+      float vi = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      float mhat = mi / a.bias_corr1, vhat = vi / a.bias_corr2;
+      float pi = p[i] - a.lr * (mhat / (sqrtf(vhat) + a.eps) + wd * p[i]);
+      p[i] = pi;
+      if (copy) copy[i] = __float2bfloat16_rn(pi);
+    }
+  }
+}
+
+}  // namespace
+
+void fill(void* p, DType dt, int64_t n, float value, cudaStream_t s) {
+  if (n <= 0) return;
+  const unsigned blocks = blocks_for(n, kThreads);
+  switch (dt) {
+    case DType::F32: fill_kernel<<<blocks, kThreads, 0, s>>>(static_cast<float*>(p), n, value); break;
+    case DType::BF16:
+      fill_kernel<<<blocks, kThreads, 0, s>>>(static_cast<bf16_t*>(p), n, __float2bfloat16_rn(value));
+      break;
+    case DType::I32:
+      fill_kernel<<<blocks, kThreads, 0, s>>>(static_cast<int32_t*>(p), n, static_cast<int32_t>(value));
+      break;
+  }
+}
+
+void convert(const void* src, DType sdt, void* dst, DType ddt, int64_t n, cudaStream_t s) {
+  switch (sdt) {
+    case DType::F32: convert_from(static_cast<const float*>(src), dst, ddt, n, s); break;
+    case DType::BF16: convert_from(static_cast<const bf16_t*>(src), dst, ddt, n, s); break;
+    case DType::I32: convert_from(static_cast<const int32_t*>(src), dst, ddt, n, s); break;
+  }
+}
+
+void add(const void* a, const void* b, void* out, DType dt, int64_t n, cudaStream_t s) {
+  if (dt == DType::BF16)
+    map2(static_cast<const bf16_t*>(a), static_cast<const bf16_t*>(b), static_cast<bf16_t*>(out), n, Plus{}, s);
+  else
+    map2(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(out), n, Plus{}, s);
+}
+
+void accumulate(void* dst, DType ddt, const void* src, DType sdt, int64_t n, cudaStream_t s) {
+  if (ddt == DType::F32) {
+    float* d = static_cast<float*>(dst);
+    if (sdt == DType::BF16)
+      map2(d, static_cast<const bf16_t*>(src), d, n, Plus{}, s);
+    else
+      map2(d, static_cast<const float*>(src), d, n, Plus{}, s);
+  } else {
+    bf16_t* d = static_cast<bf16_t*>(dst);
+    if (sdt == DType::BF16)
+      map2(d, static_cast<const bf16_t*>(src), d, n, Plus{}, s);
+    else
+      map2(d, static_cast<const float*>(src), d, n, Plus{}, s);
+  }
+}
+
+void scale(void* p, DType dt, int64_t n, float v, cudaStream_t s) {
+  if (dt == DType::BF16)
+    map1(static_cast<const bf16_t*>(p), static_cast<bf16_t*>(p), n, Times{v}, s);
+  else
+    map1(static_cast<const float*>(p), static_cast<float*>(p), n, Times{v}, s);
+}
+
+void reduce_sum(const float* x, const Chunk* chunks, int nchunks, bool square, double* partials, double* out,
+                cudaStream_t s) {
+  reduce_partial_kernel<<<kReduceBlocks, kThreads, 0, s>>>(x, chunks, nchunks, square, partials);
+  reduce_final_kernel<<<1, kReduceBlocks, 0, s>>>(partials, out);
+}
+
+void gelu_forward(const bf16* x, bf16* y, int64_t n, cudaStream_t s) { map1(dev(x), dev(y), n, Gelu{}, s); }
+
+void gelu_backward(const bf16* x, const bf16* dy, bf16* dx, int64_t n, cudaStream_t s) {
+  map2(dev(x), dev(dy), dev(dx), n, GeluGrad{}, s);
+}
+
+void embedding_forward(const int32_t* tok, int64_t N, const bf16* wte, int64_t V, int64_t C, int64_t vocab_start,
+                       const bf16* wpe, int64_t T, bf16* out, cudaStream_t s) {
+  if (N * C == 0) return;
+  embedding_forward_kernel<<<blocks_for(N * C, kThreads), kThreads, 0, s>>>(tok, N, dev(wte), V, C, vocab_start,
+                                                                          dev(wpe), T, dev(out));
+}
+
+void embedding_backward(const int32_t* tok, int64_t N, const bf16* dout, int64_t C, int64_t vocab_start, float* dwte,
+                        int64_t V, float* dwpe, int64_t T, cudaStream_t s) {
+  if (N * C == 0) return;
+  embedding_backward_wte_kernel<<<blocks_for(N * C, kThreads), kThreads, 0, s>>>(tok, N, dev(dout), C, vocab_start,
+                                                                               dwte, V);
+  if (dwpe)
+    embedding_backward_wpe_kernel<<<blocks_for(T * C, kThreads), kThreads, 0, s>>>(N, dev(dout), C, dwpe, T);
+}
+
+void adamw(float* p, const float* g, float* m, float* v, bf16* copy, const Chunk* chunks, int nchunks,
+           const AdamWArgs& a, cudaStream_t s) {
+  if (nchunks <= 0) return;
+  const unsigned blocks = static_cast<unsigned>(nchunks < 4096 ? nchunks : 4096);
+  adamw_kernel<<<blocks, kThreads, 0, s>>>(p, g, m, v, dev(copy), chunks, nchunks, a);
+}
+
+}  // namespace tripod::cuda::k

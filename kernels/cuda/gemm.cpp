@@ -1,0 +1,199 @@
+// Linear layers on cuBLASLt: bf16 operands, f32 accumulation, bias (and GELU) fused in the
+// epilogue; weight gradients accumulate in f32 (beta = 1) straight into the gradient buffers.
+//
+// Row-major tensors are column-major matrices transposed, so with x (N, I), w (O, I), y (N, O):
+//   forward  y^T (O x N)  = (w^T)^T (O x I) . x^T (I x N)      A = w stored (I x O), transposed
+//   dx       dx^T (I x N) = w^T (I x O) . dy^T (O x N)          A = w, B = dy, no transposes
+//   dw       dw^T (I x O) = x^T (I x N) . (dy^T)^T (N x O)      B = dy stored (O x N), transposed
+#include "kernels/cuda/gemm_runner.h"
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/op_checks.h"
+
+namespace tripod::cuda {
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = 32u << 20;  // what cuBLASLt's fastest Hopper kernels ask for
+
+uint32_t alignment(const void* p) {
+  if (!p) return 256;
+  uint32_t a = 1;
+  auto v = reinterpret_cast<uintptr_t>(p);
+  while (a < 256 && v % (a * 2) == 0) a *= 2;
+  return a;
+}
+
+template <class T>
+void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v, const std::string& what) {
+  TRIPOD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)), "{}", what);
+}
+
+}  // namespace
+
+GemmRunner::GemmRunner(CudaOps& ops) : ops_(ops) {
+  TRIPOD_CUBLAS_CHECK(cublasLtCreate(&handle_), "cuBLASLt on GPU {}", ops.device_index());
+  workspace_ = Tensor::empty(ops.allocator(), {static_cast<int64_t>(kWorkspaceBytes / 4)}, DType::I32,
+                             MemCategory::Workspace);
+}
+
+GemmRunner::~GemmRunner() {
+  for (auto& [key, p] : plans_) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.d);
+    cublasLtMatmulDescDestroy(p.desc);
+  }
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+GemmRunner::Plan GemmRunner::make_plan(const GemmArgs& g, const Key& key, const std::string& what) {
+  Plan p;
+  TRIPOD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "{}", what);
+  const int32_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, ta, what);
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, tb, what);
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  if (g.bias && g.gelu_pre)
+    epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
+  else if (g.bias)
+    epilogue = CUBLASLT_EPILOGUE_BIAS;
+  else if (g.gelu_pre)
+    epilogue = CUBLASLT_EPILOGUE_GELU_AUX;
+  set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, what);
+  if (g.bias) {
+    const int32_t bias_type = g.d_type;
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type, what);
+    // The heuristic reads the pointer's alignment; the pointer itself is set per call.
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, what);
+  }
+  if (g.gelu_pre) {
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.gelu_pre), what);
+    set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ldd, what);
+  }
+  TRIPOD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.a_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda),
+                      "{}", what);
+  TRIPOD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, g.b_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb),
+                      "{}", what);
+  TRIPOD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, g.d_type, g.m, g.n, g.ldd), "{}", what);
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  TRIPOD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), "{}", what);
+  const uint64_t ws = kWorkspaceBytes;
+  // The heuristic may only pick kernels that work at the operands' actual alignment.
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
+  cublasStatus_t st =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+  for (const auto& [attr, bytes] : alignments)
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof(bytes));
+  if (st != CUBLAS_STATUS_SUCCESS) cublasLtMatmulPreferenceDestroy(pref);
+  TRIPOD_CUBLAS_CHECK(st, "{}: matmul preferences", what);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
+    cublasLtMatrixLayoutDestroy(p.a);
+    cublasLtMatrixLayoutDestroy(p.b);
+    cublasLtMatrixLayoutDestroy(p.d);
+    cublasLtMatmulDescDestroy(p.desc);
+    TRIPOD_FAIL("{}: cuBLASLt has no algorithm for m={} n={} k={} (lda {}, ldb {}, ldd {}, epilogue {}): {}", what, g.m,
+                g.n, g.k, g.lda, g.ldb, g.ldd, static_cast<int>(epilogue),
+                st == CUBLAS_STATUS_SUCCESS ? "no candidate" : cublasLtGetStatusString(st));
+  }
+  p.algo = result.algo;
+  return p;
+}
+
+void GemmRunner::run(const GemmArgs& g, const std::string& what) {
+  if (g.m == 0 || g.n == 0) return;
+  Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, static_cast<int>(g.a_type),
+          static_cast<int>(g.b_type), static_cast<int>(g.d_type), g.bias != nullptr, g.gelu_pre != nullptr,
+          alignment(g.a), alignment(g.b), alignment(g.d), alignment(g.bias), alignment(g.gelu_pre)};
+  auto it = plans_.find(key);
+  if (it == plans_.end()) it = plans_.emplace(key, make_plan(g, key, what)).first;
+  Plan& p = it->second;
+  if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, what);
+  if (g.gelu_pre) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.gelu_pre), what);
+  const float alpha = 1.f, beta = g.beta;
+  TRIPOD_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, g.a, p.a, g.b, p.b, &beta, g.d, p.d, g.d, p.d, &p.algo,
+                                     workspace_.raw(), kWorkspaceBytes, ops_.compute_stream()),
+                      "{}", what);
+}
+
+// ---- the Ops entry points ---------------------------------------------------------------------
+
+namespace {
+
+struct LinearDims {
+  int64_t N, I, O;
+};
+
+LinearDims linear_dims(const Tensor& x, const Tensor& w, const char* op) {
+  expect_on_device(w, op, "w");
+  expect_dtype(w, DType::BF16, op, "w");
+  TRIPOD_CHECK(w.dim() >= 2 && w.size(0) > 0, "{}: w must be (out, in), got {}", op, w.str());
+  const int64_t O = w.size(0), I = w.numel() / O;
+  TRIPOD_CHECK(I > 0 && x.numel() % I == 0, "{}: x {} does not have rows of w's {} inputs", op, x.str(), I);
+  return {x.numel() / I, I, O};
+}
+
+}  // namespace
+
+void CudaOps::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  auto [N, I, O] = linear_dims(x, w, "linear_forward");
+  expect(x, DType::BF16, N * I, "linear_forward", "x");
+  expect(y, DType::BF16, N * O, "linear_forward", "y");
+  if (b.defined()) expect(b, DType::BF16, O, "linear_forward", "b");
+  GemmArgs g{.trans_a = true, .m = O, .n = N, .k = I, .a = w.raw(), .lda = I, .b = x.raw(), .ldb = I, .d = y.raw(),
+             .ldd = O, .bias = b.defined() ? b.raw() : nullptr};
+  gemm_->run(g, fmt::format("linear_forward x {} w {} y {}", x.str(), w.str(), y.str()));
+}
+
+void CudaOps::linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre, Tensor& y) {
+  auto [N, I, O] = linear_dims(x, w, "linear_gelu_forward");
+  // cuBLASLt's GELU epilogue needs the auxiliary output's leading dimension divisible by 8.
+  if (O % 8 != 0) {
+    Ops::linear_gelu_forward(x, w, b, pre, y);
+    return;
+  }
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  expect(x, DType::BF16, N * I, "linear_gelu_forward", "x");
+  expect(pre, DType::BF16, N * O, "linear_gelu_forward", "pre");
+  expect(y, DType::BF16, N * O, "linear_gelu_forward", "y");
+  if (b.defined()) expect(b, DType::BF16, O, "linear_gelu_forward", "b");
+  GemmArgs g{.trans_a = true, .m = O, .n = N, .k = I, .a = w.raw(), .lda = I, .b = x.raw(), .ldb = I, .d = y.raw(),
+             .ldd = O, .bias = b.defined() ? b.raw() : nullptr, .gelu_pre = pre.raw()};
+  gemm_->run(g, fmt::format("linear_gelu_forward x {} w {} y {}", x.str(), w.str(), y.str()));
+}
+
+void CudaOps::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                              Tensor& db) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  auto [N, I, O] = linear_dims(x, w, "linear_backward");
+  expect(dy, DType::BF16, N * O, "linear_backward", "dy");
+  expect(x, DType::BF16, N * I, "linear_backward", "x");
+  expect(dw, DType::F32, O * I, "linear_backward", "dw");
+  if (dx.defined()) {
+    expect(dx, DType::BF16, N * I, "linear_backward", "dx");
+    GemmArgs g{.m = I, .n = N, .k = O, .a = w.raw(), .lda = I, .b = dy.raw(), .ldb = O, .d = dx.raw(), .ldd = I};
+    gemm_->run(g, fmt::format("linear_backward dx {} = dy {} w {}", dx.str(), dy.str(), w.str()));
+  }
+  GemmArgs g{.trans_b = true, .m = I, .n = O, .k = N, .a = x.raw(), .lda = I, .b = dy.raw(), .ldb = O,
+             .d = dw.raw(), .ldd = I, .d_type = CUDA_R_32F, .beta = 1.f};
+  gemm_->run(g, fmt::format("linear_backward dw {} += dy {}^T x {}", dw.str(), dy.str(), x.str()));
+  if (db.defined()) {
+    expect(db, DType::F32, O, "linear_backward", "db");
+    Tensor scratch = empty({k::column_partial_rows(N), O}, DType::F32, MemCategory::Workspace);
+    k::bias_grad(dy.data<bf16>(), N, O, db.data<float>(), scratch.data<float>(), compute_);
+    TRIPOD_CUDA_LAUNCHED("linear_backward db {} += sum of dy {}", db.str(), dy.str());
+  }
+}
+
+}  // namespace tripod::cuda

@@ -1,0 +1,99 @@
+// Launchers of the CUDA backend's own kernels: raw pointers and sizes, enqueued on an explicit
+// stream. They do not check for errors; the Ops wrappers (cuda_ops.cpp, layers.cpp) check every
+// launch and name the op and the shapes. This header stays free of fmt/spdlog so that nvcc only
+// compiles CUDA code.
+//
+// bf16 arrays are tripod::bf16 here (host type, same bits as __nv_bfloat16 on the device).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace tripod::cuda::k {
+
+// A piece [begin, end) of a flat buffer for the multi-range kernels (AdamW, sums), with a flag
+// (AdamW: weight decay applies). Ranges are cut into chunks of at most kChunkElems so one block
+// handles one chunk.
+struct Chunk {
+  int64_t begin = 0, end = 0;
+  int32_t flag = 0, pad = 0;
+};
+inline constexpr int64_t kChunkElems = 1 << 16;
+// Blocks of the reductions: each writes one partial sum, summed in a fixed order afterwards, so
+// sums do not depend on scheduling.
+inline constexpr int kReduceBlocks = 1024;
+
+// ---- memory and elementwise (elementwise.cu) ------------------------------------------------
+void fill(void* p, DType dt, int64_t n, float value, cudaStream_t s);
+// dst[i] = src[i] converted (f32, bf16, i32 in any combination).
+void convert(const void* src, DType sdt, void* dst, DType ddt, int64_t n, cudaStream_t s);
+// out = a + b, all of dtype dt (f32 or bf16).
+void add(const void* a, const void* b, void* out, DType dt, int64_t n, cudaStream_t s);
+// dst += src (dst f32 or bf16, src f32 or bf16).
+void accumulate(void* dst, DType ddt, const void* src, DType sdt, int64_t n, cudaStream_t s);
+void scale(void* p, DType dt, int64_t n, float v, cudaStream_t s);
+// out[0] = sum of x[i] (or x[i]^2 with `square`) over the chunks, in double. `partials` holds
+// kReduceBlocks doubles.
+void reduce_sum(const float* x, const Chunk* chunks, int nchunks, bool square, double* partials, double* out,
+                cudaStream_t s);
+
+// ---- GELU, tanh approximation (elementwise.cu) ----------------------------------------------
+void gelu_forward(const bf16* x, bf16* y, int64_t n, cudaStream_t s);
+// dx = dy * gelu'(x); dx may alias dy.
+void gelu_backward(const bf16* x, const bf16* dy, bf16* dx, int64_t n, cudaStream_t s);
+
+// ---- embedding (elementwise.cu) -------------------------------------------------------------
+// out (N, C) = wte[tok - vocab_start] (0 outside [0, V)) + wpe[n % T] (when wpe is not null).
+void embedding_forward(const int32_t* tok, int64_t N, const bf16* wte, int64_t V, int64_t C, int64_t vocab_start,
+                       const bf16* wpe, int64_t T, bf16* out, cudaStream_t s);
+// dwte (V, C) += rows of dout by token (atomics); dwpe (>= T, C) += dout summed per position.
+void embedding_backward(const int32_t* tok, int64_t N, const bf16* dout, int64_t C, int64_t vocab_start, float* dwte,
+                        int64_t V, float* dwpe, int64_t T, cudaStream_t s);
+
+// ---- AdamW over chunks of flat f32 buffers (elementwise.cu) ---------------------------------
+struct AdamWArgs {
+  float lr, beta1, beta2, eps, weight_decay, grad_scale;
+  float bias_corr1, bias_corr2;  // 1 - beta^step, computed on the host as the CPU backend does
+};
+// copy (bf16, may be null) receives the updated values. Chunks index all buffers alike.
+void adamw(float* p, const float* g, float* m, float* v, bf16* copy, const Chunk* chunks, int nchunks,
+           const AdamWArgs& a, cudaStream_t s);
+
+// ---- LayerNorm, bias gradient, softmax cross-entropy (norm_xent.cu) --------------------------
+// x (N, C) -> y (N, C); mean, rstd (N) f32. eps 1e-5.
+void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t N,
+                       int64_t C, cudaStream_t s);
+// dx (N, C) += d/dx. The weight and bias gradients (f32, += into dw, db) go through `scratch`
+// (column_partial_rows(N) * 2 * C floats).
+void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
+                        float* dw, float* db, int64_t N, int64_t C, float* scratch, cudaStream_t s);
+// db (O) f32 += sum over the N rows of dy (N, O); scratch: column_partial_rows(N) * O floats.
+void bias_grad(const bf16* dy, int64_t N, int64_t O, float* db, float* scratch, cudaStream_t s);
+// Row chunks of the column reductions above (each writes one partial row, summed in order).
+int64_t column_partial_rows(int64_t N);
+
+// logits (N, V) bf16, targets (N) i32: stats (N, 3) f32 = {max over the first `valid` columns,
+// sum exp(l - max), logit of target - vocab_start or 0}; NaN in a row makes stats[0] NaN.
+void xent_stats(const bf16* logits, int64_t N, int64_t V, const int32_t* targets, int64_t vocab_start, int64_t valid,
+                float* stats, cudaStream_t s);
+// parts (P, N, 3) -> lse (N), loss (N).
+void xent_combine(const float* parts, int64_t P, int64_t N, float* lse, float* loss, cudaStream_t s);
+// In place: logits = (exp(l - lse) - onehot(target)) * scale over the valid columns, 0 beyond.
+void xent_backward(bf16* logits, int64_t N, int64_t V, const int32_t* targets, int64_t vocab_start, int64_t valid,
+                   const float* lse, float scale, cudaStream_t s);
+
+// ---- reference causal attention (attention_ref.cu) ------------------------------------------
+// Exact (non-tiled) kernels used when cuDNN has no engine for a shape, or on request
+// (TRIPOD_ATTENTION=reference). qkv (B, T, 3, H, D), out (B, T, H, D) bf16, lse (B, H, T) f32.
+void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
+                       float scale, cudaStream_t s);
+// dqkv (B, T, 3, H, D) from dout (B, T, H, D); delta: B*H*T floats of scratch.
+void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, const float* lse, bf16* dqkv,
+                        float* delta, int64_t B, int64_t T, int64_t H, int64_t D, float scale, cudaStream_t s);
+// Largest head dimension the reference kernels take.
+inline constexpr int64_t kMaxRefHeadDim = 256;
+
+}  // namespace tripod::cuda::k

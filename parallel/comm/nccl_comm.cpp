@@ -1,0 +1,353 @@
+// NCCL communicator: transfers on the communication stream joined to the compute stream with
+// events, grouped sends/receives, host tensors through MPI, a watchdog for timeouts and errors.
+#include "parallel/comm/nccl_comm.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/ranges.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+
+#include "core/error.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
+
+#define TRIPOD_NCCL_CHECK(call, ...)                                                                      \
+  do {                                                                                                    \
+    ncclResult_t tripod_nr_ = (call);                                                                     \
+    if (tripod_nr_ != ncclSuccess) [[unlikely]]                                                           \
+      TRIPOD_FAIL("{}: {} failed: {}", fmt::format(__VA_ARGS__), #call, ncclGetErrorString(tripod_nr_)); \
+  } while (0)
+
+namespace tripod {
+
+using Clock = std::chrono::steady_clock;
+
+struct NcclComm::Done {
+  cudaEvent_t event = nullptr;  // recorded on the communication stream after the transfer; null until launched
+  std::string what;             // e.g. "all_reduce of bf16(8192, 768) cuda"
+  Clock::time_point launched;
+  ~Done() {
+    if (event) cudaEventDestroy(event);
+  }
+};
+
+// A non-blocking transfer: wait() launches it if it is a queued send/receive and makes the
+// compute stream wait for it; the host does not block.
+class NcclRequest final : public CommRequest {
+ public:
+  NcclRequest(NcclComm* comm, std::shared_ptr<NcclComm::Done> done) : comm_(comm), done_(std::move(done)) {}
+  ~NcclRequest() override {
+    if (waited_) return;
+    try {  // abandoned (e.g. an exception unwound past it): still launched and joined
+      wait();
+    } catch (...) {
+    }
+  }
+  void wait() override {
+    if (waited_) return;
+    waited_ = true;
+    if (!done_) return;  // nothing to do (a communicator of one rank)
+    if (!done_->event) comm_->flush();
+    comm_->join(*done_);
+  }
+
+ private:
+  NcclComm* comm_;
+  std::shared_ptr<NcclComm::Done> done_;
+  bool waited_ = false;
+};
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::BF16: return ncclBfloat16;
+    case DType::I32: return ncclInt32;
+  }
+  return ncclFloat32;
+}
+
+bool on_host(const Tensor& t) { return t.device() == Device::CPU; }
+
+}  // namespace
+
+NcclComm::NcclComm(std::unique_ptr<MpiComm> twin, cuda::CudaOps& ops, std::vector<int> world_ranks)
+    : twin_(std::move(twin)), ops_(ops), world_ranks_(std::move(world_ranks)) {
+  if (twin_->size() == 1) return;
+  TRIPOD_CUDA_CHECK(cudaSetDevice(ops_.device_index()), "'{}' communicator", name());
+  ncclUniqueId id{};
+  if (twin_->rank() == 0) TRIPOD_NCCL_CHECK(ncclGetUniqueId(&id), "'{}' communicator", name());
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, twin_->handle());
+  ncclComm_t comm = nullptr;
+  TRIPOD_NCCL_CHECK(ncclCommInitRank(&comm, twin_->size(), id, twin_->rank()),
+                    "creating the NCCL '{}' communicator (world ranks {})", name(), fmt::join(world_ranks_, ","));
+  comm_ = comm;
+  watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+NcclComm::~NcclComm() {
+  const bool unwinding = std::uncaught_exceptions() > 0;
+  if (!unwinding && comm_) {
+    try {
+      flush();
+    } catch (...) {
+    }
+    cudaStreamSynchronize(ops_.comm_stream());  // the transfers in flight end (or the watchdog ends the process)
+  }
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  if (comm_) {
+    // Unwinding from an error, peers may be gone: abort rather than wait for them.
+    if (unwinding)
+      ncclCommAbort(comm_);
+    else
+      ncclCommDestroy(comm_);
+    cudaGetLastError();
+  }
+}
+
+std::string NcclComm::describe(const char* what) const {
+  return fmt::format("{} on the '{}' communicator (world ranks {})", what, name(), fmt::join(world_ranks_, ","));
+}
+
+template <class F> std::shared_ptr<NcclComm::Done> NcclComm::enqueue(const char* what, F&& launch) {
+  auto done = std::make_shared<Done>();
+  done->what = what;
+  const cudaStream_t compute = ops_.compute_stream(), comm = ops_.comm_stream();
+  // The transfer starts after everything queued so far on the compute stream.
+  cudaEvent_t ready;
+  TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "{}", describe(what));
+  cudaError_t err = cudaEventRecord(ready, compute);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(comm, ready, 0);
+  cudaEventDestroy(ready);  // released once recorded work completes
+  TRIPOD_CUDA_CHECK(err, "{}", describe(what));
+  launch(comm);
+  TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&done->event, cudaEventDisableTiming), "{}", describe(what));
+  TRIPOD_CUDA_CHECK(cudaEventRecord(done->event, comm), "{}", describe(what));
+  done->launched = Clock::now();
+  watch(done);
+  return done;
+}
+
+void NcclComm::join(const Done& done) {
+  TRIPOD_CUDA_CHECK(cudaStreamWaitEvent(ops_.compute_stream(), done.event, 0), "{}", describe(done.what.c_str()));
+}
+
+void NcclComm::watch(const std::shared_ptr<Done>& done) {
+  std::lock_guard lock(mu_);
+  in_flight_.push_back(done);
+  cv_.notify_one();
+}
+
+void NcclComm::die(const std::string& message) {
+  if (comm_) ncclCommAbort(comm_);
+  std::fprintf(stderr, "error: %s\n", message.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);  // the launcher ends the other ranks
+}
+
+void NcclComm::watchdog_loop() {
+  cudaSetDevice(ops_.device_index());
+  const auto timeout = std::chrono::duration<double>(twin_->timeout_s());
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(100));
+    while (!in_flight_.empty()) {
+      std::shared_ptr<Done> d = in_flight_.front();
+      cudaError_t q = cudaEventQuery(d->event);
+      if (q == cudaSuccess) {
+        in_flight_.pop_front();
+        continue;
+      }
+      if (q != cudaErrorNotReady) {
+        lock.unlock();
+        die(fmt::format("{} failed on the GPU: {} ({})", describe(d->what.c_str()), cudaGetErrorName(q),
+                        cudaGetErrorString(q)));
+      }
+      if (Clock::now() - d->launched > timeout) {
+        lock.unlock();
+        die(fmt::format("{} did not complete within {:.0f} s: a peer rank has died or stopped responding "
+                        "(parallel.timeout_s sets this limit)",
+                        describe(d->what.c_str()), twin_->timeout_s()));
+      }
+      break;  // later transfers cannot have finished before this one
+    }
+    ncclResult_t async = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress) {
+      lock.unlock();
+      die(fmt::format("NCCL reported an error on the '{}' communicator (world ranks {}): {} ({})", name(),
+                      fmt::join(world_ranks_, ","), ncclGetErrorString(async), ncclGetLastError(comm_)));
+    }
+  }
+}
+
+void NcclComm::flush() {
+  if (pending_.empty()) return;
+  std::vector<PendingP2P> batch;
+  batch.swap(pending_);
+  const cudaStream_t compute = ops_.compute_stream(), comm = ops_.comm_stream();
+  const std::string what = describe(fmt::format("a group of {} sends/receives", batch.size()).c_str());
+  cudaEvent_t ready;
+  TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "{}", what);
+  cudaError_t err = cudaEventRecord(ready, compute);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(comm, ready, 0);
+  cudaEventDestroy(ready);
+  TRIPOD_CUDA_CHECK(err, "{}", what);
+  TRIPOD_NCCL_CHECK(ncclGroupStart(), "{}", what);
+  for (const PendingP2P& p : batch) {
+    const auto type = static_cast<ncclDataType_t>(p.dtype);
+    if (p.send)
+      TRIPOD_NCCL_CHECK(ncclSend(p.ptr, p.count, type, p.peer, comm_, comm), "{}", describe(p.done->what.c_str()));
+    else
+      TRIPOD_NCCL_CHECK(ncclRecv(p.ptr, p.count, type, p.peer, comm_, comm), "{}", describe(p.done->what.c_str()));
+  }
+  TRIPOD_NCCL_CHECK(ncclGroupEnd(), "{}", what);
+  // Every queued request completes with the group.
+  for (const PendingP2P& p : batch) {
+    TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&p.done->event, cudaEventDisableTiming), "{}", what);
+    TRIPOD_CUDA_CHECK(cudaEventRecord(p.done->event, comm), "{}", what);
+    p.done->launched = Clock::now();
+    watch(p.done);
+  }
+}
+
+// ---- collectives --------------------------------------------------------------------------------
+
+void NcclComm::all_reduce(Tensor& t, ReduceOp op) {
+  if (on_host(t)) {
+    flush();
+    twin_->all_reduce(t, op);
+    return;
+  }
+  if (size() == 1) return;
+  flush();
+  const ncclRedOp_t nop = op == ReduceOp::Sum ? ncclSum : ncclMax;
+  const std::string what = fmt::format("all_reduce of {}", t.str());
+  join(*enqueue(what.c_str(), [&](cudaStream_t s) {
+    TRIPOD_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), t.numel(), nccl_type(t.dtype()), nop, comm_, s), "{}",
+                      describe(what.c_str()));
+  }));
+  bytes_sent_ += 2 * (size() - 1) * static_cast<int64_t>(t.nbytes()) / size();
+}
+
+std::unique_ptr<CommRequest> NcclComm::iall_reduce(Tensor& t) {
+  if (on_host(t)) {
+    flush();
+    return twin_->iall_reduce(t);
+  }
+  if (size() == 1) return std::make_unique<NcclRequest>(this, nullptr);
+  flush();
+  const std::string what = fmt::format("all_reduce of {}", t.str());
+  auto done = enqueue(what.c_str(), [&](cudaStream_t s) {
+    TRIPOD_NCCL_CHECK(ncclAllReduce(t.raw(), t.raw(), t.numel(), nccl_type(t.dtype()), ncclSum, comm_, s), "{}",
+                      describe(what.c_str()));
+  });
+  bytes_sent_ += 2 * (size() - 1) * static_cast<int64_t>(t.nbytes()) / size();
+  return std::make_unique<NcclRequest>(this, std::move(done));
+}
+
+std::unique_ptr<CommRequest> NcclComm::ireduce_scatter(const Tensor& in, Tensor& out) {
+  TRIPOD_CHECK(in.numel() == out.numel() * size() && in.dtype() == out.dtype() && on_host(in) == on_host(out),
+               "reduce_scatter {} -> {} over {} ranks of '{}'", in.str(), out.str(), size(), name());
+  if (on_host(in)) {
+    flush();
+    return twin_->ireduce_scatter(in, out);
+  }
+  if (size() == 1) {
+    ops_.copy(in, out);
+    return std::make_unique<NcclRequest>(this, nullptr);
+  }
+  flush();
+  const std::string what = fmt::format("reduce_scatter of {}", in.str());
+  auto done = enqueue(what.c_str(), [&](cudaStream_t s) {
+    TRIPOD_NCCL_CHECK(
+        ncclReduceScatter(in.raw(), out.raw(), out.numel(), nccl_type(in.dtype()), ncclSum, comm_, s), "{}",
+        describe(what.c_str()));
+  });
+  bytes_sent_ += static_cast<int64_t>(out.nbytes()) * (size() - 1);
+  return std::make_unique<NcclRequest>(this, std::move(done));
+}
+
+void NcclComm::reduce_scatter(const Tensor& in, Tensor& out) { ireduce_scatter(in, out)->wait(); }
+
+std::unique_ptr<CommRequest> NcclComm::iall_gather(const Tensor& in, Tensor& out) {
+  TRIPOD_CHECK(out.numel() == in.numel() * size() && in.dtype() == out.dtype() && on_host(in) == on_host(out),
+               "all_gather {} -> {} over {} ranks of '{}'", in.str(), out.str(), size(), name());
+  if (on_host(in)) {
+    flush();
+    return twin_->iall_gather(in, out);
+  }
+  if (size() == 1) {
+    ops_.copy(in, out);
+    return std::make_unique<NcclRequest>(this, nullptr);
+  }
+  flush();
+  const std::string what = fmt::format("all_gather of {}", in.str());
+  auto done = enqueue(what.c_str(), [&](cudaStream_t s) {
+    TRIPOD_NCCL_CHECK(ncclAllGather(in.raw(), out.raw(), in.numel(), nccl_type(in.dtype()), comm_, s), "{}",
+                      describe(what.c_str()));
+  });
+  bytes_sent_ += static_cast<int64_t>(in.nbytes()) * (size() - 1);
+  return std::make_unique<NcclRequest>(this, std::move(done));
+}
+
+void NcclComm::all_gather(const Tensor& in, Tensor& out) { iall_gather(in, out)->wait(); }
+
+void NcclComm::broadcast(Tensor& t, int root) {
+  TRIPOD_CHECK(0 <= root && root < size(), "broadcast from rank {} of the {} ranks of '{}'", root, size(), name());
+  if (on_host(t)) {
+    flush();
+    twin_->broadcast(t, root);
+    return;
+  }
+  if (size() == 1) return;
+  flush();
+  const std::string what = fmt::format("broadcast of {} from rank {}", t.str(), root);
+  join(*enqueue(what.c_str(), [&](cudaStream_t s) {
+    TRIPOD_NCCL_CHECK(ncclBroadcast(t.raw(), t.raw(), t.numel(), nccl_type(t.dtype()), root, comm_, s), "{}",
+                      describe(what.c_str()));
+  }));
+  if (rank() == root) bytes_sent_ += static_cast<int64_t>(t.nbytes());
+}
+
+void NcclComm::barrier() {
+  flush();
+  twin_->barrier();
+}
+
+// ---- point to point: queued, launched as a group by flush() -------------------------------------
+// NCCL matches the sends and receives between two ranks in posting order; tags are not used.
+
+std::unique_ptr<CommRequest> NcclComm::isend(const Tensor& t, int peer, int tag) {
+  TRIPOD_CHECK(0 <= peer && peer < size() && peer != rank(), "send to rank {} of the {} ranks of '{}' from rank {}",
+               peer, size(), name(), rank());
+  if (on_host(t)) return twin_->isend(t, peer, tag);
+  auto done = std::make_shared<Done>();
+  done->what = fmt::format("send of {} to rank {}", t.str(), peer);
+  pending_.push_back({true, const_cast<void*>(t.raw()), static_cast<size_t>(t.numel()),
+                      static_cast<int>(nccl_type(t.dtype())), peer, done});
+  bytes_sent_ += static_cast<int64_t>(t.nbytes());
+  return std::make_unique<NcclRequest>(this, std::move(done));
+}
+
+std::unique_ptr<CommRequest> NcclComm::irecv(Tensor& t, int peer, int tag) {
+  TRIPOD_CHECK(0 <= peer && peer < size() && peer != rank(),
+               "receive from rank {} of the {} ranks of '{}' on rank {}", peer, size(), name(), rank());
+  if (on_host(t)) return twin_->irecv(t, peer, tag);
+  auto done = std::make_shared<Done>();
+  done->what = fmt::format("receive of {} from rank {}", t.str(), peer);
+  pending_.push_back({false, t.raw(), static_cast<size_t>(t.numel()), static_cast<int>(nccl_type(t.dtype())), peer,
+                      done});
+  return std::make_unique<NcclRequest>(this, std::move(done));
+}
+
+}  // namespace tripod

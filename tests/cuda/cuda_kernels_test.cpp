@@ -1,0 +1,450 @@
+// Every op of the CUDA backend against the CPU backend on random inputs of several shapes
+// (including sizes that are not multiples of the vector width and unaligned views). Inputs are
+// rounded to bf16 first, so both backends see the same numbers; outputs are NaN-poisoned before
+// each run. Tolerances (relative, ||got - want|| / ||want||): 1e-2 where the output is bf16, 1e-5
+// for f32 outputs of f32 math. Skipped, with the reason, on machines without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "kernels/cuda/cuda_ops.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace tripod {
+namespace {
+
+using namespace test;
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TRIPOD_REQUIRE_GPU();
+    cpu_ = make_ops(Device::CPU);
+    gpu_ = make_ops(Device::CUDA, 0);
+  }
+  Tensor randn(const Shape& s, uint64_t stream, float scale = 1.f, float shift = 0.f, bool exact = false) {
+    return test::randn(*cpu_, s, stream, scale, shift, exact);
+  }
+  Tensor up(const Tensor& h, DType dt = DType::BF16) { return upload(*gpu_, h, dt); }
+  Tensor down(const Tensor& d) { return download(*gpu_, *cpu_, d); }
+  Tensor poison(const Shape& s, DType dt = DType::BF16) { return poisoned(*gpu_, s, dt); }
+  Tensor host(const Shape& s, DType dt = DType::F32) { return cpu_->empty(s, dt, MemCategory::Workspace); }
+
+  std::unique_ptr<Ops> cpu_, gpu_;
+};
+
+// ---- backend properties, memory --------------------------------------------------------------
+
+TEST_F(CudaOpsTest, ReportsBf16ComputeAndH100Peak) {
+  EXPECT_EQ(gpu_->device(), Device::CUDA);
+  EXPECT_EQ(gpu_->compute_dtype(), DType::BF16);
+  EXPECT_EQ(gpu_->peak_flops(), 989e12);
+  EXPECT_FALSE(gpu_->keeps_attention_probs());
+  EXPECT_EQ(gpu_->host_allocator().device(), Device::CPU);
+}
+
+TEST_F(CudaOpsTest, AllocatorChargesCategories) {
+  MemoryStats& st = gpu_->allocator().stats();
+  const int64_t params = st.current(MemCategory::Params), acts = st.current(MemCategory::Activations);
+  {
+    Tensor p = gpu_->empty({1000}, DType::F32, MemCategory::Params);
+    Tensor a = gpu_->empty({10, 10}, DType::BF16, MemCategory::Activations);
+    EXPECT_EQ(p.device(), Device::CUDA);
+    EXPECT_EQ(st.current(MemCategory::Params), params + 4000);
+    EXPECT_EQ(st.current(MemCategory::Activations), acts + 200);
+  }
+  EXPECT_EQ(st.current(MemCategory::Params), params);
+  EXPECT_EQ(st.current(MemCategory::Activations), acts);
+  // A freed block is reused, not requested again.
+  const size_t reserved = gpu_->allocator().reserved_bytes();
+  { Tensor again = gpu_->empty({1000}, DType::F32, MemCategory::Grads); }
+  EXPECT_EQ(gpu_->allocator().reserved_bytes(), reserved);
+}
+
+TEST_F(CudaOpsTest, FillAndCopyConvertBetweenHostAndDevice) {
+  for (int64_t n : {1, 7, 1000, 70001}) {
+    Tensor h = randn({n}, 1, 3.f, 0.f, /*exact=*/true);
+    // host f32 -> device bf16 -> host f32 rounds exactly as the host's bf16 does
+    Tensor back = down(up(h, DType::BF16));
+    const float* b = back.data<float>();
+    const float* x = h.data<float>();
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(b[i], static_cast<float>(bf16(x[i]))) << "n=" << n << " i=" << i;
+    // device f32 -> device bf16 (the conversion kernel), through an unaligned view
+    Tensor d32 = up(h, DType::F32);
+    Tensor d16 = poison({n + 1}, DType::BF16);
+    Tensor view = d16.flat(1, n + 1);
+    gpu_->copy(d32, view);
+    Tensor back2 = down(view);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(back2.data<float>()[i], static_cast<float>(bf16(x[i]))) << i;
+    // f32 round trip is exact
+    EXPECT_EQ(rel_err(down(d32), h), 0.0);
+  }
+  Tensor ti = ints(*cpu_, {1, -2, 3, 1 << 20});
+  Tensor di = up(ti, DType::I32);
+  Tensor bi = down(di);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(bi.data<int32_t>()[i], ti.data<int32_t>()[i]);
+  gpu_->fill(di, 7.f);
+  bi = down(di);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(bi.data<int32_t>()[i], 7);
+  Tensor b16 = poison({33});
+  gpu_->fill(b16, 1.5f);
+  Tensor hb = down(b16);
+  for (int i = 0; i < 33; ++i) EXPECT_EQ(hb.data<float>()[i], 1.5f);
+  // pinned staging memory (what MpiComm uses) round-trips too
+  Tensor pinned = Tensor::empty(gpu_->host_allocator(), {5}, DType::F32, MemCategory::Comm);
+  for (int i = 0; i < 5; ++i) pinned.data<float>()[i] = static_cast<float>(i) * 0.5f;
+  Tensor d = up(pinned, DType::F32);
+  Tensor pinned2 = Tensor::empty(gpu_->host_allocator(), {5}, DType::F32, MemCategory::Comm);
+  gpu_->copy(d, pinned2);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(pinned2.data<float>()[i], static_cast<float>(i) * 0.5f);
+}
+
+TEST_F(CudaOpsTest, AddAccumulateScale) {
+  for (int64_t n : {1, 9, 4096, 100003}) {
+    Tensor a = randn({n}, 2), b = randn({n}, 3);
+    Tensor want = host({n});
+    cpu_->add(a, b, want);
+    for (DType dt : {DType::BF16, DType::F32}) {
+      Tensor out = poison({n}, dt);
+      gpu_->add(up(a, dt), up(b, dt), out);
+      EXPECT_LT(rel_err(down(out), want), dt == DType::BF16 ? kBf16Tol : kF32Tol) << "add n=" << n;
+    }
+    // out aliasing an input
+    Tensor da = up(a), db = up(b);
+    gpu_->add(da, db, da);
+    EXPECT_LT(rel_err(down(da), want), kBf16Tol);
+
+    // f32 += bf16 and f32 += f32 (gradient accumulation), bf16 += bf16
+    Tensor acc_want = clone(*cpu_, a);
+    cpu_->accumulate(acc_want, b);
+    for (DType src : {DType::BF16, DType::F32}) {
+      Tensor dst = up(a, DType::F32);
+      gpu_->accumulate(dst, up(b, src));
+      EXPECT_LT(rel_err(down(dst), acc_want), kF32Tol) << "accumulate n=" << n;
+    }
+    Tensor dst16 = up(a);
+    gpu_->accumulate(dst16, up(b));
+    EXPECT_LT(rel_err(down(dst16), acc_want), kBf16Tol);
+
+    Tensor s_want = clone(*cpu_, a);
+    cpu_->scale(s_want, -0.37f);
+    Tensor s32 = up(a, DType::F32);
+    gpu_->scale(s32, -0.37f);
+    EXPECT_LT(rel_err(down(s32), s_want), kF32Tol);
+    Tensor s16 = up(a);
+    gpu_->scale(s16, -0.37f);
+    EXPECT_LT(rel_err(down(s16), s_want), kBf16Tol);
+  }
+}
+
+TEST_F(CudaOpsTest, SumsOverRanges) {
+  const int64_t n = 300001;
+  Tensor h = randn({n}, 4, 1.f, 0.1f, /*exact=*/true);
+  Tensor d = up(h, DType::F32);
+  std::vector<FlatRange> ranges{{0, 5, false}, {100, 70000, false}, {70000, 70000, false}, {123456, n, false}};
+  EXPECT_NEAR(gpu_->sum_squares(d, ranges), cpu_->sum_squares(h, ranges),
+              1e-10 * cpu_->sum_squares(h, ranges));
+  EXPECT_NEAR(gpu_->sum(d), cpu_->sum(h), 1e-9 * std::abs(cpu_->sum(h)) + 1e-6);
+  EXPECT_EQ(gpu_->sum_squares(d, {}), 0.0);
+  // Deterministic: the same sum twice.
+  EXPECT_EQ(gpu_->sum_squares(d, ranges), gpu_->sum_squares(d, ranges));
+}
+
+// ---- embedding --------------------------------------------------------------------------------
+
+TEST_F(CudaOpsTest, EmbeddingForwardBackward) {
+  struct Case {
+    int64_t B, T, V, C, vocab_start;
+    bool wpe;
+  };
+  for (Case c : {Case{2, 8, 50, 24, 20, true}, Case{1, 5, 7, 10, 0, true}, Case{3, 4, 30, 16, 10, false}}) {
+    const int64_t N = c.B * c.T;
+    std::vector<int32_t> tok;
+    for (int64_t n = 0; n < N; ++n) tok.push_back(static_cast<int32_t>((n * 37 + 11) % (c.V + 2 * c.vocab_start + 3)));
+    Tensor tokens = ints(*cpu_, tok);
+    Tensor wte = randn({c.V, c.C}, 10), wpe = randn({c.T + 3, c.C}, 11);
+    Tensor want = host({N, c.C});
+    cpu_->embedding_forward(tokens, wte, c.vocab_start, c.wpe ? wpe : Tensor{}, c.T, want);
+    Tensor got = poison({N, c.C});
+    gpu_->embedding_forward(up(tokens, DType::I32), up(wte), c.vocab_start, c.wpe ? up(wpe) : Tensor{}, c.T, got);
+    EXPECT_LT(rel_err(down(got), want), kBf16Tol) << "V=" << c.V << " C=" << c.C;
+
+    Tensor dout = randn({N, c.C}, 12);
+    Tensor dwte = randn({c.V, c.C}, 13, 1.f, 0.f, true), dwpe = randn({c.T + 3, c.C}, 14, 1.f, 0.f, true);
+    Tensor g_dwte = up(dwte, DType::F32), g_dwpe = up(dwpe, DType::F32);
+    Tensor no_wpe;
+    cpu_->embedding_backward(tokens, dout, c.vocab_start, dwte, c.wpe ? dwpe : no_wpe, c.T);
+    Tensor g_no_wpe;
+    gpu_->embedding_backward(up(tokens, DType::I32), up(dout), c.vocab_start, g_dwte, c.wpe ? g_dwpe : g_no_wpe, c.T);
+    EXPECT_LT(rel_err(down(g_dwte), dwte), kF32Tol);
+    EXPECT_LT(rel_err(down(g_dwpe), dwpe), kF32Tol);
+  }
+}
+
+// ---- LayerNorm ----------------------------------------------------------------------------------
+
+TEST_F(CudaOpsTest, LayerNormForwardBackward) {
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 8}, {7, 32}, {64, 768}, {33, 100}, {300, 1024}}) {
+    Tensor x = randn({N, C}, 20, 1.f, 0.5f), w = randn({C}, 21, 0.1f, 1.f), b = randn({C}, 22, 0.1f);
+    Tensor y = host({N, C}), mean = host({N}), rstd = host({N});
+    cpu_->layernorm_forward(x, w, b, y, mean, rstd);
+    Tensor gy = poison({N, C}), gmean = poison({N}, DType::F32), grstd = poison({N}, DType::F32);
+    Tensor gx = up(x), gw = up(w), gb = up(b);
+    gpu_->layernorm_forward(gx, gw, gb, gy, gmean, grstd);
+    EXPECT_LT(rel_err(down(gy), y), kBf16Tol) << N << "x" << C;
+    EXPECT_LT(rel_err(down(gmean), mean), kF32Tol) << N << "x" << C;
+    EXPECT_LT(rel_err(down(grstd), rstd), 1e-4) << N << "x" << C;  // 1/sqrt of a sum in another order
+
+    Tensor dy = randn({N, C}, 23), dx = randn({N, C}, 24);  // dx accumulates
+    Tensor dw = randn({C}, 25, 1.f, 0.f, true), db = randn({C}, 26, 1.f, 0.f, true);
+    Tensor gdx = up(dx), gdw = up(dw, DType::F32), gdb = up(db, DType::F32);
+    cpu_->layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
+    gpu_->layernorm_backward(up(dy), gx, gw, gmean, grstd, gdx, gdw, gdb);
+    EXPECT_LT(rel_err(down(gdx), dx), kBf16Tol) << N << "x" << C;
+    EXPECT_LT(rel_err(down(gdw), dw), kF32Tol) << N << "x" << C;
+    EXPECT_LT(rel_err(down(gdb), db), kF32Tol) << N << "x" << C;
+  }
+}
+
+// ---- linear, GELU --------------------------------------------------------------------------------
+
+struct LinearCase {
+  int64_t N, I, O;
+};
+constexpr LinearCase kLinearCases[] = {{1, 8, 8}, {17, 24, 40}, {128, 768, 2304}, {64, 96, 50}, {5, 13, 7}};
+
+TEST_F(CudaOpsTest, LinearForward) {
+  for (auto [N, I, O] : kLinearCases) {
+    Tensor x = randn({N, I}, 30), w = randn({O, I}, 31, 0.05f), b = randn({O}, 32, 0.1f);
+    for (bool bias : {true, false}) {
+      Tensor want = host({N, O});
+      cpu_->linear_forward(x, w, bias ? b : Tensor{}, want);
+      Tensor got = poison({N, O});
+      gpu_->linear_forward(up(x), up(w), bias ? up(b) : Tensor{}, got);
+      EXPECT_LT(rel_err(down(got), want), kBf16Tol) << N << " " << I << " " << O << " bias " << bias;
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, LinearGeluForwardMatchesLinearThenGelu) {
+  for (auto [N, I, O] : kLinearCases) {
+    Tensor x = randn({N, I}, 33), w = randn({O, I}, 34, 0.1f), b = randn({O}, 35, 0.3f);
+    Tensor pre = host({N, O}), y = host({N, O});
+    cpu_->linear_gelu_forward(x, w, b, pre, y);
+    Tensor gpre = poison({N, O}), gy = poison({N, O});
+    gpu_->linear_gelu_forward(up(x), up(w), up(b), gpre, gy);
+    EXPECT_LT(rel_err(down(gpre), pre), kBf16Tol) << N << " " << I << " " << O;
+    EXPECT_LT(rel_err(down(gy), y), kBf16Tol) << N << " " << I << " " << O;
+  }
+}
+
+TEST_F(CudaOpsTest, LinearBackward) {
+  for (auto [N, I, O] : kLinearCases) {
+    Tensor x = randn({N, I}, 40), w = randn({O, I}, 41, 0.05f), dy = randn({N, O}, 42);
+    for (bool with_dx : {true, false}) {
+      Tensor dx = host({N, I});
+      Tensor dw = randn({O, I}, 43, 1.f, 0.f, true), db = randn({O}, 44, 1.f, 0.f, true);
+      Tensor gdx = with_dx ? poison({N, I}) : Tensor{};
+      Tensor gdw = up(dw, DType::F32), gdb = up(db, DType::F32);
+      Tensor cdx = with_dx ? dx : Tensor{};
+      cpu_->linear_backward(dy, x, w, cdx, dw, db);
+      gpu_->linear_backward(up(dy), up(x), up(w), gdx, gdw, gdb);
+      if (with_dx) {
+        EXPECT_LT(rel_err(down(gdx), dx), kBf16Tol) << N << " " << I << " " << O;
+      }
+      // f32 accumulation of exact bf16 products on tensor cores, in another order than OpenBLAS
+      EXPECT_LT(rel_err(down(gdw), dw), 1e-4) << N << " " << I << " " << O;
+      EXPECT_LT(rel_err(down(gdb), db), kF32Tol) << N << " " << I << " " << O;
+    }
+    // No bias gradient asked for.
+    Tensor dw = randn({O, I}, 45, 1.f, 0.f, true), gdw = up(dw, DType::F32), none, gnone, gdx;
+    cpu_->linear_backward(dy, x, w, none, dw, none);
+    gpu_->linear_backward(up(dy), up(x), up(w), gdx, gdw, gnone);
+    EXPECT_LT(rel_err(down(gdw), dw), 1e-4);
+  }
+}
+
+TEST_F(CudaOpsTest, GeluForwardBackward) {
+  for (int64_t n : {1, 15, 8192, 30011}) {
+    Tensor x = randn({n}, 50, 2.f), dy = randn({n}, 51);
+    Tensor y = host({n}), dx = host({n});
+    cpu_->gelu_forward(x, y);
+    cpu_->gelu_backward(x, dy, dx);
+    Tensor gx = up(x), gy = poison({n});
+    gpu_->gelu_forward(gx, gy);
+    EXPECT_LT(rel_err(down(gy), y), kBf16Tol) << n;
+    Tensor gdx = poison({n});
+    gpu_->gelu_backward(gx, up(dy), gdx);
+    EXPECT_LT(rel_err(down(gdx), dx), kBf16Tol) << n;
+    Tensor inplace = up(dy);  // dx aliasing dy, as the MLP's backward does
+    gpu_->gelu_backward(gx, inplace, inplace);
+    EXPECT_LT(rel_err(down(inplace), dx), kBf16Tol) << n;
+  }
+}
+
+// ---- attention ------------------------------------------------------------------------------------
+
+struct AttnCase {
+  int64_t B, T, H, D;
+};
+
+// Runs forward and backward on `gpu` and compares with the CPU backend; returns the impl used.
+std::string check_attention(Ops& cpu, Ops& gpu, AttnCase c) {
+  auto [B, T, H, D] = c;
+  Tensor qkv = randn(cpu, {B, T, 3, H, D}, 60 + T);
+  Tensor out = cpu.empty({B, T, H, D}, DType::F32, MemCategory::Workspace);
+  Tensor lse = cpu.empty({B, H, T}, DType::F32, MemCategory::Workspace);
+  Tensor no_probs;
+  cpu.attention_forward(qkv, out, lse, no_probs);
+  Tensor gqkv = upload(gpu, qkv, DType::BF16);
+  Tensor gout = poisoned(gpu, {B, T, H, D}, DType::BF16), glse = poisoned(gpu, {B, H, T}, DType::F32);
+  gpu.attention_forward(gqkv, gout, glse, no_probs);
+  EXPECT_LT(rel_err(download(gpu, cpu, gout), out), kBf16Tol) << B << " " << T << " " << H << " " << D;
+  EXPECT_LT(rel_err(download(gpu, cpu, glse), lse), 1e-4) << B << " " << T << " " << H << " " << D;
+
+  // The backward takes the bf16 output the GPU produced, as training does.
+  Tensor dout = randn(cpu, {B, T, H, D}, 70 + T);
+  Tensor dqkv = cpu.empty({B, T, 3, H, D}, DType::F32, MemCategory::Workspace);
+  cpu.attention_backward(dout, qkv, out, lse, no_probs, dqkv);
+  Tensor gdqkv = poisoned(gpu, {B, T, 3, H, D}, DType::BF16);
+  gpu.attention_backward(upload(gpu, dout, DType::BF16), gqkv, gout, glse, no_probs, gdqkv);
+  EXPECT_LT(rel_err(download(gpu, cpu, gdqkv), dqkv), kBf16Tol) << B << " " << T << " " << H << " " << D;
+  return dynamic_cast<cuda::CudaOps&>(gpu).attention_impl();
+}
+
+constexpr AttnCase kAttnCases[] = {{2, 16, 2, 32}, {1, 128, 4, 64}, {2, 64, 3, 128}, {1, 200, 2, 64}};
+
+std::unique_ptr<Ops> gpu_with_attention(const char* mode) {
+  setenv("TRIPOD_ATTENTION", mode, 1);
+  auto ops = make_ops(Device::CUDA, 0);
+  unsetenv("TRIPOD_ATTENTION");
+  return ops;
+}
+
+TEST_F(CudaOpsTest, AttentionCudnnFused) {
+  auto gpu = gpu_with_attention("cudnn");  // fails, naming cuDNN's reason, when cuDNN declines a shape
+  for (AttnCase c : kAttnCases) EXPECT_EQ(check_attention(*cpu_, *gpu, c), "cudnn");
+}
+
+TEST_F(CudaOpsTest, AttentionReferenceKernels) {
+  auto gpu = gpu_with_attention("reference");
+  for (AttnCase c : kAttnCases) EXPECT_EQ(check_attention(*cpu_, *gpu, c), "reference");
+  EXPECT_EQ(check_attention(*cpu_, *gpu, {1, 9, 2, 24}), "reference");  // D not a multiple of 32
+  EXPECT_EQ(check_attention(*cpu_, *gpu, {1, 1, 1, 64}), "reference");  // one token
+}
+
+// ---- softmax cross-entropy --------------------------------------------------------------------------
+
+TEST_F(CudaOpsTest, CrossEntropyOverVocabularyShards) {
+  for (auto [N, rows, vocab] : {std::tuple<int64_t, int64_t, int64_t>{12, 256, 456}, {5, 100, 190}, {64, 1024, 2000}}) {
+    const int64_t P = 2;
+    std::vector<int32_t> tg;
+    for (int64_t n = 0; n < N; ++n) tg.push_back(static_cast<int32_t>((n * 97 + 5) % vocab));
+    Tensor targets = ints(*cpu_, tg), gtargets = up(targets, DType::I32);
+    Tensor parts = host({P, N, 3});
+    Tensor gparts = poison({P, N, 3}, DType::F32);
+    std::vector<Tensor> logits, glogits;
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t start = p * rows, valid = std::clamp<int64_t>(vocab - start, 0, rows);
+      logits.push_back(randn({N, rows}, 80 + p, 3.f));
+      glogits.push_back(up(logits.back()));
+      Tensor st = parts.slice(p, p + 1).view({N, 3}), gst = gparts.slice(p, p + 1).view({N, 3});
+      cpu_->xent_stats(logits.back(), targets, start, valid, st);
+      gpu_->xent_stats(glogits.back(), gtargets, start, valid, gst);
+      EXPECT_LT(rel_err(down(gst), st), kF32Tol) << "shard " << p;
+    }
+    Tensor lse = host({N}), loss = host({N});
+    cpu_->xent_combine(parts, lse, loss);
+    Tensor glse = poison({N}, DType::F32), gloss = poison({N}, DType::F32);
+    gpu_->xent_combine(gparts, glse, gloss);
+    EXPECT_LT(rel_err(down(glse), lse), kF32Tol);
+    EXPECT_LT(rel_err(down(gloss), loss), kF32Tol);
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t start = p * rows, valid = std::clamp<int64_t>(vocab - start, 0, rows);
+      cpu_->xent_backward(logits[p], targets, start, valid, lse, 1.0f / N);
+      gpu_->xent_backward(glogits[p], gtargets, start, valid, glse, 1.0f / N);
+      Tensor got = down(glogits[p]);
+      EXPECT_LT(rel_err(got, logits[p]), kBf16Tol) << "shard " << p;
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t j = valid; j < rows; ++j) ASSERT_EQ(got.data<float>()[n * rows + j], 0.f) << "padding column";
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, CrossEntropyPropagatesNaN) {
+  const int64_t N = 3, V = 128;
+  Tensor logits = randn({N, V}, 90);
+  logits.data<float>()[V + 17] = std::numeric_limits<float>::quiet_NaN();  // row 1
+  Tensor targets = ints(*cpu_, {1, 2, 3});
+  Tensor gst = poison({1, N, 3}, DType::F32), glse = poison({N}, DType::F32), gloss = poison({N}, DType::F32);
+  Tensor st2 = gst.view({N, 3});
+  gpu_->xent_stats(up(logits), up(targets, DType::I32), 0, V, st2);
+  gpu_->xent_combine(gst, glse, gloss);
+  Tensor loss = down(gloss);
+  EXPECT_TRUE(std::isfinite(loss.data<float>()[0]));
+  EXPECT_TRUE(std::isnan(loss.data<float>()[1]));
+  EXPECT_TRUE(std::isfinite(loss.data<float>()[2]));
+}
+
+// ---- AdamW ---------------------------------------------------------------------------------------
+
+TEST_F(CudaOpsTest, AdamWOverRangesWritesTheBf16Copy) {
+  const int64_t n = 150000;
+  Tensor master = randn({n}, 100, 0.02f, 0.f, true), grads = randn({n}, 101, 0.01f, 0.f, true);
+  Tensor m = randn({n}, 102, 0.001f, 0.f, true), v = randn({n}, 103, 1e-4f, 0.f, true);
+  for (int64_t i = 0; i < n; ++i) v.data<float>()[i] = std::abs(v.data<float>()[i]);
+  const std::vector<FlatRange> ranges{{0, 1000, true}, {1000, 1003, false}, {1100, 140000, true}, {140000, n, false}};
+  const AdamWHyper h{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 3,
+                     .grad_scale = 0.5f};
+  Tensor gmaster = up(master, DType::F32), ggrads = up(grads, DType::F32), gm = up(m, DType::F32),
+         gv = up(v, DType::F32);
+  Tensor copy = poison({n});
+  Tensor before = clone(*cpu_, master);
+  Tensor no_copy;
+  cpu_->adamw(master, grads, m, v, ranges, h, no_copy);
+  gpu_->adamw(gmaster, ggrads, gm, gv, ranges, h, copy);
+  Tensor got = down(gmaster);
+  EXPECT_LT(rel_err(got, master), kF32Tol);
+  EXPECT_LT(rel_err(down(gm), m), kF32Tol);
+  EXPECT_LT(rel_err(down(gv), v), kF32Tol);
+  Tensor c = down(copy);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool updated = !(i >= 1003 && i < 1100);
+    if (updated)
+      ASSERT_EQ(c.data<float>()[i], static_cast<float>(bf16(got.data<float>()[i]))) << i;
+    else
+      ASSERT_EQ(got.data<float>()[i], before.data<float>()[i]) << "element outside the ranges changed: " << i;
+  }
+}
+
+// ---- timing ---------------------------------------------------------------------------------------
+
+TEST_F(CudaOpsTest, TimesOpFamilies) {
+  auto& ops = dynamic_cast<cuda::CudaOps&>(*gpu_);
+  ops.set_timing(true);
+  Tensor x = up(randn({256, 256}, 110)), w = up(randn({256, 256}, 111, 0.05f)), y = poison({256, 256});
+  gpu_->linear_forward(x, w, Tensor{}, y);
+  gpu_->gelu_forward(y, x);
+  cuda::OpTimes t = ops.take_times();
+  EXPECT_GT(t.ms[static_cast<int>(cuda::OpFamily::Gemm)], 0.0);
+  EXPECT_GT(t.ms[static_cast<int>(cuda::OpFamily::Other)], 0.0);
+  EXPECT_EQ(t.ms[static_cast<int>(cuda::OpFamily::Attention)], 0.0);
+  EXPECT_GE(t.ops, 2);
+  EXPECT_EQ(ops.take_times().ops, 0);
+}
+
+// A wrong dtype is a bug in the caller: an error naming the op and the argument, not a crash.
+TEST_F(CudaOpsTest, WrongDtypeNamesTheOp) {
+  Tensor x = up(randn({4, 8}, 120), DType::F32), y = poison({4, 8});
+  try {
+    gpu_->gelu_forward(x, y);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("gelu_forward"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tripod
