@@ -24,9 +24,8 @@ Mlp::Mlp(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegi
 void Mlp::forward(const Tensor& h_full, MlpActs& a, Tensor& out_partial) {
   const int64_t N = h_full.size(0);
   a.fc = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Activations);
-  ops_.linear_forward(h_full, fc_w_->value, fc_b_->value, a.fc);
   a.gelu = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Activations);
-  ops_.gelu_forward(a.fc, a.gelu);
+  ops_.linear_gelu_forward(h_full, fc_w_->value, fc_b_->value, a.fc, a.gelu);  // one GEMM epilogue on CUDA
   ops_.linear_forward(a.gelu, proj_w_->value, par_.coords.tp == 0 ? proj_b_->value : Tensor{}, out_partial);
 }
 

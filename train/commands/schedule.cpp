@@ -11,6 +11,8 @@
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/simulate.h"
 #include "parallel/pipeline/svg.h"
+#include "train/memory_plan.h"
+#include "train/trainer.h"
 #include "train/commands/commands.h"
 
 namespace tripod {
@@ -22,9 +24,17 @@ struct ScheduleOptions {
   std::optional<int> pp, vp, microbatches;
   bool json = false;
   PipeCosts costs;
+  std::string config;  // a run's config: its schedule, plus the per-rank memory estimate
+  std::vector<std::string> sets;
 };
 
-Schedule make_schedule(const ScheduleOptions& o) {
+Schedule make_schedule(const ScheduleOptions& o, const std::optional<Config>& cfg) {
+  if (cfg) {
+    TRIPOD_INPUT_CHECK(o.kind.empty() && o.csv.empty() && !o.pp && !o.vp && !o.microbatches,
+                       "--config {} sets the schedule; leave out --kind, --csv, --pp, --vp and --microbatches",
+                       o.config);
+    return tripod::make_schedule(*cfg);
+  }
   if (!o.csv.empty()) {
     TRIPOD_INPUT_CHECK(o.kind.empty(), "--kind {} and --csv {}: give one or the other", o.kind, o.csv);
     Schedule s = load_schedule_csv(o.csv);
@@ -72,7 +82,13 @@ GanttChart schedule_chart(const Schedule& s, const Simulation& sim, const PipeCo
 }
 
 int run_schedule(const ScheduleOptions& o) {
-  Schedule s = make_schedule(o);
+  std::optional<Config> cfg;
+  if (!o.config.empty()) {
+    cfg = load_config(o.config, o.sets);
+    const ParallelConfig& pc = cfg->parallel;
+    validate_layout(*cfg, pc.tp * pc.pp * std::max(pc.dp, 1));
+  }
+  Schedule s = make_schedule(o, cfg);
   PipePlan plan = plan_pipeline(s);  // refuses a broken schedule before anything else
   Simulation sim = simulate(s, plan, o.costs);
   if (!o.svg.empty()) write_text_file(o.svg, render_gantt_svg(schedule_chart(s, sim, o.costs)));
@@ -101,6 +117,14 @@ int run_schedule(const ScheduleOptions& o) {
                           {"peak_inflight", sim.peak_inflight},
                           {"messages", plan.messages.size()},
                           {"ranks", std::move(ranks)}};
+    if (cfg) {
+      nlohmann::json mem = nlohmann::json::array();
+      for (const RankMemory& m : plan_memory(*cfg))
+        mem.push_back({{"rank", m.rank}, {"dp", m.coords.dp}, {"pp", m.coords.pp}, {"tp", m.coords.tp},
+                       {"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
+                       {"activations", m.activations}, {"total", m.total()}});
+      out["memory_bytes"] = std::move(mem);
+    }
     fmt::print("{}\n", out.dump());
     return 0;
   }
@@ -126,6 +150,7 @@ int run_schedule(const ScheduleOptions& o) {
              sim.makespan, percent(sim.bubble), sim.peak_inflight,
              s.vp > 1 ? fmt::format(" of one chunk each ({:.2f} stages' worth)", double(sim.peak_inflight) / s.vp) : "");
   if (!o.svg.empty()) fmt::print("chart: {}\n", o.svg);
+  if (cfg) fmt::print("\n{}", memory_table(*cfg, plan_memory(*cfg)));
   return 0;
 }
 
@@ -144,6 +169,9 @@ CommandFn add_schedule_command(CLI::App& app) {
   sub->add_option("--forward-cost", o->costs.forward, "Time units per forward of one chunk (default 1)");
   sub->add_option("--backward-cost", o->costs.backward, "Time units per backward of one chunk (default 2)");
   sub->add_option("--comm-cost", o->costs.comm, "Time units per message between ranks (default 0)");
+  sub->add_option("--config", o->config,
+                  "Take the schedule from a training config and add its per-rank memory estimate");
+  sub->add_option("--set", o->sets, "Override a config value: section.key=value (with --config; repeatable)");
   return [o] { return run_schedule(*o); };
 }
 

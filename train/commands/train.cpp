@@ -9,6 +9,7 @@
 #include "parallel/comm/mpi_comm.h"
 #include "train/commands/commands.h"
 #include "train/mpi_session.h"
+#include "train/memory_plan.h"
 #include "train/trainer.h"
 
 namespace tripod {
@@ -19,6 +20,7 @@ struct TrainOptions {
   std::string config;
   std::vector<std::string> sets;
   bool verbose = false;
+  bool dry_run = false;
 };
 
 int run_train(const TrainOptions& o) {
@@ -30,6 +32,20 @@ int run_train(const TrainOptions& o) {
   std::unique_ptr<Ops> ops;
   try {
     cfg = load_config(o.config, o.sets);
+    if (o.dry_run) {
+      // The plan for the grid the config asks for (dp = 1 when not given), before any allocation.
+      if (cfg.parallel.dp == 0) cfg.parallel.dp = 1;
+      validate_layout(cfg, cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+      if (mpi.rank() == 0) {
+        Schedule s = make_schedule(cfg);
+        Simulation sim = simulate(s, PipeCosts{});
+        fmt::print("grid (dp={}, pp={}, tp={}), vp {}, {} schedule over {} micro-batches per step: simulated bubble "
+                   "{:.1f}%\n{}",
+                   cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, cfg.parallel.vp, s.kind, s.microbatches,
+                   100 * sim.bubble, memory_table(cfg, plan_memory(cfg)));
+      }
+      return 0;
+    }
     validate_layout(cfg, mpi.size());
     // One GPU per node-local rank; more ranks than GPUs share them round-robin (their
     // communicators then stage through MPI, see parallel/context.cpp).
@@ -71,6 +87,8 @@ CommandFn add_train_command(CLI::App& app) {
   sub->add_option("--config", opts->config, "TOML config file")->required();
   sub->add_option("--set", opts->sets, "Override a config value: section.key=value (repeatable)");
   sub->add_flag("-v,--verbose", opts->verbose, "Debug logging on every rank");
+  sub->add_flag("--dry-run", opts->dry_run,
+                "Print the schedule's bubble and every rank's memory estimate for the config's grid, then exit");
   return [opts] { return run_train(*opts); };
 }
 
