@@ -1,7 +1,27 @@
 // GoogleTest main for tests that use MPI: one process (singleton MPI) or many under mpirun.
-// Only rank 0 prints; every rank exits with the same status (failed anywhere = failed).
+// Rank 0 prints progress; other ranks print only their failed assertions, tagged with the rank.
+// Every rank exits with the same status (failed anywhere = failed).
 #include <gtest/gtest.h>
 #include <mpi.h>
+
+#include <cstdio>
+
+namespace {
+
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?",
+                   r.line_number(), r.summary());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
 
 int main(int argc, char** argv) {
   int provided = 0;
@@ -12,11 +32,11 @@ int main(int argc, char** argv) {
   if (rank != 0) {
     auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new FailurePrinter(rank));
   }
-  int failed = RUN_ALL_TESTS() != 0;
-  int any = 0;
+  int failed = RUN_ALL_TESTS() != 0, any = 0;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (any && rank == 0 && !failed) fprintf(stderr, "a test failed on another rank\n");
+  if (any && rank == 0 && !failed) std::fprintf(stderr, "a test failed on another rank\n");
   MPI_Finalize();
   return any;
 }

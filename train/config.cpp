@@ -3,9 +3,11 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <variant>
 #include <toml++/toml.h>
 
 #include "core/error.h"
@@ -106,6 +108,90 @@ class Section {
   std::set<std::string> seen_;
 };
 
+// Each section's keys, listed once: parsing reads them and the resolved config writes them.
+using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*,
+                              std::vector<double>*, std::vector<int>*>;
+struct Field {
+  const char* key;
+  FieldRef ref;
+};
+
+std::vector<Field> fields(ModelConfig& m) {
+  return {{"n_layers", &m.n_layers}, {"n_heads", &m.n_heads},       {"d_model", &m.d_model},
+          {"ffn_hidden", &m.ffn_hidden}, {"seq_len", &m.seq_len}, {"max_positions", &m.max_positions},
+          {"vocab_size", &m.vocab_size}};
+}
+std::vector<Field> fields(ParallelConfig& p) {
+  return {{"tp", &p.tp},
+          {"pp", &p.pp},
+          {"dp", &p.dp},
+          {"vp", &p.vp},
+          {"schedule", &p.schedule},
+          {"schedule_file", &p.schedule_file},
+          {"layers_per_stage", &p.layers_per_stage},
+          {"sequence_parallel", &p.sequence_parallel},
+          {"distributed_optimizer", &p.distributed_optimizer},
+          {"bucket_mb", &p.bucket_mb},
+          {"timeout_s", &p.timeout_s}};
+}
+std::vector<Field> fields(TrainConfig& t) {
+  return {{"device", &t.device},
+          {"seed", &t.seed},
+          {"micro_batch_size", &t.micro_batch_size},
+          {"global_batch_size", &t.global_batch_size},
+          {"steps", &t.steps},
+          {"lr", &t.lr},
+          {"min_lr", &t.min_lr},
+          {"warmup_steps", &t.warmup_steps},
+          {"decay", &t.decay},
+          {"weight_decay", &t.weight_decay},
+          {"beta1", &t.beta1},
+          {"beta2", &t.beta2},
+          {"eps", &t.eps},
+          {"grad_clip", &t.grad_clip},
+          {"log_interval", &t.log_interval},
+          {"eval_interval", &t.eval_interval},
+          {"eval_steps", &t.eval_steps},
+          {"output_dir", &t.output_dir},
+          {"exit_interval", &t.exit_interval},
+          {"max_bad_steps", &t.max_bad_steps},
+          {"trace", &t.trace}};
+}
+std::vector<Field> fields(DataConfig& d) {
+  return {{"prefixes", &d.prefixes}, {"weights", &d.weights}, {"split", &d.split}, {"tokenizer", &d.tokenizer},
+          {"synthetic", &d.synthetic}};
+}
+std::vector<Field> fields(CheckpointConfig& k) {
+  return {{"dir", &k.dir}, {"interval", &k.interval}, {"keep", &k.keep}, {"load", &k.load}, {"async", &k.async}};
+}
+
+void read_fields(Section& s, const std::vector<Field>& fs) {
+  for (const Field& f : fs) std::visit([&](auto* ptr) { s.get(f.key, *ptr); }, f.ref);
+}
+
+toml::table write_fields(const std::vector<Field>& fs) {
+  toml::table t;
+  for (const Field& f : fs)
+    std::visit(
+        [&](auto* ptr) {
+          using T = std::remove_pointer_t<decltype(ptr)>;
+          if constexpr (std::is_same_v<T, uint64_t>) {
+            t.insert(f.key, static_cast<int64_t>(*ptr));
+          } else if constexpr (std::is_same_v<T, std::vector<std::string>> || std::is_same_v<T, std::vector<double>> ||
+                               std::is_same_v<T, std::vector<int>>) {
+            toml::array a;
+            for (const auto& e : *ptr) a.push_back(e);
+            t.insert(f.key, std::move(a));
+          } else {
+            t.insert(f.key, *ptr);
+          }
+        },
+        f.ref);
+  return t;
+}
+
+const char* kModes[] = {"none", "selective", "full"};
+
 void require(bool ok, const std::string& origin, const std::string& key, const std::string& what) {
   if (!ok) throw InputError(fmt::format("{}: {} {}", origin, key, what));
 }
@@ -151,13 +237,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   {
     Section s(root, "model", origin);
     ModelConfig& m = c.model;
-    s.get("n_layers", m.n_layers);
-    s.get("n_heads", m.n_heads);
-    s.get("d_model", m.d_model);
-    s.get("ffn_hidden", m.ffn_hidden);
-    s.get("seq_len", m.seq_len);
-    s.get("max_positions", m.max_positions);
-    s.get("vocab_size", m.vocab_size);
+    read_fields(s, fields(m));
     s.finish();
     require(m.n_layers >= 1, origin, "model.n_layers", fmt::format("must be >= 1, got {}", m.n_layers));
     require(m.n_heads >= 1, origin, "model.n_heads", fmt::format("must be >= 1, got {}", m.n_heads));
@@ -170,21 +250,13 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     require(m.seq_len <= m.positions(), origin, "model.seq_len",
             fmt::format("= {} exceeds the position table (model.max_positions = {})", m.seq_len, m.positions()));
     require(m.vocab_size >= 2, origin, "model.vocab_size", fmt::format("must be >= 2, got {}", m.vocab_size));
+    m.ffn_hidden = m.ffn();  // resolved: the config records what runs
+    m.max_positions = m.positions();
   }
   {
     Section s(root, "parallel", origin);
     ParallelConfig& p = c.parallel;
-    s.get("tp", p.tp);
-    s.get("pp", p.pp);
-    s.get("dp", p.dp);
-    s.get("vp", p.vp);
-    s.get("schedule", p.schedule);
-    s.get("schedule_file", p.schedule_file);
-    s.get("layers_per_stage", p.layers_per_stage);
-    s.get("sequence_parallel", p.sequence_parallel);
-    s.get("distributed_optimizer", p.distributed_optimizer);
-    s.get("bucket_mb", p.bucket_mb);
-    s.get("timeout_s", p.timeout_s);
+    read_fields(s, fields(p));
     s.finish();
     require(p.tp >= 1, origin, "parallel.tp", fmt::format("must be >= 1, got {}", p.tp));
     require(p.pp >= 1, origin, "parallel.pp", fmt::format("must be >= 1, got {}", p.pp));
@@ -198,27 +270,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   {
     Section s(root, "train", origin);
     TrainConfig& t = c.train;
-    s.get("device", t.device);
-    s.get("seed", t.seed);
-    s.get("micro_batch_size", t.micro_batch_size);
-    s.get("global_batch_size", t.global_batch_size);
-    s.get("steps", t.steps);
-    s.get("lr", t.lr);
-    s.get("min_lr", t.min_lr);
-    s.get("warmup_steps", t.warmup_steps);
-    s.get("decay", t.decay);
-    s.get("weight_decay", t.weight_decay);
-    s.get("beta1", t.beta1);
-    s.get("beta2", t.beta2);
-    s.get("eps", t.eps);
-    s.get("grad_clip", t.grad_clip);
-    s.get("log_interval", t.log_interval);
-    s.get("eval_interval", t.eval_interval);
-    s.get("eval_steps", t.eval_steps);
-    s.get("output_dir", t.output_dir);
-    s.get("exit_interval", t.exit_interval);
-    s.get("max_bad_steps", t.max_bad_steps);
-    s.get("trace", t.trace);
+    read_fields(s, fields(t));
     s.finish();
     require(t.device == "cpu" || t.device == "cuda", origin, "train.device",
             fmt::format("= \"{}\" is not \"cpu\" or \"cuda\"", t.device));
@@ -250,21 +302,18 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     s.get("mode", mode);
     s.get("num_layers", c.recompute.num_layers);
     s.finish();
-    if (mode == "none") c.recompute.mode = RecomputeMode::None;
-    else if (mode == "selective") c.recompute.mode = RecomputeMode::Selective;
-    else if (mode == "full") c.recompute.mode = RecomputeMode::Full;
-    else throw InputError(fmt::format("{}: recompute.mode = \"{}\" is not one of \"none\", \"selective\", \"full\"", origin, mode));
+    auto it = std::find(std::begin(kModes), std::end(kModes), mode);
+    if (it == std::end(kModes))
+      throw InputError(fmt::format("{}: recompute.mode = \"{}\" is not one of \"none\", \"selective\", \"full\"",
+                                   origin, mode));
+    c.recompute.mode = static_cast<RecomputeMode>(it - std::begin(kModes));
     require(c.recompute.num_layers >= -1, origin, "recompute.num_layers",
             fmt::format("must be >= 0 (or -1 for every layer), got {}", c.recompute.num_layers));
   }
   {
     Section s(root, "data", origin);
     DataConfig& d = c.data;
-    s.get("prefixes", d.prefixes);
-    s.get("weights", d.weights);
-    s.get("split", d.split);
-    s.get("tokenizer", d.tokenizer);
-    s.get("synthetic", d.synthetic);
+    read_fields(s, fields(d));
     s.finish();
     require(!d.prefixes.empty() || d.synthetic, origin, "data.prefixes",
             "is missing: name the indexed datasets to train on (or set data.synthetic = true for synthetic tokens)");
@@ -275,11 +324,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   {
     Section s(root, "checkpoint", origin);
     CheckpointConfig& k = c.checkpoint;
-    s.get("dir", k.dir);
-    s.get("interval", k.interval);
-    s.get("keep", k.keep);
-    s.get("load", k.load);
-    s.get("async", k.async);
+    read_fields(s, fields(k));
     s.finish();
     require(k.interval >= 0, origin, "checkpoint.interval", fmt::format("must be >= 0, got {}", k.interval));
     require(k.keep >= 0, origin, "checkpoint.keep", fmt::format("must be >= 0 (0 keeps all), got {}", k.keep));
@@ -333,66 +378,15 @@ void validate_layout(Config& cfg, int world_size) {
   layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
 }
 
-std::string config_to_toml(const Config& c) {
-  auto list = [](const auto& v) {
-    toml::array a;
-    for (const auto& e : v) a.push_back(e);
-    return a;
-  };
-  const char* modes[] = {"none", "selective", "full"};
-  toml::table t{
-      {"model", toml::table{{"n_layers", c.model.n_layers},
-                            {"n_heads", c.model.n_heads},
-                            {"d_model", c.model.d_model},
-                            {"ffn_hidden", c.model.ffn()},
-                            {"seq_len", c.model.seq_len},
-                            {"max_positions", c.model.positions()},
-                            {"vocab_size", c.model.vocab_size}}},
-      {"parallel", toml::table{{"tp", c.parallel.tp},
-                               {"pp", c.parallel.pp},
-                               {"dp", c.parallel.dp},
-                               {"vp", c.parallel.vp},
-                               {"schedule", c.parallel.schedule},
-                               {"schedule_file", c.parallel.schedule_file},
-                               {"layers_per_stage", list(c.parallel.layers_per_stage)},
-                               {"sequence_parallel", c.parallel.sequence_parallel},
-                               {"distributed_optimizer", c.parallel.distributed_optimizer},
-                               {"bucket_mb", c.parallel.bucket_mb},
-                               {"timeout_s", c.parallel.timeout_s}}},
-      {"train", toml::table{{"device", c.train.device},
-                            {"seed", static_cast<int64_t>(c.train.seed)},
-                            {"micro_batch_size", c.train.micro_batch_size},
-                            {"global_batch_size", c.train.global_batch_size},
-                            {"steps", c.train.steps},
-                            {"lr", c.train.lr},
-                            {"min_lr", c.train.min_lr},
-                            {"warmup_steps", c.train.warmup_steps},
-                            {"decay", c.train.decay},
-                            {"weight_decay", c.train.weight_decay},
-                            {"beta1", c.train.beta1},
-                            {"beta2", c.train.beta2},
-                            {"eps", c.train.eps},
-                            {"grad_clip", c.train.grad_clip},
-                            {"log_interval", c.train.log_interval},
-                            {"eval_interval", c.train.eval_interval},
-                            {"eval_steps", c.train.eval_steps},
-                            {"output_dir", c.train.output_dir},
-                            {"exit_interval", c.train.exit_interval},
-                            {"max_bad_steps", c.train.max_bad_steps},
-                            {"trace", c.train.trace}}},
-      {"recompute", toml::table{{"mode", modes[static_cast<int>(c.recompute.mode)]},
-                                {"num_layers", c.recompute.num_layers}}},
-      {"data", toml::table{{"prefixes", list(c.data.prefixes)},
-                           {"weights", list(c.data.weights)},
-                           {"split", c.data.split},
-                           {"tokenizer", c.data.tokenizer},
-                           {"synthetic", c.data.synthetic}}},
-      {"checkpoint", toml::table{{"dir", c.checkpoint.dir},
-                                 {"interval", c.checkpoint.interval},
-                                 {"keep", c.checkpoint.keep},
-                                 {"load", c.checkpoint.load},
-                                 {"async", c.checkpoint.async}}},
-  };
+std::string config_to_toml(const Config& cfg) {
+  Config c = cfg;  // the field lists take mutable references
+  toml::table t{{"model", write_fields(fields(c.model))},
+                {"parallel", write_fields(fields(c.parallel))},
+                {"train", write_fields(fields(c.train))},
+                {"recompute", toml::table{{"mode", kModes[static_cast<int>(c.recompute.mode)]},
+                                          {"num_layers", c.recompute.num_layers}}},
+                {"data", write_fields(fields(c.data))},
+                {"checkpoint", write_fields(fields(c.checkpoint))}};
   std::stringstream ss;
   ss << t << "\n";
   return ss.str();

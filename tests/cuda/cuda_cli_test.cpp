@@ -13,38 +13,24 @@
 #include <sstream>
 #include <string>
 
+#include "cli_util.h"
 #include "kernels/op.h"
+#include "test_util.h"
 
 namespace tripod {
 namespace {
 
-struct RunResult {
-  int status = -1;
-  std::string output;  // stdout and stderr
-};
-
-RunResult run(const std::string& args) {
-  const char* bin = std::getenv("TRIPOD_BIN");
-  if (!bin) bin = TRIPOD_BIN_PATH;
-  RunResult r;
-  std::string cmd = std::string("'") + bin + "' " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+// The executable's combined output and status.
+test::CmdResult run(const std::string& args) {
+  test::CmdResult r = test::run_cmd("'" + test::tripod_bin() + "' " + args);
+  r.out += r.err;
   return r;
 }
 
-std::string source_dir() {
-  const char* s = std::getenv("TRIPOD_SOURCE_DIR");
-  return s ? s : TRIPOD_SOURCE_PATH;
-}
+std::string source_dir() { return test::source_dir(); }
 
 std::filesystem::path scratch_dir(const char* name) {
-  auto dir = std::filesystem::temp_directory_path() / fmt::format("tripod_{}_{}", name, getpid());
+  auto dir = test::scratch_dir(name);
   std::filesystem::remove_all(dir);
   return dir;
 }
@@ -52,19 +38,19 @@ std::filesystem::path scratch_dir(const char* name) {
 TEST(CudaCli, TrainOnCudaWithoutGpuExitsTwo) {
   if (cuda_device_count() > 0) GTEST_SKIP() << "this machine has a CUDA GPU; the check is for GPU-less machines";
   const auto out = scratch_dir("nogpu");
-  RunResult r = run(fmt::format("train --config '{}/configs/tiny.toml' --set train.device=cuda --set train.output_dir='{}'",
+  test::CmdResult r = run(fmt::format("train --config '{}/configs/tiny.toml' --set train.device=cuda --set train.output_dir='{}'",
                           source_dir(), out.string()));
-  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_EQ(r.status, 2) << r.out;
   // Exactly one line starting "error:", naming the key at fault.
   size_t errors = 0;
   std::string line, error_line;
-  std::istringstream lines(r.output);
+  std::istringstream lines(r.out);
   while (std::getline(lines, line))
     if (line.rfind("error:", 0) == 0) {
       ++errors;
       error_line = line;
     }
-  EXPECT_EQ(errors, 1u) << r.output;
+  EXPECT_EQ(errors, 1u) << r.out;
   EXPECT_NE(error_line.find("train.device"), std::string::npos) << error_line;
   EXPECT_FALSE(std::filesystem::exists(out)) << "nothing may be written on a configuration error";
 }
@@ -72,15 +58,15 @@ TEST(CudaCli, TrainOnCudaWithoutGpuExitsTwo) {
 TEST(CudaCli, TrainOnCudaRunsATinyModel) {
   if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA GPU: the CUDA backend is compiled but cannot run here";
   const auto out = scratch_dir("gpu");
-  RunResult r = run(fmt::format("train --config '{}/configs/tiny.toml' --set train.device=cuda --set train.steps=5 "
+  test::CmdResult r = run(fmt::format("train --config '{}/configs/tiny.toml' --set train.device=cuda --set train.steps=5 "
                           "--set train.log_interval=1 --set train.output_dir='{}'",
                           source_dir(), out.string()));
-  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.status, 0) << r.out;
   std::ifstream metrics(out / "metrics.jsonl");
   std::string line;
   int lines = 0;
   while (std::getline(metrics, line)) ++lines;
-  EXPECT_EQ(lines, 5) << r.output;
+  EXPECT_EQ(lines, 5) << r.out;
   std::filesystem::remove_all(out);
 }
 

@@ -101,13 +101,3 @@ TEST(CudaGrid, TensorAndDataParallelMatchSerial) {
 
 }  // namespace
 }  // namespace tripod
-
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  int failed = RUN_ALL_TESTS() != 0, any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
-}

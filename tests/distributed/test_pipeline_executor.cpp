@@ -267,37 +267,6 @@ TEST_F(PipelineExecutorTest, TracedRunMergesIntoATimeline) {
   world_->barrier();
 }
 
-// On ranks other than 0: no progress lines, only failed assertions, tagged with the rank.
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      fmt::print(stderr, "[rank {}] {}:{}: failure\n{}\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(),
-                 r.summary());
-  }
-
- private:
-  int rank_;
-};
 
 }  // namespace
 }  // namespace tripod
-
-int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    // Only rank 0 prints progress; every rank still prints its failures.
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new tripod::FailurePrinter(rank));
-  }
-  int failed = RUN_ALL_TESTS() != 0 ? 1 : 0, any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any;
-}
