@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "data/sampler.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 
@@ -95,10 +96,9 @@ void Trainer::load_microbatch(int64_t step, int micro, MicroBatch& mb) {
   mb.shape = {B, T};
   mb.grad_scale = 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * T);
   if (!needs_tokens_ && !needs_targets_) return;
-  // Global sample order (Megatron's): each micro-step takes B * dp consecutive samples, DP rank d
-  // the d-th run of B. The samples depend on (step, micro, d) only through the global index.
-  const int64_t base = step * tc.global_batch_size + static_cast<int64_t>(micro) * B * par_.grid.dp() +
-                       static_cast<int64_t>(par_.coords.dp) * B;
+  // The samples depend on (step, micro, DP rank) only through the global index (data/sampler.h).
+  const SampleOrder order{.global_batch = tc.global_batch_size, .micro_batch = B, .dp = par_.grid.dp()};
+  const int64_t base = order.index(step * tc.global_batch_size, micro, par_.coords.dp, 0);
   CpuAllocator host;
   Tensor in = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
   Tensor tg = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
