@@ -762,12 +762,18 @@ RunMetrics read_metrics(const std::string& path) {
   int64_t line_no = 0;
   while (std::getline(in, line)) {
     ++line_no;
+    // The last line without its newline may be one the trainer is writing right now.
+    const bool unfinished = in.eof();
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string where = fmt::format("{}:{}", path, line_no);
     json j;
     try {
       j = json::parse(line);
     } catch (const json::exception& e) {
+      if (unfinished) {
+        m.unfinished_line = true;
+        break;
+      }
       throw InputError(fmt::format("{}: not a JSON line ({})", where, e.what()));
     }
     TRIPOD_INPUT_CHECK(j.is_object(), "{}: expected a JSON object, got {}", where,
@@ -1016,6 +1022,9 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
     body += "<section class=\"panel\" id=\"config\"><details><summary>config.toml (resolved)</summary><pre>" +
             esc(cfg.text) + "</pre></details></section>\n";
   }
+  if (m.unfinished_line)
+    info.notes.push_back(fmt::format("The last line of {} is unfinished (being written?) and was left out.",
+                                     metrics_path.string()));
   if (m.superseded || m.other_records)
     info.notes.push_back(fmt::format("metrics.jsonl: {} record(s) replaced by a later record of the same step (a "
                                      "resumed run){}.",

@@ -10,7 +10,7 @@
 //   trace/rank_R.jsonl  the ranks' timelines (parallel/pipeline/trace.h)
 // A missing piece is stated on the page. Input errors (no RUN_DIR, a metrics line that is not
 // JSON or has a field of the wrong type, a malformed trace file) throw InputError naming the
-// file and line. The report never writes into RUN_DIR except its own output file.
+// file and line; only a metrics.jsonl's unfinished last line (a run writing it) is left out. The report never writes into RUN_DIR except its own output file.
 #pragma once
 
 #include <cstdint>
@@ -42,10 +42,12 @@ struct RunMetrics {
   std::vector<EvalRecord> eval;    // by (split, step), the same way
   int64_t superseded = 0;          // records replaced by a later one of the same step
   int64_t other_records = 0;       // objects that are neither (left out)
+  bool unfinished_line = false;    // the file ends in a partial line (left out): a run writing it
 };
 
 // Reads RUN_DIR/metrics.jsonl (`path`). InputError "PATH:LINE: ..." on a line that is not a JSON
-// object or whose known fields have the wrong type.
+// object or whose known fields have the wrong type; a last line with no newline that does not
+// parse is one being written, and is left out.
 RunMetrics read_metrics(const std::string& path);
 
 struct ReportInfo {

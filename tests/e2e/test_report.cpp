@@ -260,6 +260,12 @@ TEST(Report, BadInputsExitTwoNamingTheFileAndWriteNothing) {
   EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
   EXPECT_NE(r.err.find((dir / "metrics.jsonl").string() + ":3: not a JSON line"), std::string::npos) << r.err;
   EXPECT_EQ(slurp(dir / "report.html"), "old page");
+  // The same line last, without its newline, is one being written: left out, and said so.
+  test::write_file(dir / "metrics.jsonl", "{\"step\":1,\"loss\":2.5}\n{\"step\":2,\"loss\":");
+  r = run_cmd(test::tripod_bin() + " report " + dir.string() + " --out " + (dir / "live.html").string());
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("1 logged step(s)"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(dir / "live.html").find("metrics.jsonl is unfinished (being written?)"), std::string::npos);
 
   struct Case {
     std::string line, expect;
