@@ -26,6 +26,7 @@ skip() {
 for tool in ip unshare hostname timeout; do
   command -v "$tool" >/dev/null || skip "'$tool' not found"
 done
+unshare --uts true 2>/dev/null || skip "unshare --uts failed (no UTS namespaces here)"
 
 # Names unique to this run, so parallel runs and leftovers of others are never touched.
 tag="tripodmh$$"
@@ -48,7 +49,8 @@ ip netns add "$nsa" 2>"$work/netns.err" || skip "ip netns add failed: $(head -c 
 made+=("$nsa")
 ip netns add "$nsb"
 made+=("$nsb")
-ip link add mh0 netns "$nsa" type veth peer name mh1 netns "$nsb"
+ip link add mh0 netns "$nsa" type veth peer name mh1 netns "$nsb" 2>"$work/netns.err" ||
+  skip "cannot make a veth pair: $(head -c 200 "$work/netns.err")"
 ip -n "$nsa" addr add 198.18.0.1/24 dev mh0
 ip -n "$nsb" addr add 198.18.0.2/24 dev mh1
 for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up; done

@@ -319,6 +319,20 @@ TEST_F(ReportOfRun, ChromiumRendersThePage) {
   r = run_cmd("timeout 120 " + chromium + " " + flags + "--dump-dom " + url);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("data-ready=\"5\""), std::string::npos) << "the page's script did not run to the end";
+  // Hovering over the loss chart writes the values under it: a copy of the page with a probe
+  // that moves the mouse to the chart's middle and copies the readout into an attribute.
+  std::string page = slurp(run() / "report.html");
+  const std::string probe =
+      "<script>(function(){var svg=document.querySelector('svg.chart[data-chart=\"loss\"]');"
+      "var b=svg.getBoundingClientRect();svg.dispatchEvent(new MouseEvent('mousemove',{clientX:b.left+b.width/2,"
+      "clientY:b.top+b.height/2,bubbles:true}));document.body.setAttribute('data-probe',"
+      "document.getElementById('readout-loss').textContent);})();</script>";
+  page.insert(page.rfind("</body>"), probe);
+  test::write_file(run().parent_path() / "hover.html", page);
+  r = run_cmd("timeout 120 " + chromium + " " + flags + "--dump-dom file://" + (run().parent_path() / "hover.html").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("data-probe=\"step [23]:  train [0-9.]+\""))) << r.out.substr(0, 400);
+
   r = run_cmd("timeout 120 " + chromium + " " + flags + "--screenshot=" + png.string() + " " + url);
   ASSERT_EQ(r.status, 0) << r.err;
   ASSERT_TRUE(fs::exists(png)) << r.err;
