@@ -14,5 +14,6 @@ CommandFn add_train_command(CLI::App& app);
 CommandFn add_schedule_command(CLI::App& app);
 CommandFn add_trace_command(CLI::App& app);
 CommandFn add_data_command(CLI::App& app);
+CommandFn add_report_command(CLI::App& app);
 
 }  // namespace tripod

@@ -1,0 +1,356 @@
+// `tripod report` end to end: a real two-rank pipeline run becomes one self-contained HTML page
+// with its curves, memory bars and timeline; missing pieces are stated on the page; bad inputs
+// fail with one "error:" line; and, where Debian's chromium is installed, the page renders.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "cli_util.h"
+#include "train/report.h"
+
+namespace tripod {
+namespace {
+
+namespace fs = std::filesystem;
+using test::run_cmd;
+
+const char* kTiny = R"([model]
+n_layers = 2
+n_heads = 4
+d_model = 32
+seq_len = 16
+vocab_size = 64
+[parallel]
+pp = 2
+[train]
+micro_batch_size = 2
+global_batch_size = 8
+steps = 4
+log_interval = 1
+[data]
+synthetic = true
+)";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
+  return n;
+}
+
+// Every src=, href=, url( and @import of the page: none may leave the file.
+void expect_self_contained(const std::string& html) {
+  std::regex ref(R"re((?:src|href|xlink:href)\s*=\s*["']?([^"'\s>]*)|url\(\s*["']?([^)"']*)|@import)re",
+                 std::regex::icase);
+  for (auto it = std::sregex_iterator(html.begin(), html.end(), ref); it != std::sregex_iterator(); ++it) {
+    const std::string target = (*it)[1].matched ? (*it)[1].str() : (*it)[2].str();
+    EXPECT_EQ(target.find("//"), std::string::npos) << "external reference: " << it->str();
+    EXPECT_NE(it->str().rfind("@import", 0), 0u) << "an @import";
+  }
+  EXPECT_EQ(html.find("http://"), std::string::npos);
+  EXPECT_EQ(html.find("https://"), std::string::npos);
+}
+
+// The page's embedded chart data (the JSON in <script id="report-data">).
+nlohmann::json chart_data(const std::string& html) {
+  const std::string open = "<script type=\"application/json\" id=\"report-data\">";
+  auto a = html.find(open);
+  EXPECT_NE(a, std::string::npos);
+  if (a == std::string::npos) return {};
+  a += open.size();
+  auto b = html.find("</script>", a);
+  std::string text = html.substr(a, b - a);
+  for (size_t p = text.find("<\\/"); p != std::string::npos; p = text.find("<\\/", p)) text.replace(p, 3, "</");
+  return nlohmann::json::parse(text);
+}
+
+// One tiny pp=2 training under mpirun, shared by the tests that read its run directory.
+class ReportOfRun : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new fs::path(test::scratch_dir("report_run"));
+    test::write_file(*dir_ / "c.toml", kTiny);
+    auto r = run_cmd(test::mpirun(2) + test::tripod_bin() + " train --config " + (*dir_ / "c.toml").string() +
+                     " --set train.output_dir=" + (*dir_ / "run").string());
+    train_status_ = r.status;
+    train_err_ = r.err;
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
+    delete dir_;
+  }
+  void SetUp() override { ASSERT_EQ(train_status_, 0) << train_err_; }
+  static fs::path run() { return *dir_ / "run"; }
+
+  static fs::path* dir_;
+  static int train_status_;
+  static std::string train_err_;
+};
+fs::path* ReportOfRun::dir_ = nullptr;
+int ReportOfRun::train_status_ = -1;
+std::string ReportOfRun::train_err_;
+
+TEST_F(ReportOfRun, PageHoldsCurvesMemoryTimelineAndConfig) {
+  std::set<std::string> files_before;
+  for (const auto& e : fs::directory_iterator(run())) files_before.insert(e.path().filename().string());
+
+  auto r = run_cmd(test::tripod_bin() + " report " + run().string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("wrote " + (run() / "report.html").string()), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("4 logged step(s)"), std::string::npos) << r.out;
+  const std::string html = slurp(run() / "report.html");
+  expect_self_contained(html);
+
+  // The report writes its page and nothing else into the run directory.
+  std::set<std::string> files_after;
+  for (const auto& e : fs::directory_iterator(run())) files_after.insert(e.path().filename().string());
+  files_before.insert("report.html");
+  EXPECT_EQ(files_after, files_before);
+
+  // Header: the grid and the model of the resolved config.
+  EXPECT_NE(html.find("<div class=\"v\">dp 1 \u00d7 pp 2 \u00d7 tp 1</div><div class=\"d\">2 ranks; vp 1, 1f1b schedule"),
+            std::string::npos);
+  EXPECT_NE(html.find("2 layers, d_model 32, 4 heads, seq 16, vocab 64"), std::string::npos);
+  EXPECT_NE(html.find("step 4 / 4"), std::string::npos);
+
+  // Curves: one path per series, and the data behind them equal to metrics.jsonl's.
+  for (const char* id : {"loss", "throughput", "mfu", "lr", "grad_norm"})
+    EXPECT_NE(html.find(fmt::format("<svg class=\"chart\" data-chart=\"{}\"", id)), std::string::npos) << id;
+  EXPECT_NE(html.find("<path class=\"series\" data-series=\"train\" d=\"M"), std::string::npos);
+  EXPECT_NE(html.find("<path class=\"series\" data-series=\"tokens/s\" d=\"M"), std::string::npos);
+  EXPECT_NE(html.find("<path class=\"series\" data-series=\"MFU\" d=\"M"), std::string::npos);
+  auto data = chart_data(html);
+  std::ifstream m(run() / "metrics.jsonl");
+  std::string line;
+  std::vector<double> losses, tps;
+  while (std::getline(m, line)) {
+    auto j = nlohmann::json::parse(line);
+    losses.push_back(j.at("loss").get<double>());
+    tps.push_back(j.at("tokens_per_s").get<double>());
+  }
+  ASSERT_EQ(losses.size(), 4u);
+  const auto& loss_series = data["charts"]["loss"]["series"][0];
+  ASSERT_EQ(loss_series["y"].size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(loss_series["x"][i].get<int>(), static_cast<int>(i) + 1);
+    EXPECT_NEAR(loss_series["y"][i].get<double>(), losses[i], 1e-5 * losses[i]);
+    EXPECT_NEAR(data["charts"]["throughput"]["series"][0]["y"][i].get<double>(), tps[i], 1e-5 * tps[i]);
+  }
+  EXPECT_NE(html.find(fmt::format("<div class=\"v\">{:.4f}</div>", losses.back())), std::string::npos);
+
+  // Memory: a bar per category, rank 0's figures.
+  for (const char* cat : {"params", "grads", "optimizer", "activations", "workspace", "comm", "total"})
+    EXPECT_NE(html.find(fmt::format("<rect class=\"bar\" data-category=\"{}\"", cat)), std::string::npos) << cat;
+
+  // Timeline: the merged trace's chart with a row per rank, and measured vs ideal idle.
+  EXPECT_NE(html.find("<div class=\"trace-svg\"><svg"), std::string::npos);
+  EXPECT_NE(html.find("rank 0 (pp 0)"), std::string::npos);
+  EXPECT_NE(html.find("rank 1 (pp 1)"), std::string::npos);
+  EXPECT_EQ(count(html, "<td class=\"idle\"><span class=\"ib\">"), 4u);  // 2 ranks x (measured, ideal)
+  EXPECT_NE(html.find("1f1b schedule, pp=2 vp=1, 4 micro-batches per pipeline"), std::string::npos);
+  EXPECT_EQ(html.find("class=\"note\""), std::string::npos) << "nothing is missing from this run";
+}
+
+TEST_F(ReportOfRun, OutWritesElsewhereAndMatchesTheLibrary) {
+  auto out = run().parent_path() / "page.html";
+  auto r = run_cmd(test::tripod_bin() + " report " + run().string() + " --out " + out.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_TRUE(fs::exists(out));
+  ReportInfo info;
+  std::string html = render_report(run().string(), &info);
+  EXPECT_EQ(info.train_steps, 4);
+  EXPECT_TRUE(info.has_trace && info.has_config && info.has_metrics);
+  EXPECT_TRUE(info.notes.empty());
+  // Equal but for the time it was generated.
+  auto strip_time = [](std::string s) { return std::regex_replace(s, std::regex("generated [^&]*&middot;"), ""); };
+  EXPECT_EQ(strip_time(slurp(out)), strip_time(html));
+}
+
+TEST(Report, ValidationRecordsGiveASecondCurveAndLaterRecordsWin) {
+  auto dir = test::scratch_dir("report_eval");
+  std::string metrics;
+  // Steps 1..40, then a resumed session logging steps 31..40 again with other losses.
+  for (int s = 1; s <= 40; ++s)
+    metrics += fmt::format(R"({{"step":{},"loss":{},"lr":1e-3,"grad_norm":1.5,"step_time_s":0.1,"tokens_per_s":1000,)"
+                           R"("mfu":0.01,"consumed_samples":{},"skipped":false,"skipped_total":0}})"
+                           "\n",
+                           s, 5.0 - 0.05 * s, 8 * s);
+  for (int s = 10; s <= 40; s += 10)
+    metrics += fmt::format(R"({{"eval":true,"split":"valid","step":{},"loss":{},"perplexity":{}}})"
+                           "\n",
+                           s, 4.9 - 0.05 * s, std::exp(4.9 - 0.05 * s));
+  for (int s = 31; s <= 40; ++s)
+    metrics += fmt::format(R"({{"step":{},"loss":{},"lr":1e-3,"grad_norm":null,"step_time_s":0.1,)"
+                           R"("tokens_per_s":1000,"mfu":0.01,"skipped":{}}})"
+                           "\n",
+                           s, s == 35 ? "null" : "1.25", s == 35 ? "true" : "false");
+  test::write_file(dir / "metrics.jsonl", metrics);
+  auto r = run_cmd(test::tripod_bin() + " report " + dir.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string html = slurp(dir / "report.html");
+  expect_self_contained(html);
+  auto data = chart_data(html);
+  const auto& series = data["charts"]["loss"]["series"];
+  ASSERT_EQ(series.size(), 3u);  // train, train (smoothed), validation
+  EXPECT_EQ(series[0]["n"], "train");
+  EXPECT_EQ(series[1]["n"], "train (smoothed)");
+  EXPECT_EQ(series[2]["n"], "validation");
+  ASSERT_EQ(series[0]["x"].size(), 40u);
+  EXPECT_EQ(series[0]["y"][30].get<double>(), 1.25);  // step 31, from the later session
+  EXPECT_TRUE(series[0]["y"][34].is_null());           // step 35: skipped, non-finite
+  EXPECT_EQ(series[2]["x"], nlohmann::json({10, 20, 30, 40}));
+  EXPECT_NEAR(series[2]["y"][3].get<double>(), 2.9, 1e-9);
+  EXPECT_NE(html.find("<path class=\"series\" data-series=\"validation\" d=\"M"), std::string::npos);
+  EXPECT_NE(html.find("update skipped"), std::string::npos);
+  EXPECT_NE(html.find("Validation loss"), std::string::npos);
+  EXPECT_NE(html.find("10 record(s) replaced by a later record of the same step"), std::string::npos);
+  // No config, no trace, no memory figures: said on the page.
+  EXPECT_NE(html.find("No configuration: "), std::string::npos);
+  EXPECT_NE(html.find("No pipeline timeline: "), std::string::npos);
+  EXPECT_NE(html.find("No memory figures"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Report, EmptyRunDirectoryStatesWhatIsMissing) {
+  auto dir = test::scratch_dir("report_empty");
+  auto r = run_cmd(test::tripod_bin() + " report " + dir.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("note: No metrics yet"), std::string::npos) << r.out;
+  const std::string html = slurp(dir / "report.html");
+  expect_self_contained(html);
+  EXPECT_NE(html.find("No metrics yet: " + (dir / "metrics.jsonl").string() + " does not exist"), std::string::npos);
+  EXPECT_NE(html.find("No pipeline timeline: " + (dir / "trace").string() + " does not exist"), std::string::npos);
+  EXPECT_NE(html.find("No configuration: "), std::string::npos);
+  // A trace folder without rank files yet.
+  fs::create_directories(dir / "trace");
+  test::write_file(dir / "metrics.jsonl", "\n");
+  r = run_cmd(test::tripod_bin() + " report " + dir.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string html2 = slurp(dir / "report.html");
+  EXPECT_NE(html2.find("holds no rank_&lt;R&gt;.jsonl files yet"), std::string::npos);
+  EXPECT_NE(html2.find("holds no step records"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(Report, BadInputsExitTwoNamingTheFileAndWriteNothing) {
+  auto dir = test::scratch_dir("report_bad");
+  // No such directory.
+  auto r = run_cmd(test::tripod_bin() + " report " + (dir / "nope").string());
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
+  EXPECT_NE(r.err.find((dir / "nope").string() + ": no such run directory"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "nope"));
+
+  // A line that is not JSON: named with its line number; an existing page is left as it was.
+  test::write_file(dir / "report.html", "old page");
+  test::write_file(dir / "metrics.jsonl", "{\"step\":1,\"loss\":2.5}\n\n{\"step\":2,\"loss\":\n");
+  r = run_cmd(test::tripod_bin() + " report " + dir.string());
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
+  EXPECT_NE(r.err.find((dir / "metrics.jsonl").string() + ":3: not a JSON line"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(dir / "report.html"), "old page");
+  // The same line last, without its newline, is one being written: left out, and said so.
+  test::write_file(dir / "metrics.jsonl", "{\"step\":1,\"loss\":2.5}\n{\"step\":2,\"loss\":");
+  r = run_cmd(test::tripod_bin() + " report " + dir.string() + " --out " + (dir / "live.html").string());
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("1 logged step(s)"), std::string::npos) << r.out;
+  EXPECT_NE(slurp(dir / "live.html").find("metrics.jsonl is unfinished (being written?)"), std::string::npos);
+
+  struct Case {
+    std::string line, expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"[1,2]", ":1: expected a JSON object"},
+           {"{\"step\":1,\"loss\":\"low\"}", ":1: \"loss\" must be a number, got \"low\""},
+           {"{\"step\":-1,\"loss\":1}", ":1: \"step\" must be a non-negative integer"},
+           {"{\"step\":1,\"loss\":1,\"mem_peak_bytes\":{\"params\":\"x\"}}", ":1: mem_peak_bytes.params must be"},
+           {"{\"eval\":true,\"step\":1,\"split\":3,\"loss\":1}", ":1: \"split\" must be a string"},
+       }) {
+    test::write_file(dir / "metrics.jsonl", c.line + "\n");
+    r = run_cmd(test::tripod_bin() + " report " + dir.string());
+    EXPECT_EQ(r.status, 2) << c.line << ": " << r.err;
+    EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
+    EXPECT_NE(r.err.find("metrics.jsonl" + c.expect), std::string::npos) << c.line << ": " << r.err;
+  }
+
+  // A broken trace file is named as it is in the run directory.
+  test::write_file(dir / "metrics.jsonl", "");
+  fs::create_directories(dir / "trace");
+  test::write_file(dir / "trace" / "rank_0.jsonl", "not json\n");
+  r = run_cmd(test::tripod_bin() + " report " + dir.string());
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find((dir / "trace" / "rank_0.jsonl").string() + ":1:"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("tripod_report_"), std::string::npos) << r.err;
+  fs::remove_all(dir / "trace");
+
+  // --out into a folder that does not exist.
+  r = run_cmd(test::tripod_bin() + " report " + dir.string() + " --out " + (dir / "no" / "page.html").string());
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find((dir / "no" / "page.html").string()), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(dir / "report.html"), "old page");
+  fs::remove_all(dir);
+}
+
+// The page in a real browser: Debian's chromium renders it headless, its script runs, and the
+// screenshot is a full picture (not a blank or error page). Skips where chromium is missing.
+TEST_F(ReportOfRun, ChromiumRendersThePage) {
+  const std::string chromium = "/usr/bin/chromium";
+  if (!fs::exists(chromium)) GTEST_SKIP() << chromium << " not installed (apt-get install chromium)";
+  auto r = run_cmd(test::tripod_bin() + " report " + run().string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto profile = run().parent_path() / "chromium_profile";
+  auto png = run().parent_path() / "report.png";
+  const std::string flags = "--headless --no-sandbox --disable-gpu --disable-background-networking "
+                            "--disable-component-update --disable-sync --no-first-run --disable-dev-shm-usage "
+                            "--user-data-dir=" + profile.string() + " --window-size=1400,2000 ";
+  const std::string url = "file://" + (run() / "report.html").string();
+  // The DOM after the script ran: it marks the root with the number of charts it wired up.
+  r = run_cmd("timeout 120 " + chromium + " " + flags + "--dump-dom " + url);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("data-ready=\"5\""), std::string::npos) << "the page's script did not run to the end";
+  // Hovering over the loss chart writes the values under it: a copy of the page with a probe
+  // that moves the mouse to the chart's middle and copies the readout into an attribute.
+  std::string page = slurp(run() / "report.html");
+  const std::string probe =
+      "<script>(function(){var svg=document.querySelector('svg.chart[data-chart=\"loss\"]');"
+      "var b=svg.getBoundingClientRect();svg.dispatchEvent(new MouseEvent('mousemove',{clientX:b.left+b.width/2,"
+      "clientY:b.top+b.height/2,bubbles:true}));document.body.setAttribute('data-probe',"
+      "document.getElementById('readout-loss').textContent);})();</script>";
+  page.insert(page.rfind("</body>"), probe);
+  test::write_file(run().parent_path() / "hover.html", page);
+  r = run_cmd("timeout 120 " + chromium + " " + flags + "--dump-dom file://" + (run().parent_path() / "hover.html").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex("data-probe=\"step [23]:  train [0-9.]+\""))) << r.out.substr(0, 400);
+
+  r = run_cmd("timeout 120 " + chromium + " " + flags + "--screenshot=" + png.string() + " " + url);
+  ASSERT_EQ(r.status, 0) << r.err;
+  ASSERT_TRUE(fs::exists(png)) << r.err;
+  // A PNG of the window's size, and big enough to hold drawn charts (a blank page of this size
+  // compresses to a few KiB).
+  std::ifstream in(png, std::ios::binary);
+  std::string head(24, '\0');
+  in.read(head.data(), 24);
+  EXPECT_EQ(head.substr(1, 3), "PNG");
+  auto be32 = [&](size_t at) {
+    return (uint32_t(uint8_t(head[at])) << 24) | (uint32_t(uint8_t(head[at + 1])) << 16) |
+           (uint32_t(uint8_t(head[at + 2])) << 8) | uint32_t(uint8_t(head[at + 3]));
+  };
+  EXPECT_EQ(be32(16), 1400u);
+  EXPECT_EQ(be32(20), 2000u);
+  EXPECT_GT(fs::file_size(png), 60u * 1024) << "the screenshot looks empty";
+  if (const char* keep = std::getenv("TRIPOD_REPORT_SCREENSHOT")) fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
+}
+
+}  // namespace
+}  // namespace tripod

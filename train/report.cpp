@@ -1,0 +1,1086 @@
+// The run report: reads a run directory and draws one self-contained HTML page (see report.h).
+#include "train/report.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "core/error.h"
+#include "core/version.h"
+#include "model/config.h"
+#include "parallel/pipeline/svg.h"
+#include "parallel/pipeline/trace.h"
+#include "train/metrics.h"
+
+namespace tripod {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  TRIPOD_INPUT_CHECK(in.good(), "{}: cannot read ({})", p.string(), std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string esc(const std::string& s) { return xml_escape(s); }
+
+// ---- metrics.jsonl -------------------------------------------------------------------------
+
+// A number field: absent or null is NaN (JSON has no NaN; a skipped step's loss is logged null).
+double number_field(const json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return kNaN;
+  TRIPOD_INPUT_CHECK(it->is_number(), "{}: \"{}\" must be a number, got {}", where, key, it->dump());
+  return it->get<double>();
+}
+
+int64_t step_field(const json& j, const std::string& where) {
+  auto it = j.find("step");
+  TRIPOD_INPUT_CHECK(it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0,
+                     "{}: \"step\" must be a non-negative integer, got {}", where,
+                     it == j.end() ? std::string("nothing") : it->dump());
+  return it->get<int64_t>();
+}
+
+// mem_peak_bytes: {"params": B, ...} (one rank), {"params": [B per rank], ...}, or a list of
+// per-rank objects.
+std::vector<std::map<std::string, int64_t>> memory_field(const json& j, const std::string& where) {
+  std::vector<std::map<std::string, int64_t>> ranks;
+  auto it = j.find("mem_peak_bytes");
+  if (it == j.end() || it->is_null()) return ranks;
+  auto bytes = [&](const json& v, const std::string& cat) {
+    TRIPOD_INPUT_CHECK(v.is_number() && v.get<double>() >= 0,
+                       "{}: mem_peak_bytes.{} must be a byte count (or a list of them), got {}", where, cat, v.dump());
+    return static_cast<int64_t>(v.get<double>());
+  };
+  auto one_rank = [&](const json& obj) {
+    TRIPOD_INPUT_CHECK(obj.is_object(), "{}: mem_peak_bytes must be an object of byte counts per category, got {}",
+                       where, obj.dump());
+    std::map<std::string, int64_t> m;
+    for (const auto& [cat, v] : obj.items()) m[cat] = bytes(v, cat);
+    return m;
+  };
+  if (it->is_array()) {
+    for (const auto& r : *it) ranks.push_back(one_rank(r));
+    return ranks;
+  }
+  TRIPOD_INPUT_CHECK(it->is_object(), "{}: mem_peak_bytes must be an object of byte counts per category, got {}",
+                     where, it->dump());
+  size_t n = 1;
+  for (const auto& [cat, v] : it->items())
+    if (v.is_array()) n = std::max(n, v.size());
+  ranks.resize(n);
+  for (const auto& [cat, v] : it->items()) {
+    if (v.is_array()) {
+      TRIPOD_INPUT_CHECK(v.size() == n, "{}: mem_peak_bytes.{} has {} ranks, other categories {}", where, cat,
+                         v.size(), n);
+      for (size_t r = 0; r < n; ++r) ranks[r][cat] = bytes(v[r], cat);
+    } else {
+      TRIPOD_INPUT_CHECK(n == 1, "{}: mem_peak_bytes.{} is one number where other categories list {} ranks", where,
+                         cat, n);
+      ranks[0][cat] = bytes(v, cat);
+    }
+  }
+  return ranks;
+}
+
+// ---- formatting ----------------------------------------------------------------------------
+
+// "1.23 GiB", "512 B".
+std::string format_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(b) >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  if (u == 0) return fmt::format("{:.0f} B", b);
+  return fmt::format("{:.{}f} {}", b, b >= 100 ? 0 : b >= 10 ? 1 : 2, units[u]);
+}
+
+// "812", "12.3k", "4.56M".
+std::string format_si(double v) {
+  const double a = std::fabs(v);
+  if (a >= 1e9) return fmt::format("{:.3g}G", v / 1e9);
+  if (a >= 1e6) return fmt::format("{:.3g}M", v / 1e6);
+  if (a >= 1e3) return fmt::format("{:.3g}k", v / 1e3);
+  return fmt::format("{:.3g}", v);
+}
+
+std::string format_count(double v) {
+  if (v >= 1e9) return fmt::format("{:.2f}B", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.1f}k", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+
+enum class ValueFormat { Plain, Si, Percent, Sci };
+
+const char* format_js_name(ValueFormat a) {
+  switch (a) {
+    case ValueFormat::Si: return "si";
+    case ValueFormat::Percent: return "pct";
+    case ValueFormat::Sci: return "sci";
+    default: return "plain";
+  }
+}
+
+// A "nice" step (1, 2 or 5 times a power of ten) giving about `target` intervals over `span`.
+double nice_step(double span, int target) {
+  if (!(span > 0)) return 1;
+  const double raw = span / target;
+  const double p = std::pow(10.0, std::floor(std::log10(raw)));
+  for (double m : {1.0, 2.0, 5.0})
+    if (raw <= m * p * (1 + 1e-9)) return m * p;
+  return 10 * p;
+}
+
+std::string format_tick(double v, ValueFormat axis, double step) {
+  if (std::fabs(v) < step * 1e-6) return "0";
+  auto decimals = [](double s) { return std::max(0, static_cast<int>(-std::floor(std::log10(s) + 1e-9))); };
+  switch (axis) {
+    case ValueFormat::Percent: return fmt::format("{:.{}f}%", 100 * v, decimals(100 * step));
+    case ValueFormat::Sci: return v == 0 ? "0" : fmt::format("{:.1e}", v);
+    case ValueFormat::Si: {
+      double scale = 1;
+      const char* suffix = "";
+      const double a = std::max(std::fabs(v), step);
+      if (a >= 1e9) scale = 1e9, suffix = "G";
+      else if (a >= 1e6) scale = 1e6, suffix = "M";
+      else if (a >= 1e3) scale = 1e3, suffix = "k";
+      return fmt::format("{:.{}f}{}", v / scale, decimals(step / scale), suffix);
+    }
+    default: return fmt::format("{:.{}f}", v, decimals(step));
+  }
+}
+
+// ---- line charts (inline SVG) --------------------------------------------------------------
+
+struct Series {
+  std::string name, color;
+  std::vector<double> x, y;
+  bool markers = false;  // always draw the points (sparse series: validation)
+  bool trend = false;    // a smoothed line: never the points
+  double opacity = 1, width = 1.8;
+  bool hover = true;  // listed in the hover readout
+};
+
+struct LineChart {
+  std::string id;  // unique in the page
+  std::vector<Series> series;
+  ValueFormat format = ValueFormat::Plain;
+  bool from_zero = false;
+  std::string y_label;
+  std::vector<int64_t> flagged;  // steps marked under the plot (skipped updates)
+  int width = 1200, height = 320;
+};
+
+// (lo, hi) of the finite values of every series.
+std::pair<double, double> finite_range(const std::vector<Series>& ss, bool xs) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (const auto& s : ss)
+    for (size_t i = 0; i < s.x.size(); ++i) {
+      const double v = xs ? s.x[i] : s.y[i];
+      if (!std::isfinite(s.y[i]) || !std::isfinite(v)) continue;
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+  return {lo, hi};
+}
+
+// The SVG of a chart, and its data for the hover readout in `js`.
+std::string render_line_chart(const LineChart& c, json& js) {
+  const double left = 70, right = 18, top = 12, bottom = 44;
+  const double pw = c.width - left - right, ph = c.height - top - bottom;
+  auto [x0, x1] = finite_range(c.series, true);
+  auto [y0, y1] = finite_range(c.series, false);
+  if (!std::isfinite(x0)) x0 = 0, x1 = 1;
+  if (x1 <= x0) x0 -= 1, x1 += 1;
+  if (!std::isfinite(y0)) y0 = 0, y1 = 1;
+  if (c.from_zero && y0 >= 0) y0 = 0;
+  if (y1 <= y0) {
+    const double pad = std::fabs(y0) > 0 ? std::fabs(y0) * 0.1 : 1;
+    y0 = c.from_zero && y0 >= 0 ? 0 : y0 - pad;
+    y1 += pad;
+  }
+  const double ystep = nice_step(y1 - y0, 5);
+  y0 = std::floor(y0 / ystep + 1e-9) * ystep;
+  y1 = std::ceil(y1 / ystep - 1e-9) * ystep;
+  const double xstep = std::max(1.0, nice_step(x1 - x0, 8));
+  auto X = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
+  auto Y = [&](double y) { return top + (y1 - y) / (y1 - y0) * ph; };
+
+  std::string s = fmt::format(
+      "<svg class=\"chart\" data-chart=\"{}\" viewBox=\"0 0 {} {}\" role=\"img\" aria-label=\"{}\" "
+      "font-size=\"12\">\n",
+      c.id, c.width, c.height, esc(c.y_label));
+  // Grid and axes.
+  for (double t = y0; t <= y1 + ystep * 1e-6; t += ystep) {
+    const double y = Y(t);
+    s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e6e8ec\"/>"
+                     "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#5b6475\">{}</text>\n",
+                     left, y, left + pw, y, left - 6, y + 4, format_tick(t, c.format, ystep));
+  }
+  for (double t = std::ceil(x0 / xstep - 1e-9) * xstep; t <= x1 + xstep * 1e-6; t += xstep) {
+    const double x = X(t);
+    s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#c9cdd4\"/>"
+                     "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#5b6475\">{:.0f}</text>\n",
+                     x, top + ph, x, top + ph + 4, x, top + ph + 17, t);
+  }
+  s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#8a909c\"/>\n", left,
+                   top + ph, left + pw);
+  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#5b6475\">step</text>\n",
+                   left + pw / 2, top + ph + 35);
+  s += fmt::format("<text transform=\"translate(16 {:.1f}) rotate(-90)\" text-anchor=\"middle\" "
+                   "fill=\"#5b6475\">{}</text>\n",
+                   top + ph / 2, esc(c.y_label));
+
+  json jseries = json::array();
+  for (const auto& se : c.series) {
+    // Long series keep, per pixel column, their first, lowest, highest and last points, so
+    // spikes survive and the path stays a few thousand points.
+    std::vector<size_t> keep;
+    const size_t n = se.x.size();
+    if (n > 3 * static_cast<size_t>(pw)) {
+      std::map<long, std::array<size_t, 4>> cols;
+      for (size_t i = 0; i < n; ++i) {
+        if (!std::isfinite(se.y[i])) {
+          keep.push_back(i);  // a gap stays a gap
+          continue;
+        }
+        const long col = std::lround(X(se.x[i]));
+        auto [it, fresh] = cols.try_emplace(col, std::array<size_t, 4>{i, i, i, i});
+        if (fresh) continue;
+        auto& a = it->second;
+        if (se.y[i] < se.y[a[1]]) a[1] = i;
+        if (se.y[i] > se.y[a[2]]) a[2] = i;
+        a[3] = i;
+      }
+      for (const auto& [col, a] : cols) keep.insert(keep.end(), a.begin(), a.end());
+      std::sort(keep.begin(), keep.end());
+      keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+    } else {
+      for (size_t i = 0; i < n; ++i) keep.push_back(i);
+    }
+    std::string d;
+    bool pen = false;
+    size_t finite = 0;
+    for (size_t i : keep) {
+      if (!std::isfinite(se.y[i])) {
+        pen = false;
+        continue;
+      }
+      ++finite;
+      d += fmt::format("{}{:.1f},{:.1f}", pen ? "L" : "M", X(se.x[i]), Y(se.y[i]));
+      pen = true;
+    }
+    s += fmt::format("<path class=\"series\" data-series=\"{}\" d=\"{}\" fill=\"none\" stroke=\"{}\" "
+                     "stroke-width=\"{}\" stroke-opacity=\"{}\" stroke-linejoin=\"round\"/>\n",
+                     esc(se.name), d, se.color, se.width, se.opacity);
+    if (se.markers || (finite <= 60 && se.opacity >= 1 && !se.trend)) {
+      for (size_t i = 0; i < n; ++i)
+        if (std::isfinite(se.y[i]))
+          s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.2\" fill=\"{}\"><title>{} step {:.0f}: {:.6g}"
+                           "</title></circle>\n",
+                           X(se.x[i]), Y(se.y[i]), se.color, esc(se.name), se.x[i], se.y[i]);
+    }
+    if (se.hover) {
+      json xs = json::array(), ys = json::array();
+      for (size_t i = 0; i < n; ++i) {
+        xs.push_back(static_cast<int64_t>(se.x[i]));
+        if (std::isfinite(se.y[i])) ys.push_back(std::stod(fmt::format("{:.6g}", se.y[i])));
+        else ys.push_back(nullptr);
+      }
+      jseries.push_back({{"n", se.name}, {"c", se.color}, {"x", std::move(xs)}, {"y", std::move(ys)}});
+    }
+  }
+  for (int64_t step : c.flagged) {
+    const double x = X(static_cast<double>(step));
+    s += fmt::format("<path d=\"M{:.1f},{:.1f}l-4,7h8z\" fill=\"#d62728\"><title>step {}: update skipped "
+                     "(non-finite loss or grad norm)</title></path>\n",
+                     x, top + ph - 8, step);
+  }
+  s += fmt::format("<line class=\"cursor\" x1=\"0\" x2=\"0\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#333\" "
+                   "stroke-dasharray=\"3 3\" visibility=\"hidden\"/>\n",
+                   top, top + ph);
+  s += "</svg>\n";
+  js[c.id] = {{"px", {left, left + pw}}, {"dom", {x0, x1}}, {"fmt", format_js_name(c.format)}, {"series", jseries}};
+  return s;
+}
+
+LineChart make_chart(std::string id, ValueFormat format, bool from_zero, std::string y_label, int width, int height) {
+  LineChart c;
+  c.id = std::move(id);
+  c.format = format;
+  c.from_zero = from_zero;
+  c.y_label = std::move(y_label);
+  c.width = width;
+  c.height = height;
+  return c;
+}
+
+std::string legend_html(const std::vector<Series>& ss, bool flagged) {
+  std::string h = "<div class=\"legend\">";
+  for (const auto& s : ss)
+    h += fmt::format("<span><i class=\"sw\" style=\"background:{};opacity:{}\"></i>{}</span>", s.color,
+                     std::max(0.5, s.opacity), esc(s.name));
+  if (flagged) h += "<span><i class=\"tri\"></i>update skipped (non-finite)</span>";
+  return h + "</div>\n";
+}
+
+std::string chart_panel(const std::string& title, const std::string& sub, const LineChart& c, json& js) {
+  std::string h = fmt::format("<section class=\"panel\" id=\"panel-{}\"><h2>{}</h2>", c.id, esc(title));
+  if (!sub.empty()) h += fmt::format("<div class=\"panel-sub\">{}</div>", sub);
+  h += legend_html(c.series, !c.flagged.empty());
+  h += render_line_chart(c, js);
+  h += fmt::format("<div class=\"readout\" id=\"readout-{0}\" data-hint=\"{1}\">{1}</div></section>\n", c.id,
+                   "hover over the chart for values");
+  return h;
+}
+
+// Exponential moving average with bias correction (no lag at the start), skipping non-finite
+// values; the window grows with the series so long runs get a readable trend.
+std::vector<double> smooth(const std::vector<double>& y) {
+  const double window = std::max(2.0, static_cast<double>(y.size()) / 40.0);
+  const double a = 2.0 / (window + 1.0);
+  std::vector<double> out(y.size(), kNaN);
+  double acc = 0, weight = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    if (std::isfinite(y[i])) {
+      acc = (1 - a) * acc + a * y[i];
+      weight = (1 - a) * weight + a;
+    }
+    if (weight > 0) out[i] = acc / weight;
+  }
+  return out;
+}
+
+double median(std::vector<double> v) {
+  v.erase(std::remove_if(v.begin(), v.end(), [](double x) { return !std::isfinite(x); }), v.end());
+  if (v.empty()) return kNaN;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// ---- memory bars ---------------------------------------------------------------------------
+
+const std::vector<std::string>& category_order() {
+  static const std::vector<std::string> order = {"params", "grads", "optimizer", "activations", "workspace", "comm"};
+  return order;
+}
+
+std::string category_color(const std::string& cat) {
+  static const std::map<std::string, std::string> colors = {
+      {"params", "#4e79a7"},    {"grads", "#f28e2b"},    {"optimizer", "#e15759"}, {"activations", "#59a14f"},
+      {"workspace", "#b07aa1"}, {"comm", "#edc948"},     {"total", "#5b6475"}};
+  auto it = colors.find(cat);
+  return it == colors.end() ? "#9aa0aa" : it->second;
+}
+
+// Peak bytes per category and rank: the maximum over the logged steps (each step's peaks are
+// measured from that step's start).
+std::vector<std::map<std::string, int64_t>> peak_memory(const RunMetrics& m) {
+  std::vector<std::map<std::string, int64_t>> peak;
+  for (const auto& r : m.train) {
+    if (r.memory.size() > peak.size()) peak.resize(r.memory.size());
+    for (size_t k = 0; k < r.memory.size(); ++k)
+      for (const auto& [cat, b] : r.memory[k]) peak[k][cat] = std::max(peak[k][cat], b);
+  }
+  return peak;
+}
+
+std::vector<std::string> categories_of(const std::vector<std::map<std::string, int64_t>>& peak) {
+  std::vector<std::string> cats = category_order();
+  for (const auto& r : peak)
+    for (const auto& [cat, b] : r)
+      if (cat != "total" && std::find(cats.begin(), cats.end(), cat) == cats.end()) cats.push_back(cat);
+  return cats;
+}
+
+// One rank: a bar per category (and the total); several: a stacked bar per rank.
+std::string render_memory_svg(const std::vector<std::map<std::string, int64_t>>& peak) {
+  const std::vector<std::string> cats = categories_of(peak);
+  const double left = 150, right = 110, row = 30, top = 8, width = 1200;
+  const double pw = width - left - right;
+  std::string s;
+  if (peak.size() == 1) {
+    const auto& r = peak[0];
+    std::vector<std::pair<std::string, int64_t>> rows;
+    for (const auto& c : cats) rows.emplace_back(c, r.count(c) ? r.at(c) : 0);
+    if (r.count("total")) rows.emplace_back("total", r.at("total"));
+    int64_t max_b = 1;
+    for (const auto& [c, b] : rows) max_b = std::max(max_b, b);
+    const double height = top + row * static_cast<double>(rows.size()) + 8;
+    s += fmt::format("<svg class=\"bars\" id=\"memory-bars\" viewBox=\"0 0 {:.0f} {:.0f}\" font-size=\"13\">\n",
+                     width, height);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& [cat, b] = rows[i];
+      const double y = top + row * static_cast<double>(i);
+      const double w = pw * static_cast<double>(b) / static_cast<double>(max_b);
+      const bool total = cat == "total";
+      if (total)
+        s += fmt::format("<line x1=\"{:.0f}\" x2=\"{:.0f}\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#d5d8de\"/>\n", 10.0,
+                         width - 10, y - 1, y - 1);
+      s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\"{}>{}</text>", left - 10, y + row / 2 + 4,
+                       total ? " font-weight=\"600\"" : "", esc(cat));
+      s += fmt::format("<rect class=\"bar\" data-category=\"{}\" x=\"{:.0f}\" y=\"{:.1f}\" width=\"{:.1f}\" "
+                       "height=\"{:.0f}\" rx=\"2\" fill=\"{}\"><title>{}: {} ({} bytes)</title></rect>",
+                       esc(cat), left, y + 5, std::max(w, b > 0 ? 1.0 : 0.0), row - 10, category_color(cat), esc(cat),
+                       format_bytes(static_cast<double>(b)), b);
+      s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" fill=\"#1d2330\">{}</text>\n", left + w + 8, y + row / 2 + 4,
+                       format_bytes(static_cast<double>(b)));
+    }
+    return s + "</svg>\n";
+  }
+  int64_t max_b = 1;
+  for (const auto& r : peak) {
+    int64_t sum = 0;
+    for (const auto& c : cats) sum += r.count(c) ? r.at(c) : 0;
+    max_b = std::max(max_b, sum);
+  }
+  const double height = top + row * static_cast<double>(peak.size()) + 8;
+  s += fmt::format("<svg class=\"bars\" id=\"memory-bars\" viewBox=\"0 0 {:.0f} {:.0f}\" font-size=\"13\">\n", width,
+                   height);
+  for (size_t k = 0; k < peak.size(); ++k) {
+    const double y = top + row * static_cast<double>(k);
+    s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\">rank {}</text>", left - 10, y + row / 2 + 4, k);
+    double x = left;
+    int64_t sum = 0;
+    for (const auto& c : cats) {
+      const int64_t b = peak[k].count(c) ? peak[k].at(c) : 0;
+      const double w = pw * static_cast<double>(b) / static_cast<double>(max_b);
+      s += fmt::format("<rect class=\"bar\" data-category=\"{}\" x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" "
+                       "height=\"{:.0f}\" fill=\"{}\"><title>rank {} {}: {}</title></rect>",
+                       esc(c), x, y + 5, w, row - 10, category_color(c), k, esc(c), format_bytes(static_cast<double>(b)));
+      x += w;
+      sum += b;
+    }
+    const int64_t total = peak[k].count("total") ? peak[k].at("total") : sum;
+    s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\">{} peak</text>\n", x + 8, y + row / 2 + 4,
+                     format_bytes(static_cast<double>(total)));
+  }
+  return s + "</svg>\n";
+}
+
+// ---- config summary ------------------------------------------------------------------------
+
+struct ConfigView {
+  bool present = false;
+  std::string note;  // why it is missing or unreadable
+  std::string text;  // the file
+  toml::table t;
+
+  int64_t i(const char* section, const char* key, int64_t dflt = -1) const {
+    return t[section][key].value<int64_t>().value_or(dflt);
+  }
+  double d(const char* section, const char* key) const { return t[section][key].value<double>().value_or(kNaN); }
+  std::string s(const char* section, const char* key) const { return t[section][key].value<std::string>().value_or(""); }
+  bool b(const char* section, const char* key) const { return t[section][key].value<bool>().value_or(false); }
+};
+
+ConfigView read_config(const fs::path& path) {
+  ConfigView v;
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    v.note = fmt::format("No configuration: {} does not exist (written by tripod train when the run starts).",
+                         path.string());
+    return v;
+  }
+  v.text = slurp(path);
+  try {
+    v.t = toml::parse(v.text, path.string());
+    v.present = true;
+  } catch (const toml::parse_error& e) {
+    v.note = fmt::format("{} is not valid TOML ({}); the summary leaves it out.", path.string(), e.description());
+  }
+  return v;
+}
+
+std::string card(const std::string& key, const std::string& value, const std::string& detail,
+                 const std::string& id = "") {
+  return fmt::format("<div class=\"card\"{}><div class=\"k\">{}</div><div class=\"v\">{}</div><div class=\"d\">{}</div>"
+                     "</div>\n",
+                     id.empty() ? "" : fmt::format(" id=\"{}\"", id), esc(key), esc(value), esc(detail));
+}
+
+// " · synthetic data", " · data PREFIX (+2 more)" for the page's subtitle.
+std::string data_summary(const ConfigView& cfg) {
+  if (!cfg.present) return "";
+  if (cfg.b("data", "synthetic")) return " &middot; synthetic data";
+  const toml::array* p = cfg.t["data"]["prefixes"].as_array();
+  if (!p || p->empty()) return "";
+  std::string first = (*p)[0].value<std::string>().value_or("?");
+  return " &middot; data " + esc(first) + (p->size() > 1 ? fmt::format(" (+{} more)", p->size() - 1) : "");
+}
+
+std::string maybe(int64_t v) { return v >= 0 ? std::to_string(v) : "?"; }
+
+// ---- timeline ------------------------------------------------------------------------------
+
+struct Timeline {
+  bool present = false;
+  std::string note;
+  TraceSummary sum;
+  std::string svg;
+};
+
+// Removes a scratch folder on every way out.
+struct ScratchDir {
+  fs::path path;
+  ~ScratchDir() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);  // removes the link, never what it points to
+  }
+};
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size()))
+    s.replace(pos, from.size(), to);
+}
+
+Timeline read_timeline(const fs::path& run_dir) {
+  Timeline tl;
+  const fs::path dir = run_dir / "trace";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    tl.note = fmt::format("No pipeline timeline: {} does not exist (the run has not started, or ran with "
+                          "train.trace = false).",
+                          dir.string());
+    return tl;
+  }
+  const std::regex name_re(R"(rank_\d{1,7}\.jsonl)");
+  bool any = false;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    any |= e.is_regular_file() && std::regex_match(e.path().filename().string(), name_re);
+  if (!any) {
+    tl.note = fmt::format("No pipeline timeline: {} holds no rank_<R>.jsonl files yet.", dir.string());
+    return tl;
+  }
+  // merge_traces() writes trace.json and trace.svg beside the trace folder. Pointed at a scratch
+  // folder whose trace/ links to the run's, it leaves RUN_DIR untouched (a read-only run works).
+  ScratchDir scratch;
+  std::string tmpl = (fs::temp_directory_path() / "tripod_report_XXXXXX").string();
+  TRIPOD_CHECK(::mkdtemp(tmpl.data()) != nullptr, "mkdtemp {}: {}", tmpl, std::strerror(errno));
+  scratch.path = tmpl;
+  fs::create_directory_symlink(fs::absolute(dir), scratch.path / "trace");
+  try {
+    tl.sum = merge_traces(scratch.path.string());
+  } catch (const InputError& e) {
+    std::string msg = e.what();
+    replace_all(msg, (scratch.path / "trace").string(), dir.string());
+    replace_all(msg, scratch.path.string(), run_dir.string());
+    throw InputError(msg);
+  }
+  tl.svg = slurp(scratch.path / "trace.svg");
+  // Inline SVG in HTML needs no namespace; without it the page names no URL at all.
+  replace_all(tl.svg, " xmlns=\"http://www.w3.org/2000/svg\"", "");
+  tl.present = true;
+  if (tl.sum.steps == 0) tl.note = "The trace files hold no pipeline step yet.";
+  return tl;
+}
+
+std::string idle_bar(double f, const char* color) {
+  if (f < 0) return "<td class=\"idle\">n/a</td>";
+  return fmt::format("<td class=\"idle\"><span class=\"ib\"><i style=\"width:{:.1f}%;background:{}\"></i></span>"
+                     "{:.1f}%</td>",
+                     std::clamp(100 * f, 0.0, 100.0), color, 100 * f);
+}
+
+std::string timeline_html(const Timeline& tl) {
+  std::string h = "<section class=\"panel timeline\" id=\"timeline\"><h2>Pipeline timeline</h2>\n";
+  if (!tl.present) return h + fmt::format("<p class=\"note\">{}</p></section>\n", esc(tl.note));
+  const TraceSummary& s = tl.sum;
+  h += fmt::format("<div class=\"panel-sub\">{} schedule, pp={} vp={}, {} micro-batches per pipeline; {} step(s) "
+                   "traced, step {} drawn. Idle = 1 &minus; forward/backward time over the step's pipeline window "
+                   "(mean over {} step(s){}); ideal = the simulator's bubble for the same schedule with the measured "
+                   "mean forward {:.3f} ms and backward {:.3f} ms and free communication.</div>\n",
+                   esc(s.kind), s.pp, s.vp, s.microbatches, s.steps, s.drawn_step, s.steps_used,
+                   s.steps > s.steps_used ? ", the first left out" : "", s.mean_forward_us / 1e3,
+                   s.mean_backward_us / 1e3);
+  if (!tl.note.empty()) h += fmt::format("<p class=\"note\">{}</p>\n", esc(tl.note));
+  h += "<div class=\"legend\">"
+       "<span><i class=\"box\" style=\"background:linear-gradient(90deg,hsl(0,70%,78%),hsl(137,70%,78%),"
+       "hsl(275,70%,78%))\"></i>forward (hue by micro-batch)</span>"
+       "<span><i class=\"box\" style=\"background:linear-gradient(90deg,hsl(0,55%,42%),hsl(137,55%,42%),"
+       "hsl(275,55%,42%))\"></i>backward</span>"
+       "<span><i class=\"box\" style=\"background:#8c8c8c\"></i>send</span>"
+       "<span><i class=\"box\" style=\"background:#d0d0d0\"></i>recv</span>"
+       "<span><i class=\"box\" style=\"background:#8e6bbf\"></i>reduce (grad sync)</span>"
+       "<span><i class=\"box\" style=\"background:#e08a2e\"></i>optimizer</span></div>\n";
+  h += "<div class=\"trace-svg\">" + tl.svg + "</div>\n";
+  h += "<table class=\"idle-table\"><thead><tr><th>rank</th><th>pp</th><th>dp</th><th>tp</th><th>events</th>"
+       "<th>measured idle</th><th>ideal idle</th></tr></thead><tbody>\n";
+  for (const auto& r : s.ranks)
+    h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{}{}</tr>\n", r.rank, r.coords.pp,
+                     r.coords.dp, r.coords.tp, r.events, idle_bar(r.measured_idle, "#d9822b"),
+                     idle_bar(r.ideal_idle, "#7a8799"));
+  h += "</tbody></table>\n";
+  h += "<div class=\"panel-sub\">The full trace opens in Perfetto or chrome://tracing: "
+       "<code>tripod trace merge RUN_DIR</code> writes RUN_DIR/trace.json.</div>\n";
+  return h + "</section>\n";
+}
+
+// ---- the page ------------------------------------------------------------------------------
+
+const char* kCss = R"CSS(
+:root{--fg:#1d2330;--mut:#5b6475;--line:#e1e4e9;--bg:#f4f5f7}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 "DejaVu Sans","Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:var(--fg);background:var(--bg)}
+main{max-width:1280px;margin:0 auto;padding:18px 24px 40px}
+header h1{font-size:22px;margin:0 0 2px}
+.sub{color:var(--mut);font-size:13px;word-break:break-all}
+.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap:10px;margin:14px 0}
+.card{background:#fff;border:1px solid var(--line);border-radius:8px;padding:9px 12px}
+.card .k{font-size:11px;text-transform:uppercase;letter-spacing:.05em;color:var(--mut)}
+.card .v{font-size:19px;font-weight:600;margin:1px 0}
+.card .d{font-size:12px;color:var(--mut)}
+.panel{background:#fff;border:1px solid var(--line);border-radius:8px;padding:12px 16px 10px;margin:12px 0}
+.panel h2{font-size:16px;margin:0 0 4px}
+.panel-sub{font-size:12px;color:var(--mut);margin:2px 0 6px}
+.grid2{display:grid;grid-template-columns:1fr 1fr;gap:0 12px}
+.grid2 .panel{margin:6px 0}
+@media (max-width:900px){.grid2{grid-template-columns:1fr}}
+svg.chart,svg.bars{width:100%;height:auto;display:block}
+.legend{font-size:12px;margin:2px 0 4px}
+.legend span{margin-right:16px;white-space:nowrap}
+.sw{display:inline-block;width:18px;height:3px;vertical-align:middle;margin-right:6px;border-radius:2px}
+.box{display:inline-block;width:22px;height:11px;vertical-align:-1px;margin-right:6px;border:1px solid #555}
+.tri{display:inline-block;width:0;height:0;border-left:5px solid transparent;border-right:5px solid transparent;border-bottom:8px solid #d62728;margin-right:6px}
+.readout{font-size:12px;color:var(--mut);min-height:1.5em;font-variant-numeric:tabular-nums}
+.note{background:#fff8e1;border:1px solid #f0d58c;border-radius:6px;padding:8px 10px;color:#5f4a00;margin:6px 0}
+.notes .note{margin:6px 0}
+.trace-svg{overflow-x:auto;margin:6px 0}
+.trace-svg svg{display:block;max-width:100%;height:auto}
+table{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums}
+td,th{padding:3px 12px;border-bottom:1px solid var(--line);text-align:right}
+th{color:var(--mut);font-weight:600}
+td.idle{text-align:left;min-width:190px}
+.ib{display:inline-block;width:110px;height:9px;background:#eef0f3;margin-right:8px;vertical-align:0}
+.ib i{display:block;height:100%}
+details pre{background:#f3f4f6;padding:10px;overflow:auto;font-size:12px;max-height:420px}
+summary{cursor:pointer;color:var(--mut)}
+code{font-size:12px;background:#f0f1f4;padding:0 3px;border-radius:3px}
+footer{color:var(--mut);font-size:12px;margin-top:18px}
+)CSS";
+
+const char* kJs = R"JS(
+(function () {
+  var el = document.getElementById('report-data');
+  var R = el ? JSON.parse(el.textContent) : {charts: {}};
+  function si(v) {
+    var a = Math.abs(v);
+    if (a >= 1e9) return (v / 1e9).toPrecision(4) + 'G';
+    if (a >= 1e6) return (v / 1e6).toPrecision(4) + 'M';
+    if (a >= 1e3) return (v / 1e3).toPrecision(4) + 'k';
+    return v.toPrecision(4);
+  }
+  var fmts = {
+    plain: function (v) { return Math.abs(v) >= 1e5 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : String(+v.toPrecision(5)); },
+    si: si,
+    pct: function (v) { return (100 * v).toPrecision(3) + '%'; },
+    sci: function (v) { return v.toExponential(3); }
+  };
+  function nearest(xs, x) {
+    var lo = 0, hi = xs.length - 1;
+    if (hi < 0) return -1;
+    while (hi - lo > 1) { var mid = (lo + hi) >> 1; if (xs[mid] <= x) lo = mid; else hi = mid; }
+    return Math.abs(xs[hi] - x) < Math.abs(xs[lo] - x) ? hi : lo;
+  }
+  var charts = document.querySelectorAll('svg.chart[data-chart]');
+  Array.prototype.forEach.call(charts, function (svg) {
+    var c = R.charts[svg.getAttribute('data-chart')];
+    var cur = svg.querySelector('.cursor');
+    var out = document.getElementById('readout-' + svg.getAttribute('data-chart'));
+    if (!c || !cur || !out) return;
+    var f = fmts[c.fmt] || fmts.plain;
+    svg.addEventListener('mousemove', function (ev) {
+      var m = svg.getScreenCTM();
+      if (!m) return;
+      var p = new DOMPoint(ev.clientX, ev.clientY).matrixTransform(m.inverse());
+      var t = (p.x - c.px[0]) / (c.px[1] - c.px[0]);
+      if (t < -0.03 || t > 1.03) return;
+      var x = c.dom[0] + t * (c.dom[1] - c.dom[0]), best = null;
+      c.series.forEach(function (s) {
+        var i = nearest(s.x, x);
+        if (i >= 0 && (best === null || Math.abs(s.x[i] - x) < Math.abs(best - x))) best = s.x[i];
+      });
+      if (best === null) return;
+      var parts = [];
+      c.series.forEach(function (s) {
+        var i = nearest(s.x, best);
+        if (i >= 0 && s.x[i] === best) parts.push(s.n + ' ' + (s.y[i] === null ? 'n/a' : f(s.y[i])));
+      });
+      var X = c.px[0] + (best - c.dom[0]) / (c.dom[1] - c.dom[0]) * (c.px[1] - c.px[0]);
+      cur.setAttribute('x1', X); cur.setAttribute('x2', X); cur.setAttribute('visibility', 'visible');
+      out.textContent = 'step ' + best + ':  ' + parts.join('   \u00b7   ');
+    });
+    svg.addEventListener('mouseleave', function () {
+      cur.setAttribute('visibility', 'hidden');
+      out.textContent = out.getAttribute('data-hint');
+    });
+  });
+  document.documentElement.setAttribute('data-ready', String(charts.length));
+})();
+)JS";
+
+std::string now_string() {
+  std::time_t t = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S %Z", std::localtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+RunMetrics read_metrics(const std::string& path) {
+  std::ifstream in(path);
+  TRIPOD_INPUT_CHECK(in.good(), "{}: cannot read ({})", path, std::strerror(errno));
+  std::map<int64_t, TrainRecord> train;
+  std::map<std::pair<std::string, int64_t>, EvalRecord> eval;
+  RunMetrics m;
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    // The last line without its newline may be one the trainer is writing right now.
+    const bool unfinished = in.eof();
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fmt::format("{}:{}", path, line_no);
+    json j;
+    try {
+      j = json::parse(line);
+    } catch (const json::exception& e) {
+      if (unfinished) {
+        m.unfinished_line = true;
+        break;
+      }
+      throw InputError(fmt::format("{}: not a JSON line ({})", where, e.what()));
+    }
+    TRIPOD_INPUT_CHECK(j.is_object(), "{}: expected a JSON object, got {}", where,
+                       line.size() > 60 ? line.substr(0, 60) + "..." : line);
+    if (j.value("eval", false)) {
+      EvalRecord e;
+      e.step = step_field(j, where);
+      auto sp = j.find("split");
+      TRIPOD_INPUT_CHECK(sp == j.end() || sp->is_string(), "{}: \"split\" must be a string, got {}", where, sp->dump());
+      e.split = sp == j.end() ? "valid" : sp->get<std::string>();
+      e.loss = number_field(j, "loss", where);
+      e.perplexity = number_field(j, "perplexity", where);
+      m.superseded += eval.count({e.split, e.step});
+      eval[{e.split, e.step}] = e;
+      continue;
+    }
+    if (!j.contains("step") || !j.contains("loss")) {
+      ++m.other_records;
+      continue;
+    }
+    TrainRecord r;
+    r.step = step_field(j, where);
+    r.loss = number_field(j, "loss", where);
+    r.lr = number_field(j, "lr", where);
+    r.grad_norm = number_field(j, "grad_norm", where);
+    r.step_time_s = number_field(j, "step_time_s", where);
+    r.tokens_per_s = number_field(j, "tokens_per_s", where);
+    r.mfu = number_field(j, "mfu", where);
+    const double cs = number_field(j, "consumed_samples", where);
+    r.consumed_samples = std::isfinite(cs) ? static_cast<int64_t>(cs) : -1;
+    auto sk = j.find("skipped");
+    TRIPOD_INPUT_CHECK(sk == j.end() || sk->is_boolean(), "{}: \"skipped\" must be true or false, got {}", where,
+                       sk->dump());
+    r.skipped = (sk != j.end() && sk->get<bool>()) || !std::isfinite(r.loss);
+    r.memory = memory_field(j, where);
+    m.superseded += train.count(r.step);
+    train[r.step] = std::move(r);
+  }
+  for (auto& [s, r] : train) m.train.push_back(std::move(r));
+  for (auto& [k, e] : eval) m.eval.push_back(std::move(e));
+  return m;
+}
+
+std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) {
+  const fs::path run_dir(run_dir_arg);
+  std::error_code ec;
+  TRIPOD_INPUT_CHECK(fs::exists(run_dir, ec), "{}: no such run directory (give train.output_dir of a run)",
+                     run_dir_arg);
+  TRIPOD_INPUT_CHECK(fs::is_directory(run_dir, ec), "{}: not a directory (give train.output_dir of a run)",
+                     run_dir_arg);
+  ReportInfo info;
+  const ConfigView cfg = read_config(run_dir / "config.toml");
+  info.has_config = cfg.present;
+  if (!cfg.note.empty()) info.notes.push_back(cfg.note);
+
+  RunMetrics m;
+  const fs::path metrics_path = run_dir / "metrics.jsonl";
+  info.has_metrics = fs::exists(metrics_path, ec);
+  if (info.has_metrics) m = read_metrics(metrics_path.string());
+  else info.notes.push_back(fmt::format("No metrics yet: {} does not exist (rank 0 writes it at the first logged step).",
+                                        metrics_path.string()));
+  if (info.has_metrics && m.train.empty() && m.eval.empty())
+    info.notes.push_back(fmt::format("No metrics yet: {} holds no step records.", metrics_path.string()));
+  info.train_steps = static_cast<int64_t>(m.train.size());
+  info.eval_points = static_cast<int64_t>(m.eval.size());
+
+  const Timeline tl = read_timeline(run_dir);
+  info.has_trace = tl.present;
+  if (!tl.note.empty()) info.notes.push_back(tl.note);
+
+  // Header cards: the grid and config, then where the run stands.
+  std::string cards;
+  if (cfg.present) {
+    const int64_t tp = cfg.i("parallel", "tp"), pp = cfg.i("parallel", "pp"), dp = cfg.i("parallel", "dp"),
+                  vp = cfg.i("parallel", "vp", 1);
+    cards += card("Grid", fmt::format("dp {} \u00d7 pp {} \u00d7 tp {}", maybe(dp), maybe(pp), maybe(tp)),
+                  fmt::format("{} ranks; vp {}, {} schedule; sequence parallel {}, distributed optimizer {}; "
+                              "recompute {}",
+                              tp > 0 && pp > 0 && dp > 0 ? std::to_string(tp * pp * dp) : "?", maybe(vp), cfg.s("parallel", "schedule_file").empty() ? cfg.s("parallel", "schedule")
+                                                                                     : "custom",
+                              cfg.b("parallel", "sequence_parallel") ? "on" : "off",
+                              cfg.b("parallel", "distributed_optimizer") ? "on" : "off",
+                              cfg.s("recompute", "mode").empty() ? "none" : cfg.s("recompute", "mode")),
+                  "card-grid");
+    ModelConfig mc;
+    mc.n_layers = static_cast<int>(cfg.i("model", "n_layers", 0));
+    mc.n_heads = static_cast<int>(cfg.i("model", "n_heads", 0));
+    mc.d_model = static_cast<int>(cfg.i("model", "d_model", 0));
+    mc.ffn_hidden = static_cast<int>(cfg.i("model", "ffn_hidden", 0));
+    mc.seq_len = static_cast<int>(cfg.i("model", "seq_len", 0));
+    mc.max_positions = static_cast<int>(cfg.i("model", "max_positions", 0));
+    mc.vocab_size = static_cast<int>(cfg.i("model", "vocab_size", 0));
+    cards += card("Model", mc.d_model > 0 ? format_count(static_cast<double>(mc.num_params(1))) + " parameters" : "?",
+                  fmt::format("{} layers, d_model {}, {} heads, seq {}, vocab {}", mc.n_layers, mc.d_model, mc.n_heads,
+                              mc.seq_len, mc.vocab_size),
+                  "card-model");
+    const int64_t micro = cfg.i("train", "micro_batch_size"), global = cfg.i("train", "global_batch_size");
+    const int64_t per_pipe = micro > 0 && dp > 0 && global > 0 ? global / (micro * dp) : -1;
+    cards += card("Batch", fmt::format("{} \u00d7 {} tokens", maybe(global), mc.seq_len),
+                  fmt::format("micro-batch {}, {} micro-batches per pipeline; lr {:g} ({}, warm-up {})", maybe(micro),
+                              maybe(per_pipe), cfg.d("train", "lr"), cfg.s("train", "decay"),
+                              maybe(cfg.i("train", "warmup_steps"))),
+                  "card-batch");
+  }
+  if (!m.train.empty()) {
+    const TrainRecord& last = m.train.back();
+    double elapsed = 0;
+    for (const auto& r : m.train)
+      if (std::isfinite(r.step_time_s)) elapsed += r.step_time_s;
+    const int64_t steps = cfg.present ? cfg.i("train", "steps") : -1;
+    cards += card("Progress", fmt::format("step {} / {}", last.step, maybe(steps)),
+                  fmt::format("{} logged step(s), {} logged step time{}", m.train.size(),
+                              elapsed < 60 ? fmt::format("{:.3g} s", elapsed) : format_duration(elapsed),
+                              last.consumed_samples >= 0 ? fmt::format(", {} samples", last.consumed_samples) : ""),
+                  "card-progress");
+    double lo = INFINITY;
+    int64_t skipped = 0;
+    for (const auto& r : m.train) {
+      if (std::isfinite(r.loss)) lo = std::min(lo, r.loss);
+      skipped += r.skipped;
+    }
+    cards += card("Train loss", std::isfinite(last.loss) ? fmt::format("{:.4f}", last.loss) : "n/a",
+                  fmt::format("at step {}; lowest {}{}", last.step, std::isfinite(lo) ? fmt::format("{:.4f}", lo) : "n/a",
+                              skipped ? fmt::format("; {} skipped update(s)", skipped) : ""),
+                  "card-loss");
+    // Throughput without the first step, which pays for warm-up, when there are others.
+    std::vector<double> tps, mfu, st;
+    for (size_t k = m.train.size() > 1 ? 1 : 0; k < m.train.size(); ++k) {
+      tps.push_back(m.train[k].tokens_per_s);
+      mfu.push_back(m.train[k].mfu);
+      st.push_back(m.train[k].step_time_s);
+    }
+    const double tps_med = median(tps), mfu_med = median(mfu), st_med = median(st);
+    cards += card("Throughput", std::isfinite(tps_med) ? format_si(tps_med) + " tokens/s" : "n/a",
+                  fmt::format("median{}; step time {}", m.train.size() > 1 ? " after the first step" : "",
+                              std::isfinite(st_med) ? fmt::format("{:.3g} s", st_med) : "n/a"),
+                  "card-throughput");
+    cards += card("MFU", std::isfinite(mfu_med) ? fmt::format("{:.2f}%", 100 * mfu_med) : "n/a",
+                  fmt::format("median; device {}", cfg.present ? cfg.s("train", "device") : "?"), "card-mfu");
+  }
+  if (!m.eval.empty()) {
+    const EvalRecord* best = nullptr;
+    for (const auto& e : m.eval)
+      if (std::isfinite(e.loss) && (!best || e.loss < best->loss)) best = &e;
+    if (best)
+      cards += card("Validation loss", fmt::format("{:.4f}", best->loss),
+                    fmt::format("lowest, {} split at step {}{}", best->split, best->step,
+                                std::isfinite(best->perplexity) ? fmt::format("; perplexity {:.2f}", best->perplexity)
+                                                                : ""),
+                    "card-eval");
+  }
+
+  // The page's sections, most looked-at first: curves, throughput, timeline, memory, optimizer.
+  std::string body, perf, optim, memory;
+  json js;
+  js["charts"] = json::object();
+  json& charts = js["charts"];
+  if (!m.train.empty() || !m.eval.empty()) {
+    std::vector<double> step, loss, lr, gn, tps, mfu;
+    std::vector<int64_t> flagged;
+    for (const auto& r : m.train) {
+      step.push_back(static_cast<double>(r.step));
+      loss.push_back(r.loss);
+      lr.push_back(r.lr);
+      gn.push_back(r.grad_norm);
+      tps.push_back(r.tokens_per_s);
+      mfu.push_back(r.mfu);
+      if (r.skipped) flagged.push_back(r.step);
+    }
+    LineChart lc = make_chart("loss", ValueFormat::Plain, false, "loss (nats/token)", 1200, 340);
+    lc.flagged = flagged;
+    if (!m.train.empty()) {
+      const bool smoothed = m.train.size() >= 30;
+      lc.series.push_back(Series{.name = "train", .color = smoothed ? "#6baed6" : "#1f77b4", .x = step, .y = loss,
+                                 .opacity = smoothed ? 0.45 : 1.0, .width = smoothed ? 1.2 : 2.0});
+      if (smoothed)
+        lc.series.push_back(Series{.name = "train (smoothed)", .color = "#08519c", .x = step, .y = smooth(loss),
+                                   .trend = true, .width = 2.2});
+    }
+    const std::vector<std::string> eval_colors = {"#e6550d", "#31a354", "#756bb1", "#d6616b"};
+    std::map<std::string, Series> splits;
+    for (const auto& e : m.eval) {
+      auto [it, fresh] = splits.try_emplace(e.split);
+      Series& s = it->second;
+      if (fresh) {
+        s.name = e.split == "valid" || e.split == "validation" ? "validation" : e.split;
+        s.color = eval_colors[(splits.size() - 1) % eval_colors.size()];
+        s.markers = true;
+        s.width = 2.2;
+      }
+      s.x.push_back(static_cast<double>(e.step));
+      s.y.push_back(e.loss);
+    }
+    for (auto& [name, s] : splits) lc.series.push_back(std::move(s));
+    body += chart_panel("Loss", m.eval.empty() ? "training loss per logged step (the global batch's mean)"
+                                               : "training loss per logged step; evaluation loss at each eval",
+                        lc, charts);
+    if (!m.train.empty()) {
+      perf += "<div class=\"grid2\">\n";
+      LineChart t = make_chart("throughput", ValueFormat::Si, true, "tokens/s", 600, 250);
+      t.series.push_back(Series{.name = "tokens/s", .color = "#2a9d8f", .x = step, .y = tps});
+      perf += chart_panel("Throughput", "tokens per second of the whole run, per step", t, charts);
+      LineChart u = make_chart("mfu", ValueFormat::Percent, true, "MFU", 600, 250);
+      u.series.push_back(Series{.name = "MFU", .color = "#c2410c", .x = step, .y = mfu});
+      perf += chart_panel("Model FLOPs utilisation", "model FLOPs per second over the devices' peak", u, charts);
+      perf += "</div>\n";
+      optim += "<div class=\"grid2\">\n";
+      LineChart l = make_chart("lr", ValueFormat::Sci, true, "learning rate", 600, 230);
+      l.series.push_back(Series{.name = "lr", .color = "#6d28d9", .x = step, .y = lr});
+      optim += chart_panel("Learning rate", "", l, charts);
+      LineChart g = make_chart("grad_norm", ValueFormat::Plain, true, "grad norm", 600, 230);
+      g.flagged = flagged;
+      g.series.push_back(Series{.name = "grad norm", .color = "#475569", .x = step, .y = gn});
+      optim += chart_panel("Gradient norm", "before clipping", g, charts);
+      optim += "</div>\n";
+    }
+  } else {
+    body += "<section class=\"panel\" id=\"panel-loss\"><h2>Loss, throughput and MFU</h2><p class=\"note\">" +
+            esc(info.has_metrics ? "No metrics yet: metrics.jsonl holds no step records."
+                                 : "No metrics yet: metrics.jsonl does not exist (rank 0 writes it at the first "
+                                   "logged step).") +
+            "</p></section>\n";
+  }
+
+  memory += "<section class=\"panel\" id=\"memory\"><h2>Peak memory by category</h2>\n";
+  const auto peak = peak_memory(m);
+  if (peak.empty()) {
+    memory += "<p class=\"note\">No memory figures: no metrics record holds mem_peak_bytes.</p>\n";
+  } else {
+    memory += fmt::format("<div class=\"panel-sub\">{}; the highest over the logged steps. Total is the peak of the sum, "
+                        "which can be less than the sum of the categories' peaks.</div>\n",
+                        peak.size() == 1 ? "bytes held by world rank 0 (the rank that writes metrics.jsonl)"
+                                         : fmt::format("bytes held by each of the {} ranks", peak.size()));
+    if (peak.size() > 1) {
+      memory += "<div class=\"legend\">";
+      for (const auto& c : categories_of(peak))
+        memory += fmt::format("<span><i class=\"box\" style=\"background:{}\"></i>{}</span>", category_color(c), esc(c));
+      memory += "</div>\n";
+    }
+    memory += render_memory_svg(peak);
+  }
+  memory += "</section>\n";
+  body += perf + timeline_html(tl) + memory + optim;
+
+  if (cfg.present) {
+    body += "<section class=\"panel\" id=\"config\"><details><summary>config.toml (resolved)</summary><pre>" +
+            esc(cfg.text) + "</pre></details></section>\n";
+  }
+  if (m.unfinished_line)
+    info.notes.push_back(fmt::format("The last line of {} is unfinished (being written?) and was left out.",
+                                     metrics_path.string()));
+  if (m.superseded || m.other_records)
+    info.notes.push_back(fmt::format("metrics.jsonl: {} record(s) replaced by a later record of the same step (a "
+                                     "resumed run){}.",
+                                     m.superseded,
+                                     m.other_records ? fmt::format("; {} record(s) of other kinds left out",
+                                                                   m.other_records)
+                                                     : ""));
+
+  std::string notes;
+  if (!info.notes.empty()) {
+    notes = "<div class=\"notes\" id=\"notes\">";
+    for (const auto& n : info.notes) notes += "<p class=\"note\">" + esc(n) + "</p>";
+    notes += "</div>\n";
+  }
+
+  std::string data = js.dump();
+  replace_all(data, "</", "<\\/");  // the JSON sits inside a <script> element
+  std::string title = fmt::format("tripod report: {}", fs::absolute(run_dir).lexically_normal().string());
+  std::string html = fmt::format(
+      "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+      "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{}</title>\n<style>{}</style>\n"
+      "</head>\n<body>\n<main>\n<header><h1>tripod run report</h1><div class=\"sub\">{} &middot; generated {} by tripod "
+      "{}{}</div></header>\n<div class=\"cards\">\n{}</div>\n{}{}"
+      "<footer>Self-contained page: everything is inline, nothing is fetched. Values appear on hover.</footer>\n"
+      "</main>\n<script type=\"application/json\" id=\"report-data\">{}</script>\n<script>{}</script>\n</body>\n</html>\n",
+      esc(title), kCss, esc(fs::absolute(run_dir).lexically_normal().string()), now_string(), TRIPOD_VERSION,
+      data_summary(cfg),
+      cards, notes, body, data, kJs);
+  if (info_out) *info_out = info;
+  return html;
+}
+
+ReportInfo write_report(const std::string& run_dir, const std::string& out) {
+  ReportInfo info;
+  std::string html = render_report(run_dir, &info);
+  info.path = out.empty() ? (fs::path(run_dir) / "report.html").string() : out;
+  // Written beside the target and renamed over it: a reader never sees half a page.
+  std::error_code ec;
+  const fs::path parent = fs::absolute(info.path).parent_path();
+  TRIPOD_INPUT_CHECK(fs::is_directory(parent, ec), "{}: cannot write the report: {} is not a folder", info.path,
+                     parent.string());
+  TRIPOD_INPUT_CHECK(!fs::is_directory(info.path, ec), "{}: is a folder; --out names the report's file", info.path);
+  const std::string tmp = info.path + ".tmp" + std::to_string(::getpid());
+  try {
+    write_text_file(tmp, html);
+  } catch (const InputError&) {
+    fs::remove(tmp, ec);
+    throw InputError(fmt::format("{}: cannot write the report ({})", info.path, std::strerror(errno)));
+  }
+  fs::rename(tmp, info.path, ec);
+  if (ec) {
+    const std::string why = ec.message();
+    fs::remove(tmp, ec);
+    throw InputError(fmt::format("{}: cannot write the report ({})", info.path, why));
+  }
+  return info;
+}
+
+}  // namespace tripod

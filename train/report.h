@@ -1,0 +1,67 @@
+// The run report: one self-contained HTML page (inline CSS, SVG and a little JavaScript, nothing
+// fetched) drawn from a run directory: the config summary, loss curves (train, and validation
+// when metrics.jsonl holds eval records), throughput, MFU, learning rate, grad norm, peak memory
+// by category, and the measured pipeline timeline with each rank's measured and ideal idle.
+//
+// Inputs, all under RUN_DIR (train.output_dir), each optional except the directory itself:
+//   config.toml      the resolved config (the header: grid, model, batch)
+//   metrics.jsonl    one object per logged step {"step","loss","lr",...,"mem_peak_bytes":{...}},
+//                    and eval records {"eval":true,"split","step","loss","perplexity"}
+//   trace/rank_R.jsonl  the ranks' timelines (parallel/pipeline/trace.h)
+// A missing piece is stated on the page. Input errors (no RUN_DIR, a metrics line that is not
+// JSON or has a field of the wrong type, a malformed trace file) throw InputError naming the
+// file and line; only a metrics.jsonl's unfinished last line (a run writing it) is left out. The report never writes into RUN_DIR except its own output file.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tripod {
+
+// One logged training step. Absent or null numbers are NaN (a skipped step logs a null loss).
+struct TrainRecord {
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, mfu = 0;
+  int64_t consumed_samples = -1;
+  bool skipped = false;
+  // Peak bytes per category ("params", ..., "total"), one map per rank that the record holds
+  // (rank 0 alone today; a list when the ranks' peaks are gathered).
+  std::vector<std::map<std::string, int64_t>> memory;
+};
+
+struct EvalRecord {
+  int64_t step = 0;
+  std::string split;  // "valid", "test", ...
+  double loss = 0, perplexity = 0;
+};
+
+struct RunMetrics {
+  std::vector<TrainRecord> train;  // by step; a resumed run's later record of a step wins
+  std::vector<EvalRecord> eval;    // by (split, step), the same way
+  int64_t superseded = 0;          // records replaced by a later one of the same step
+  int64_t other_records = 0;       // objects that are neither (left out)
+  bool unfinished_line = false;    // the file ends in a partial line (left out): a run writing it
+};
+
+// Reads RUN_DIR/metrics.jsonl (`path`). InputError "PATH:LINE: ..." on a line that is not a JSON
+// object or whose known fields have the wrong type; a last line with no newline that does not
+// parse is one being written, and is left out.
+RunMetrics read_metrics(const std::string& path);
+
+struct ReportInfo {
+  std::string path;  // the page written
+  int64_t train_steps = 0, eval_points = 0;
+  bool has_config = false, has_metrics = false, has_trace = false;
+  std::vector<std::string> notes;  // the missing pieces, as stated on the page
+};
+
+// The page for `run_dir`, as HTML text (`info`, when given, says what went in).
+std::string render_report(const std::string& run_dir, ReportInfo* info = nullptr);
+
+// Renders the report and writes it to `out` ("" = RUN_DIR/report.html), replacing the file only
+// once the page is complete.
+ReportInfo write_report(const std::string& run_dir, const std::string& out);
+
+}  // namespace tripod
