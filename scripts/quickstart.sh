@@ -8,11 +8,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 RUN=runs/quickstart
 rm -rf "$RUN"
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-ROOT=()
-[ "$(id -u)" -eq 0 ] && ROOT=(--allow-run-as-root)
 echo "== training on 8 ranks: (dp, pp, tp) = (2, 2, 2), interleaved 1F1B"
-mpirun "${ROOT[@]}" --oversubscribe --bind-to none -np 8 build/bin/tripod train --config configs/quickstart.toml "$@"
-echo "== pipeline timeline"
-build/bin/tripod trace merge "$RUN"
-echo "== done: $RUN/metrics.jsonl, $RUN/trace.json (Perfetto), $RUN/trace.svg"
+launch/local.sh 8 configs/quickstart.toml "$@"
+echo "== report"
+build/bin/tripod trace merge "$RUN" >/dev/null
+build/bin/tripod report "$RUN"
+echo "== done: $RUN/report.html (open it in a browser), $RUN/metrics.jsonl, $RUN/trace.json (Perfetto)"
