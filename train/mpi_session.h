@@ -1,7 +1,10 @@
-// MPI for the commands that run on many ranks: initialised once, finalised on a clean exit.
+// MPI for the commands that run on many ranks: initialised once, finalised on a clean exit
+// (never while an error unwinds).
 #pragma once
 
 #include <mpi.h>
+
+#include <exception>
 
 namespace tripod {
 
@@ -14,6 +17,9 @@ class MpiSession {
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
   }
   ~MpiSession() {
+    // Unwinding from an error (a peer that timed out, say): MPI_Finalize would wait for ranks that
+    // may never come. main() reports the error and exits; the launcher ends the others.
+    if (std::uncaught_exceptions() > 0) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();

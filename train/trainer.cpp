@@ -5,8 +5,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "data/sampler.h"
 #include "parallel/pipeline/schedules.h"
@@ -36,8 +38,32 @@ std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param*
   return GradReducer::make_buckets(spans, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4), boundaries);
 }
 
+std::vector<FaultInjection> parse_fault_injections(const char* spec) {
+  std::vector<FaultInjection> out;
+  if (!spec || !*spec) return out;
+  std::string s(spec);
+  for (size_t pos = 0; pos <= s.size();) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(pos, end - pos);
+    size_t at = item.find('@');
+    std::string where = at == std::string::npos ? "" : item.substr(0, at);
+    int64_t step = 0;
+    try {
+      if (at != std::string::npos) step = std::stoll(item.substr(at + 1));
+    } catch (const std::exception&) {
+      step = 0;
+    }
+    TRIPOD_INPUT_CHECK((where == "loss" || where == "grad") && step > 0,
+                       "TRIPOD_INJECT_NAN: '{}' is not loss@STEP or grad@STEP (STEP >= 1), in '{}'", item, s);
+    out.push_back({step, where == "loss"});
+    pos = end + 1;
+  }
+  return out;
+}
+
 Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data)
-    : cfg_(cfg), ops_(ops), par_(par), data_(train_data) {
+    : cfg_(cfg), ops_(ops), par_(par), data_(train_data), faults_(parse_fault_injections(std::getenv("TRIPOD_INJECT_NAN"))) {
   const ParallelConfig& pc = cfg_.parallel;
   const TrainConfig& tc = cfg_.train;
   micro_per_rank_ = tc.global_batch_size / (tc.micro_batch_size * pc.dp);
@@ -205,6 +231,10 @@ StepMetrics Trainer::step() {
   if (sharded || par_.coords.dp == 0)
     sq = optimizer_->grad_sq_sum([this](const ParamSpec& s) { return s.counts_in_norm(par_.coords.tp); });
   double loss_sum = (needs_targets_ && par_.coords.tp == 0) ? ops_.sum(losses) : 0.0;
+  if (par_.rank == 0) {  // fault injection (tests): the world's sums become non-finite
+    for (const FaultInjection& f : faults_)
+      if (f.step == step_ + 1) (f.in_loss ? loss_sum : sq) = std::numeric_limits<double>::quiet_NaN();
+  }
   CpuAllocator host;
   Tensor red = Tensor::empty(host, {2}, DType::F32, MemCategory::Workspace);
   // f32 is enough for the all-reduce of two positive partial sums across ranks.
@@ -230,7 +260,8 @@ StepMetrics Trainer::step() {
     float clip = 1.f;
     if (tc.grad_clip > 0 && grad_norm > tc.grad_clip) clip = static_cast<float>(tc.grad_clip / (grad_norm + 1e-6));
     auto span = trace_ ? trace_->span("optimizer", TraceCategory::Optimizer) : TraceRecorder::Span{};
-    optimizer_->step(m.lr, step_ + 1, clip);
+    // Adam's bias correction counts the updates applied; the LR follows the iteration.
+    optimizer_->step(m.lr, optimizer_->steps_taken() + 1, clip);
     reducer_->all_gather_values();
   }
   ops_.synchronize();

@@ -25,6 +25,14 @@ Schedule make_schedule(const Config& cfg);
 // first) gets one of its own.
 std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb);
 
+// A test hook: TRIPOD_INJECT_NAN="loss@3,grad@5" makes the loss (or the gradient norm) of those
+// steps NaN on every rank, as a real overflow would. Throws InputError on a malformed spec.
+struct FaultInjection {
+  int64_t step = 0;
+  bool in_loss = true;  // else the gradient norm
+};
+std::vector<FaultInjection> parse_fault_injections(const char* spec);
+
 class Trainer {
  public:
   // `cfg` must have passed validate_layout() for par's world size.
@@ -54,6 +62,7 @@ class Trainer {
   Ops& ops_;
   ParallelContext& par_;
   const SampleSource* data_;
+  std::vector<FaultInjection> faults_;
   ParamRegistry reg_;
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<GradReducer> reducer_;

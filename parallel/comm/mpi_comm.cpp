@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -19,6 +20,47 @@ MPI_Datatype mpi_type(DType t) {
     case DType::BF16: break;
   }
   TRIPOD_FAIL("MPI has no native type for {}", dtype_name(t));
+}
+
+// A duplicate of the world kept for liveness probes after a timeout (see unresponsive_ranks).
+MPI_Comm g_probe_comm = MPI_COMM_NULL;
+
+// After a timed-out wait: the world ranks that do not answer within `window_s`. Every rank whose
+// wait times out sends one byte to every other and waits for theirs; the ranks stuck on the same
+// fault time out within one timeout of each other and answer, while a rank that is dead, stopped
+// or stuck outside communication never does. The requests are abandoned: the caller is exiting.
+std::vector<int> unresponsive_ranks(double window_s) {
+  std::vector<int> silent;
+  if (g_probe_comm == MPI_COMM_NULL) return silent;
+  int me = 0, n = 1;
+  MPI_Comm_rank(g_probe_comm, &me);
+  MPI_Comm_size(g_probe_comm, &n);
+  static const char token = 1;
+  auto* in = new std::vector<char>(n);  // leaked with the requests
+  std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL);
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    MPI_Request send;
+    MPI_Isend(&token, 1, MPI_CHAR, r, 0, g_probe_comm, &send);
+    MPI_Request_free(&send);
+    MPI_Irecv(&(*in)[r], 1, MPI_CHAR, r, 0, g_probe_comm, &recvs[r]);
+  }
+  auto start = std::chrono::steady_clock::now();
+  std::vector<int> done(n, 0);
+  done[me] = 1;
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < window_s) {
+    bool all = true;
+    for (int r = 0; r < n; ++r) {
+      if (!done[r]) MPI_Test(&recvs[r], &done[r], MPI_STATUS_IGNORE);
+      all = all && done[r];
+    }
+    if (all) break;
+    timespec ts{0, 10000000};
+    nanosleep(&ts, nullptr);
+  }
+  for (int r = 0; r < n; ++r)
+    if (!done[r]) silent.push_back(r);
+  return silent;
 }
 
 int mpi_count(int64_t n) {
@@ -46,16 +88,19 @@ Staged stage(Ops* ops, const Tensor& t, bool copy_in, bool copy_back) {
 
 class MpiRequest final : public CommRequest {
  public:
-  MpiRequest(const MpiComm* comm, const char* what, Ops* ops) : comm_(comm), what_(what), ops_(ops) {}
+  MpiRequest(const MpiComm* comm, std::string what, Ops* ops) : comm_(comm), what_(std::move(what)), ops_(ops) {}
   ~MpiRequest() override {
-    if (!done_ && req_ != MPI_REQUEST_NULL) {
-      // Abandoned (an exception unwound past it): complete it so buffers are not written later.
-      MPI_Wait(&req_, MPI_STATUS_IGNORE);
-    }
+    if (done_ || req_ == MPI_REQUEST_NULL) return;
+    // Abandoned: an exception (often a timeout on this very request) is unwinding and the process
+    // is on its way out. Waiting could hang on a dead peer, and a non-blocking collective cannot
+    // be cancelled, so the staging buffers are leaked on purpose: MPI may still write into them.
+    int flag = 0;
+    MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
+    if (!flag) new std::vector<Staged>(std::move(staged_));
   }
   void wait() override {
     if (done_) return;
-    comm_->wait(req_, what_);
+    comm_->wait(req_, what_.c_str());
     done_ = true;
     for (auto& s : staged_)
       if (s.original.defined()) ops_->copy(s.host, s.original);
@@ -65,7 +110,7 @@ class MpiRequest final : public CommRequest {
 
  private:
   const MpiComm* comm_;
-  const char* what_;
+  std::string what_;
   Ops* ops_;
   bool done_ = false;
 };
@@ -99,11 +144,19 @@ void MpiComm::wait(MPI_Request& req, const char* what) const {
     }
     if ((spins & 63) == 0) {
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (waited > timeout_s_)
+      if (waited > timeout_s_) {
+        const double window = std::min(timeout_s_, 30.0);
+        std::vector<int> silent = unresponsive_ranks(window);
+        std::string who = g_probe_comm == MPI_COMM_NULL ? "a peer rank has died or stopped responding"
+                          : silent.empty() ? "every world rank answered a liveness probe, so a peer is slow or stuck"
+                                           : fmt::format("world rank(s) {} did not answer a liveness probe within {:.0f} "
+                                                       "s: dead or stopped",
+                                                       fmt::join(silent, ","), window);
         TRIPOD_FAIL(
-            "{} on the '{}' communicator (world ranks {}) did not complete within {:.0f} s: a peer rank has died "
-            "or stopped responding (parallel.timeout_s sets this limit)",
-            what, name_, fmt::join(world_ranks_, ","), timeout_s_);
+            "{} on the '{}' communicator (world ranks {}) did not complete within {:.0f} s; {} "
+            "(parallel.timeout_s sets this limit)",
+            what, name_, fmt::join(world_ranks_, ","), timeout_s_, who);
+      }
     }
   }
 }
@@ -171,7 +224,7 @@ void MpiComm::barrier() {
 }
 
 std::unique_ptr<CommRequest> MpiComm::isend(const Tensor& t, int peer, int tag) {
-  auto r = std::make_unique<MpiRequest>(this, "send", ops_);
+  auto r = std::make_unique<MpiRequest>(this, fmt::format("send to world rank {}", world_ranks_[peer]), ops_);
   Staged s = stage(ops_, t, true, false);
   MPI_Isend(s.host.raw(), mpi_count(s.host.numel()), mpi_type(s.host.dtype()), peer, tag, comm_, &r->req_);
   r->staged_.push_back(std::move(s));
@@ -180,7 +233,7 @@ std::unique_ptr<CommRequest> MpiComm::isend(const Tensor& t, int peer, int tag) 
 }
 
 std::unique_ptr<CommRequest> MpiComm::irecv(Tensor& t, int peer, int tag) {
-  auto r = std::make_unique<MpiRequest>(this, "recv", ops_);
+  auto r = std::make_unique<MpiRequest>(this, fmt::format("recv from world rank {}", world_ranks_[peer]), ops_);
   Staged s = stage(ops_, t, false, true);
   MPI_Irecv(s.host.raw(), mpi_count(s.host.numel()), mpi_type(s.host.dtype()), peer, tag, comm_, &r->req_);
   r->staged_.push_back(std::move(s));
@@ -194,6 +247,10 @@ std::unique_ptr<MpiComm> mpi_world(Ops* ops, double timeout_s) {
   for (int i = 0; i < size; ++i) ranks[i] = i;
   MPI_Comm dup;
   MPI_Comm_dup(MPI_COMM_WORLD, &dup);
+  if (g_probe_comm == MPI_COMM_NULL) {
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_probe_comm);
+    MPI_Comm_set_errhandler(g_probe_comm, MPI_ERRORS_RETURN);  // a dead peer must not abort the probe
+  }
   return std::make_unique<MpiComm>(dup, "world", ops, timeout_s, std::move(ranks));
 }
 

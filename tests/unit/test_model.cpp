@@ -172,5 +172,51 @@ TEST(Trainer, SameSeedGivesBitIdenticalLosses) {
   EXPECT_NE(a[0], c[0]);
 }
 
+std::vector<float> flat_values(Trainer& t) {
+  const Tensor& v = t.registry().flat_values();
+  return std::vector<float>(v.data<float>(), v.data<float>() + v.numel());
+}
+
+TEST(Trainer, NonFiniteLossOrGradNormSkipsTheUpdateAndIsCounted) {
+  Config cfg = test::tiny_config();
+  cfg.train.steps = 6;
+  cfg.train.max_bad_steps = 2;
+  SyntheticSource data(cfg.model.seq_len, cfg.model.vocab_size, 5);
+  auto ops = make_ops(Device::CPU);
+  auto w = test::make_subworld(*ops, RankGrid(1, 1, 1));
+  validate_layout(cfg, 1);
+  setenv("TRIPOD_INJECT_NAN", "grad@2,loss@4,loss@5", 1);
+  Trainer t(cfg, *ops, *w.par, &data);
+  unsetenv("TRIPOD_INJECT_NAN");
+
+  EXPECT_FALSE(t.step().skipped);
+  std::vector<float> before = flat_values(t);
+  StepMetrics m = t.step();  // grad@2
+  EXPECT_TRUE(m.skipped);
+  EXPECT_TRUE(std::isnan(m.grad_norm));
+  EXPECT_EQ(m.skipped_total, 1);
+  EXPECT_EQ(flat_values(t), before) << "a skipped step must leave the weights untouched";
+  m = t.step();
+  EXPECT_FALSE(m.skipped);
+  EXPECT_TRUE(std::isfinite(m.loss));
+  EXPECT_NE(flat_values(t), before);
+  // Two in a row reach train.max_bad_steps = 2: the run stops with a message naming the step.
+  try {
+    t.run();
+    FAIL() << "two bad steps in a row must stop the run";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("2 steps in a row"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("step 5"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(t.completed_steps(), 5);
+}
+
+TEST(Trainer, MalformedFaultInjectionIsRefused) {
+  EXPECT_THROW(parse_fault_injections("nan@3"), InputError);
+  EXPECT_THROW(parse_fault_injections("loss@x"), InputError);
+  EXPECT_EQ(parse_fault_injections("loss@3,grad@7").size(), 2u);
+  EXPECT_TRUE(parse_fault_injections(nullptr).empty());
+}
+
 }  // namespace
 }  // namespace tripod
