@@ -16,6 +16,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   bible-kjv-text bible-kjv
   iproute2
+  chromium
 )
 
 missing=()
