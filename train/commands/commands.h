@@ -16,5 +16,6 @@ CommandFn add_trace_command(CLI::App& app);
 CommandFn add_data_command(CLI::App& app);
 CommandFn add_report_command(CLI::App& app);
 CommandFn add_eval_command(CLI::App& app);
+CommandFn add_generate_command(CLI::App& app);
 
 }  // namespace tripod
