@@ -110,6 +110,14 @@ class Ops {
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   const Tensor& probs, Tensor& dqkv) = 0;
 
+  // ---- attention against a KV cache (inference) --------------------------------------------
+  // qkv (B, n, 3, H, D): n new tokens at positions [pos, pos + n) of each sequence. Their k and v
+  // are written into k_cache, v_cache (B, H, T_max, D) at positions [pos, pos + n); then
+  // out (B, n, H, D) = softmax(q K^T / sqrt(D)) V for each new token over cache positions
+  // 0..its own (causal). n = 1 is one decoding step; pos = 0, n = prompt length is the prefill.
+  // Needs pos + n <= T_max. Caches and out are in the compute dtype; scores and softmax in f32.
+  virtual void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) = 0;
+
   // ---- fused softmax cross-entropy over a (possibly vocabulary-parallel) classifier ----------
   // logits (N, Vl) hold columns [vocab_start, vocab_start + Vl); only the first `valid` columns
   // are real tokens (the rest is vocabulary padding and never takes part).

@@ -79,6 +79,9 @@ class ProfiledOps final : public Ops {
                           const Tensor& probs, Tensor& dqkv) override {
     time("attention", [&] { in_.attention_backward(dout, qkv, out, lse, probs, dqkv); });
   }
+  void attention_decode(const Tensor& qkv, Tensor& k, Tensor& v, int64_t pos, Tensor& out) override {
+    time("attention", [&] { in_.attention_decode(qkv, k, v, pos, out); });
+  }
   void xent_stats(const Tensor& l, const Tensor& t, int64_t vs, int64_t valid, Tensor& s) override {
     time("xent", [&] { in_.xent_stats(l, t, vs, valid, s); });
   }

@@ -64,6 +64,33 @@ std::map<std::string, std::vector<float>> gather_global_params(ParamRegistry& re
   return out;
 }
 
+void set_global_params(const std::map<std::string, std::vector<float>>& global, ParamRegistry& reg, Ops& ops) {
+  for (Param& p : reg.params()) {
+    auto it = global.find(p.spec.name);
+    TRIPOD_CHECK(it != global.end(), "set_global_params: no values for {}", p.spec.name);
+    Shape g = p.spec.global_shape;
+    if (p.spec.vocab_rows >= 0) g[0] = p.spec.vocab_rows;
+    TRIPOD_CHECK(static_cast<int64_t>(it->second.size()) == shape_numel(g), "set_global_params: {} has {} values",
+                 p.spec.name, it->second.size());
+    const Shape L = p.spec.local_shape();
+    const int d = p.spec.shard_dim < 0 ? 0 : p.spec.shard_dim;
+    const int64_t off = p.spec.shard_dim < 0 ? 0 : p.spec.shard_offset;
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < d; ++i) outer *= L[i];
+    for (size_t i = d + 1; i < L.size(); ++i) inner *= L[i];
+    std::vector<float> local(shape_numel(L), 0.f);
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t r = 0; r < L[d]; ++r) {
+        const int64_t gr = r + off;
+        if (gr >= g[d]) continue;  // vocabulary padding stays zero
+        const float* src = it->second.data() + (o * g[d] + gr) * inner;
+        std::copy(src, src + inner, local.data() + (o * L[d] + r) * inner);
+      }
+    Tensor host = Tensor::wrap(local.data(), L, DType::F32);
+    ops.copy(host, p.value);
+  }
+}
+
 RunResult run_training(Config cfg, Ops& ops, ParallelContext& par, const SampleSource& data) {
   validate_layout(cfg, par.grid.world_size());
   Trainer t(cfg, ops, par, &data);

@@ -94,4 +94,9 @@ void expect_matches(const RunResult& run, const RunResult& serial, const std::st
 std::map<std::string, std::vector<float>> gather_global_params(ParamRegistry& reg, ParallelContext& par, Ops& ops,
                                                                bool grads = false);
 
+// The inverse of gather_global_params: sets every parameter of `reg` (allocated) to its shard of
+// the whole tensors in `global` (as gather_global_params returns them; vocabulary padding rows
+// become zero), so any grid can hold exactly the weights another grid trained.
+void set_global_params(const std::map<std::string, std::vector<float>>& global, ParamRegistry& reg, Ops& ops);
+
 }  // namespace tripod::test

@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   commands.push_back(add_trace_command(app));
   commands.push_back(add_data_command(app));
   commands.push_back(add_report_command(app));
+  commands.push_back(add_eval_command(app));
+  commands.push_back(add_generate_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -13,6 +13,7 @@
 #include "data/sampler.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
+#include "train/evaluator.h"
 
 namespace tripod {
 
@@ -62,8 +63,11 @@ std::vector<FaultInjection> parse_fault_injections(const char* spec) {
   return out;
 }
 
-Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data)
-    : cfg_(cfg), ops_(ops), par_(par), data_(train_data), faults_(parse_fault_injections(std::getenv("TRIPOD_INJECT_NAN"))) {
+Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data,
+                 const SampleSource* eval_data)
+    : cfg_(cfg), ops_(ops), par_(par), data_(train_data),
+      eval_data_(eval_data),
+      faults_(parse_fault_injections(std::getenv("TRIPOD_INJECT_NAN"))) {
   const ParallelConfig& pc = cfg_.parallel;
   const TrainConfig& tc = cfg_.train;
   micro_per_rank_ = tc.global_batch_size / (tc.micro_batch_size * pc.dp);
@@ -86,6 +90,8 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   }
   TRIPOD_CHECK(!(needs_tokens_ || needs_targets_) || data_, "rank {} holds the embedding or head but has no data",
                par.rank);
+
+  evaluator_ = std::make_unique<Evaluator>(cfg_, ops, par, *model_);
 
   reducer_ = std::make_unique<GradReducer>(ops, par.dp.get(), reg_.flat_grads(), reg_.flat_values(),
                                            make_grad_buckets(reg_, wte_, pc.bucket_mb), pc.distributed_optimizer);
@@ -116,36 +122,46 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                executor_->schedule().kind, pc.vp, tc.device);
 }
 
-void Trainer::load_microbatch(int64_t step, int micro, MicroBatch& mb) {
-  const TrainConfig& tc = cfg_.train;
-  const int64_t B = tc.micro_batch_size, T = cfg_.model.seq_len;
+Trainer::~Trainer() = default;
+
+void load_microbatch(const SampleSource* data, const Config& cfg, const ParallelContext& par, Ops& ops,
+                     int64_t consumed, int micro, bool tokens, bool targets, MicroBatch& mb) {
+  const TrainConfig& tc = cfg.train;
+  const int64_t B = tc.micro_batch_size, T = cfg.model.seq_len;
   mb.shape = {B, T};
-  mb.grad_scale = 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * T);
-  if (!needs_tokens_ && !needs_targets_) return;
+  if (!tokens && !targets) return;
+  TRIPOD_CHECK(data, "rank {} holds the embedding or head but has no data", par.rank);
   // The samples depend on (step, micro, DP rank) only through the global index (data/sampler.h).
-  const SampleOrder order{.global_batch = tc.global_batch_size, .micro_batch = B, .dp = par_.grid.dp()};
-  const int64_t base = order.index(step * tc.global_batch_size, micro, par_.coords.dp, 0);
+  const SampleOrder order{.global_batch = tc.global_batch_size, .micro_batch = B, .dp = par.grid.dp()};
+  const int64_t base = order.index(consumed, micro, par.coords.dp, 0);
   CpuAllocator host;
   Tensor in = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
   Tensor tg = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
   std::vector<int32_t> sample(T + 1);
   for (int64_t b = 0; b < B; ++b) {
-    data_->get(base + b, sample);
+    data->get(base + b, sample);
     for (int32_t t : sample)
-      TRIPOD_INPUT_CHECK(t >= 0 && t < cfg_.model.vocab_size,
+      TRIPOD_INPUT_CHECK(t >= 0 && t < cfg.model.vocab_size,
                          "sample {} holds token id {} but model.vocab_size = {} (the data was made with another "
-                         "tokenizer?)", base + b, t, cfg_.model.vocab_size);
+                         "tokenizer?)", base + b, t, cfg.model.vocab_size);
     std::copy(sample.begin(), sample.end() - 1, in.data<int32_t>() + b * T);
     std::copy(sample.begin() + 1, sample.end(), tg.data<int32_t>() + b * T);
   }
-  if (needs_tokens_) {
-    mb.tokens = ops_.empty({B * T}, DType::I32, MemCategory::Activations);
-    ops_.copy(in, mb.tokens);
+  if (tokens) {
+    mb.tokens = ops.empty({B * T}, DType::I32, MemCategory::Activations);
+    ops.copy(in, mb.tokens);
   }
-  if (needs_targets_) {
-    mb.targets = ops_.empty({B * T}, DType::I32, MemCategory::Activations);
-    ops_.copy(tg, mb.targets);
+  if (targets) {
+    mb.targets = ops.empty({B * T}, DType::I32, MemCategory::Activations);
+    ops.copy(tg, mb.targets);
   }
+}
+
+void Trainer::load_microbatch(int64_t step, int micro, MicroBatch& mb) {
+  const TrainConfig& tc = cfg_.train;
+  mb.grad_scale = 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * cfg_.model.seq_len);
+  tripod::load_microbatch(data_, cfg_, par_, ops_, step * tc.global_batch_size, micro, needs_tokens_, needs_targets_,
+                          mb);
 }
 
 void Trainer::on_grads_ready(const std::vector<Param*>& params) {
@@ -285,11 +301,28 @@ void Trainer::run() {
   while (step_ < last) {
     StepMetrics m = step();
     if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m);
+    if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) evaluate();
     TRIPOD_INPUT_CHECK(bad_in_a_row_ < tc.max_bad_steps,
                        "{} steps in a row had a non-finite loss or grad norm (last: step {}, loss {}, grad norm {}); "
                        "stopping (train.max_bad_steps = {})",
                        bad_in_a_row_, m.step, m.loss, m.grad_norm, tc.max_bad_steps);
   }
+}
+
+EvalResult Trainer::evaluate() {
+  const TrainConfig& tc = cfg_.train;
+  auto t0 = std::chrono::steady_clock::now();
+  EvalResult r = evaluator_->evaluate(eval_data_, tc.eval_steps * tc.global_batch_size);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The report (train/report.cpp) reads eval records by "eval", "split", "loss", "perplexity";
+  // val_loss and val_ppl name the same numbers for readers of the step records.
+  if (metrics_)
+    metrics_->log_json({{"eval", true}, {"step", step_}, {"split", "valid"}, {"loss", r.loss},
+                        {"perplexity", r.perplexity}, {"val_loss", r.loss}, {"val_ppl", r.perplexity},
+                        {"tokens", r.tokens}, {"eval_time_s", seconds}});
+  spdlog::info("eval  {:>6}/{} | val loss {:.4f} | val ppl {:.2f} | {} tokens in {:.2f} s", step_, tc.steps, r.loss,
+               r.perplexity, r.tokens, seconds);
+  return r;
 }
 
 }  // namespace tripod

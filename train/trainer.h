@@ -24,6 +24,15 @@ Schedule make_schedule(const Config& cfg);
 // chunks never share a bucket and the tied table `wte` (synchronised between the pipeline's ends
 // first) gets one of its own.
 std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb);
+// Fills micro-batch `micro` of the global batch that starts after `consumed` samples of `data`
+// (data/sampler.h's order, for DP rank par.coords.dp): its shape, and on the device its input
+// tokens (when `tokens`) and next-token targets (when `targets`). A token id outside
+// model.vocab_size is an InputError.
+void load_microbatch(const SampleSource* data, const Config& cfg, const ParallelContext& par, Ops& ops,
+                     int64_t consumed, int micro, bool tokens, bool targets, MicroBatch& mb);
+
+class Evaluator;
+struct EvalResult;
 
 // A test hook: TRIPOD_INJECT_NAN="loss@3,grad@5" makes the loss (or the gradient norm) of those
 // steps NaN on every rank, as a real overflow would. Throws InputError on a malformed spec.
@@ -35,11 +44,19 @@ std::vector<FaultInjection> parse_fault_injections(const char* spec);
 
 class Trainer {
  public:
-  // `cfg` must have passed validate_layout() for par's world size.
-  Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data);
+  // `cfg` must have passed validate_layout() for par's world size. `eval_data` (the validation
+  // split) is needed when train.eval_interval > 0 on ranks holding the embedding or the head.
+  Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data,
+          const SampleSource* eval_data = nullptr);
+  ~Trainer();
 
-  // Trains from the current step to train.steps (or train.exit_interval).
+  // Trains from the current step to train.steps (or train.exit_interval), evaluating every
+  // train.eval_interval steps.
   void run();
+  // The validation loss now: train.eval_steps global batches of the eval data, forward only;
+  // logged to metrics.jsonl as an "eval" record (loss, perplexity, and val_loss, val_ppl).
+  EvalResult evaluate();
+  Evaluator& evaluator() { return *evaluator_; }
   // One optimizer step over the global batch; metrics are valid on every rank.
   StepMetrics step();
 
@@ -62,6 +79,7 @@ class Trainer {
   Ops& ops_;
   ParallelContext& par_;
   const SampleSource* data_;
+  const SampleSource* eval_data_;
   std::vector<FaultInjection> faults_;
   ParamRegistry reg_;
   std::unique_ptr<GptModel> model_;
@@ -70,6 +88,7 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<TraceRecorder> trace_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<Evaluator> evaluator_;
   LrSchedule lr_;
   int64_t step_ = 0;
   int64_t skipped_total_ = 0, bad_in_a_row_ = 0;

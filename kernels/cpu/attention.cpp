@@ -131,3 +131,65 @@ void CpuOps::attention_backward(const Tensor& dout, const Tensor& qkv, const Ten
 }
 
 }  // namespace tripod::cpu
+
+namespace tripod::cpu {
+
+// Cache layout (B, H, T_max, D): k of head h, position p of batch b at ((b*H + h)*T_max + p)*D,
+// so one head's keys are contiguous rows and a query's scores are a matrix-vector product.
+// Example: H = 2, T_max = 8, D = 4: batch 0, head 1, position 3 starts at (1*8 + 3)*4 = 44.
+void CpuOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) {
+  auto [B, n, H, D] = dims_of(qkv);
+  TRIPOD_CHECK(k_cache.dim() == 4 && k_cache.size(0) == B && k_cache.size(1) == H && k_cache.size(3) == D &&
+                   v_cache.shape() == k_cache.shape(),
+               "attention_decode: caches {} and {} must be (B, H, T_max, D) = ({}, {}, T_max, {})", k_cache.str(),
+               v_cache.str(), B, H, D);
+  const int64_t Tmax = k_cache.size(2);
+  TRIPOD_CHECK(pos >= 0 && pos + n <= Tmax, "attention_decode: positions [{}, {}) beyond the cache's {}", pos, pos + n,
+               Tmax);
+  TRIPOD_CHECK(out.numel() == B * n * H * D, "attention_decode: out {} for qkv {}", out.str(), qkv.str());
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const int64_t ld_qkv = 3 * H * D, ld_out = H * D;
+  const float* pqkv = qkv.data<float>();
+  float* pk = k_cache.data<float>();
+  float* pv = v_cache.data<float>();
+  float* pout = out.data<float>();
+  // Append the new keys and values.
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t b = bh / H, h = bh % H;
+      const float* src = pqkv + (b * n + t) * ld_qkv + h * D;
+      std::memcpy(pk + (bh * Tmax + pos + t) * D, src + H * D, D * sizeof(float));
+      std::memcpy(pv + (bh * Tmax + pos + t) * D, src + 2 * H * D, D * sizeof(float));
+    }
+  // Each new token against the cache up to its own position.
+  Tensor scratch = empty({omp_get_max_threads(), Tmax}, DType::F32, MemCategory::Workspace);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh)
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t b = bh / H, h = bh % H, len = pos + t + 1;
+      const float* q = pqkv + (b * n + t) * ld_qkv + h * D;
+      const float* K = pk + bh * Tmax * D;
+      const float* V = pv + bh * Tmax * D;
+      float* s = scratch.data<float>() + omp_get_thread_num() * Tmax;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        float acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t d = 0; d < D; ++d) acc += q[d] * K[j * D + d];
+        s[j] = acc * scale;
+        m = std::max(m, s[j]);
+      }
+      float sum = 0;
+      for (int64_t j = 0; j < len; ++j) sum += (s[j] = std::exp(s[j] - m));
+      float* o = pout + (b * n + t) * ld_out + h * D;
+      for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+      for (int64_t j = 0; j < len; ++j) {
+        const float p = s[j] / sum;
+#pragma omp simd
+        for (int64_t d = 0; d < D; ++d) o[d] += p * V[j * D + d];
+      }
+    }
+}
+
+}  // namespace tripod::cpu

@@ -46,6 +46,7 @@ class CpuOps final : public Ops {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& probs, Tensor& dqkv) override;
+  void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) override;
 
   void xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
                   Tensor& stats) override;

@@ -527,6 +527,24 @@ void CudaOps::attention_backward(const Tensor& dout, const Tensor& qkv, const Te
   attention_->backward(dout, qkv, out, lse, dqkv);
 }
 
+void CudaOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  const char* op = "attention_decode";
+  auto [B, n, H, D] = qkv_dims(qkv, op);
+  TRIPOD_CHECK(k_cache.dim() == 4 && k_cache.size(0) == B && k_cache.size(1) == H && k_cache.size(3) == D,
+               "{}: k_cache {} must be (B, H, T_max, D) = ({}, {}, T_max, {})", op, k_cache.str(), B, H, D);
+  const int64_t Tmax = k_cache.size(2);
+  TRIPOD_CHECK(pos >= 0 && pos + n <= Tmax, "{}: positions [{}, {}) beyond the cache's {}", op, pos, pos + n, Tmax);
+  TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the kernels' {}", op, D, k::kMaxRefHeadDim);
+  expect(qkv, DType::BF16, B * n * 3 * H * D, op, "qkv");
+  expect(k_cache, DType::BF16, B * H * Tmax * D, op, "k_cache");
+  expect(v_cache, DType::BF16, B * H * Tmax * D, op, "v_cache");
+  expect(out, DType::BF16, B * n * H * D, op, "out");
+  k::attention_decode(qkv.data<bf16>(), k_cache.data<bf16>(), v_cache.data<bf16>(), out.data<bf16>(), B, n, H, D,
+                      Tmax, pos, 1.0f / std::sqrt(static_cast<float>(D)), compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} qkv {} cache {} pos {}", op, qkv.str(), k_cache.str(), pos);
+}
+
 const char* CudaOps::attention_impl() const { return attention_->last_impl(); }
 
 }  // namespace tripod::cuda

@@ -168,7 +168,71 @@ void run_backward(const bf16_t* dout, const bf16_t* qkv, const bf16_t* out, cons
   dkv_kernel<NPL><<<blocks, kThreads, 0, s>>>(dout, qkv, lse, delta, dqkv, g, scale);
 }
 
+// Thread per element: the new tokens' k and v (qkv (B, n, 3, H, D)) into the caches
+// (B, H, T_max, D) at positions [pos, pos + n). Element i = ((b*n + t)*H + h)*D + d.
+__global__ void kv_append_kernel(const bf16_t* qkv, bf16_t* k_cache, bf16_t* v_cache, int64_t B, int64_t n,
+                                 int64_t H, int64_t D, int64_t Tmax, int64_t pos) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= B * n * H * D) return;
+  const int64_t d = i % D, h = (i / D) % H, t = (i / (D * H)) % n, b = i / (D * H * n);
+  const bf16_t* src = qkv + (b * n + t) * 3 * H * D + h * D + d;
+  const int64_t dst = ((b * H + h) * Tmax + pos + t) * D + d;
+  k_cache[dst] = src[H * D];
+  v_cache[dst] = src[2 * H * D];
+}
+
+// Warp per (b, h, t) of the new tokens: out = softmax(scale q K^T over cache positions
+// 0..pos+t) V, with the online max/sum of forward_kernel. Keys of one head are D apart.
+template <int NPL>
+__global__ void decode_kernel(const bf16_t* qkv, const bf16_t* k_cache, const bf16_t* v_cache, bf16_t* out,
+                              int64_t B, int64_t n, int64_t H, int64_t D, int64_t Tmax, int64_t pos, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= B * H * n) return;
+  const int64_t t = w % n, bh = w / n, b = bh / H, h = bh % H;
+  Row<NPL> q, acc;
+  q.load(qkv + (b * n + t) * 3 * H * D + h * D, D, lane);
+  acc.zero();
+  const bf16_t* K = k_cache + bh * Tmax * D;
+  const bf16_t* V = v_cache + bh * Tmax * D;
+  float m = -INFINITY, l = 0.f;
+  for (int64_t j = 0; j <= pos + t; ++j) {
+    const float s = q.dot(K + j * D, D, lane) * scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), p = expf(s - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) acc.v[i] *= corr;
+    acc.axpy(p, V + j * D, D, lane);
+    m = m_new;
+  }
+  acc.store(out + (b * n + t) * H * D + h * D, D, lane, 1.0f / l);
+}
+
+template <int NPL>
+void run_decode(const bf16_t* qkv, const bf16_t* k, const bf16_t* v, bf16_t* out, int64_t B, int64_t n, int64_t H,
+                int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((B * H * n + kWarps - 1) / kWarps);
+  decode_kernel<NPL><<<blocks, kThreads, 0, s>>>(qkv, k, v, out, B, n, H, D, Tmax, pos, scale);
+}
+
 }  // namespace
+
+void attention_decode(const bf16* qkv, bf16* k_cache, bf16* v_cache, bf16* out, int64_t B, int64_t n, int64_t H,
+                      int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s) {
+  const int64_t elems = B * n * H * D;
+  if (elems == 0) return;
+  kv_append_kernel<<<static_cast<unsigned>((elems + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      dev(qkv), dev(k_cache), dev(v_cache), B, n, H, D, Tmax, pos);
+  if (D <= 32)
+    run_decode<1>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, D, Tmax, pos, scale, s);
+  else if (D <= 64)
+    run_decode<2>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, D, Tmax, pos, scale, s);
+  else if (D <= 128)
+    run_decode<4>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, D, Tmax, pos, scale, s);
+  else
+    run_decode<8>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, D, Tmax, pos, scale, s);
+}
 
 void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
                        float scale, cudaStream_t s) {

@@ -93,6 +93,11 @@ void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_
 // dqkv (B, T, 3, H, D) from dout (B, T, H, D); delta: B*H*T floats of scratch.
 void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, const float* lse, bf16* dqkv,
                         float* delta, int64_t B, int64_t T, int64_t H, int64_t D, float scale, cudaStream_t s);
+// Attention against a KV cache (inference): the n new tokens of qkv (B, n, 3, H, D) at positions
+// [pos, pos + n) append their k, v to k_cache, v_cache (B, H, T_max, D); out (B, n, H, D) is
+// each new token's causal attention over the cache. bf16 in and out, f32 softmax.
+void attention_decode(const bf16* qkv, bf16* k_cache, bf16* v_cache, bf16* out, int64_t B, int64_t n, int64_t H,
+                      int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s);
 // Largest head dimension the reference kernels take.
 inline constexpr int64_t kMaxRefHeadDim = 256;
 

@@ -35,8 +35,10 @@ inline Action B(int mb, int chunk = 0) { return {ActionKind::Backward, mb, chunk
 std::optional<Action> parse_action(std::string_view text);
 
 struct Schedule {
-  std::string kind;  // "gpipe", "1f1b", "interleaved", or "custom" (loaded from a file)
+  std::string kind;  // "gpipe", "1f1b", "interleaved", "forward", or "custom" (loaded from a file)
   int pp = 1, vp = 1, microbatches = 1;
+  // Forwards only (evaluation): every F, no B; the validator then refuses any B.
+  bool forward_only = false;
   std::vector<std::vector<Action>> ranks;  // ranks[r]: pipeline rank r's actions, in order
 
   // Where a loaded schedule came from, for error messages: the file and each rank's line.

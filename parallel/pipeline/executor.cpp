@@ -38,7 +38,7 @@ void PipelineExecutor::hold(int delta) {
 }
 
 void PipelineExecutor::run(const PipelineCallbacks& cb) {
-  TRIPOD_CHECK(cb.forward && cb.backward, "pipeline callbacks need forward and backward");
+  TRIPOD_CHECK(cb.forward && (cb.backward || schedule_.forward_only), "pipeline callbacks need forward and backward");
   const auto& list = schedule_.ranks[rank_];
   recvs_.clear();
   sends_.clear();

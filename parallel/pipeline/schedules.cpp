@@ -93,6 +93,27 @@ Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches)
   return s;
 }
 
+Schedule forward_only_schedule(int pp, int vp, int microbatches) {
+  TRIPOD_INPUT_CHECK(pp >= 1 && vp >= 1 && microbatches >= 1,
+                     "forward-only schedule: pp = {}, vp = {}, microbatches = {}: each must be at least 1", pp, vp,
+                     microbatches);
+  TRIPOD_INPUT_CHECK(static_cast<long long>(pp) * vp * microbatches <= kMaxSchedulePairs,
+                     "pp = {} x vp = {} x microbatches = {} is too large (at most {} micro-batch/stage pairs)", pp,
+                     vp, microbatches, kMaxSchedulePairs);
+  Schedule s;
+  s.kind = "forward";
+  s.forward_only = true;
+  s.pp = pp;
+  s.vp = vp;
+  s.microbatches = microbatches;
+  for (int r = 0; r < pp; ++r) {
+    std::vector<Action>& list = s.ranks.emplace_back();
+    for (int c = 0; c < vp; ++c)
+      for (int mb = 0; mb < microbatches; ++mb) list.push_back(F(mb, c));
+  }
+  return s;
+}
+
 Schedule parse_schedule_csv(std::string_view text, const std::string& source) {
   Schedule s;
   s.kind = "custom";

@@ -31,6 +31,12 @@ std::vector<Action> one_f_one_b_actions(int pp, int microbatches, int rank);
 // Worked example pp=2, vp=2, m=2, rank 0: F0.0 F1.0 F0.1 F1.1 B0.1 B1.1 B0.0 B1.0.
 std::vector<Action> interleaved_actions(int pp, int vp, int microbatches, int rank);
 
+// Forward-only (evaluation): each rank runs all forwards of its chunk 0 in micro-batch order,
+// then all of chunk 1, and so on, with the same point-to-point messages as training. Makespan
+// vp*m + pp - 1 forwards, bubble (pp-1)/(vp*m+pp-1); a rank holds at most m received inputs.
+// Worked example pp=2, vp=2, m=2, rank 1: F0.0 F1.0 F0.1 F1.1.
+Schedule forward_only_schedule(int pp, int vp, int microbatches);
+
 // The schedule of every rank for `kind` ("gpipe", "1f1b", "interleaved"). Bad numbers (pp < 1,
 // vp > 1 for a non-interleaved kind, m not a multiple of pp for interleaved, ...) throw
 // InputError naming them.

@@ -55,12 +55,18 @@ std::vector<PositionTable> check_lists(const Schedule& s) {
       t.at(a) = i;
     }
     for (int c = 0; c < s.vp; ++c)
-      for (int mb = 0; mb < s.microbatches; ++mb)
-        for (Action a : {F(mb, c), B(mb, c)})
+      for (int mb = 0; mb < s.microbatches; ++mb) {
+        if (s.forward_only)
+          TRIPOD_INPUT_CHECK(t.get(B(mb, c)) < 0, "{}: {} in a forward-only schedule (it runs forwards only)",
+                             s.where(r), B(mb, c).str());
+        for (Action a : {F(mb, c), B(mb, c)}) {
+          if (s.forward_only && !a.forward()) continue;
           TRIPOD_INPUT_CHECK(t.get(a) >= 0,
                              "{}: {} is missing (every rank runs F and B of each of the {} micro-batches on each of "
                              "its {} chunks)",
                              s.where(r), a.str(), s.microbatches, s.vp);
+        }
+      }
     tables.push_back(std::move(t));
   }
   // Dependencies within one rank, checked in list order so the first broken one is named.

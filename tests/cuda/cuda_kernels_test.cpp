@@ -335,6 +335,34 @@ TEST_F(CudaOpsTest, AttentionReferenceKernels) {
   EXPECT_EQ(check_attention(*cpu_, *gpu, {1, 1, 1, 64}), "reference");  // one token
 }
 
+// Attention against a KV cache: a prefill then single tokens, on the GPU (bf16 caches) and the
+// CPU from the same bf16-rounded qkv; the outputs and the caches agree.
+TEST_F(CudaOpsTest, AttentionDecodeMatchesCpu) {
+  for (AttnCase c : {AttnCase{2, 9, 3, 24}, AttnCase{1, 40, 4, 64}, AttnCase{1, 17, 2, 128}}) {
+    auto [B, T, H, D] = c;
+    const int64_t Tmax = T + 3, prefill = T / 2;
+    SCOPED_TRACE(testing::Message() << B << " " << T << " " << H << " " << D);
+    Tensor qkv = randn({B, T, 3, H, D}, 80 + T, 1.f, 0.f, /*exact=*/true);
+    Tensor kc = host({B, H, Tmax, D}), vc = host({B, H, Tmax, D});
+    cpu_->fill(kc, 0.f);
+    cpu_->fill(vc, 0.f);
+    Tensor gk = up(kc), gv = up(vc);
+    for (int64_t t0 = 0; t0 < T; t0 += (t0 == 0 ? prefill : 1)) {
+      const int64_t n = t0 == 0 ? prefill : 1;
+      Tensor part = host({B, n, 3, H, D});
+      for (int64_t b = 0; b < B; ++b)
+        std::copy(qkv.data<float>() + (b * T + t0) * 3 * H * D, qkv.data<float>() + (b * T + t0 + n) * 3 * H * D,
+                  part.data<float>() + b * n * 3 * H * D);
+      Tensor out = host({B, n, H, D}), gout = poison({B, n, H, D});
+      cpu_->attention_decode(part, kc, vc, t0, out);
+      gpu_->attention_decode(up(part), gk, gv, t0, gout);
+      EXPECT_LT(rel_err(down(gout), out), kBf16Tol) << "tokens from " << t0;
+    }
+    EXPECT_EQ(rel_err(down(gk), kc), 0.0) << "the caches hold the (exact bf16) keys";
+    EXPECT_EQ(rel_err(down(gv), vc), 0.0);
+  }
+}
+
 // ---- softmax cross-entropy --------------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, CrossEntropyOverVocabularyShards) {

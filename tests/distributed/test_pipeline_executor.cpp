@@ -195,6 +195,46 @@ TEST_F(PipelineExecutorTest, CustomCsvScheduleRuns) {
   run_and_check(parse_schedule_csv(csv, "custom.csv"), world_.get(), world_->rank());
 }
 
+// Evaluation's forward-only schedule runs with no backward callback: every last-stage output
+// matches the serial reference and nothing is left held.
+TEST_F(PipelineExecutorTest, ForwardOnlyScheduleRuns) {
+  const int p = world_->size(), r = world_->rank();
+  for (int v : {1, 2})
+    for (int m : {1, p, 2 * p + 1}) {
+      Schedule s = forward_only_schedule(p, v, m);
+      SCOPED_TRACE(fmt::format("forward-only pp={} vp={} m={}", p, v, m));
+      const int S = s.num_stages();
+      const Reference ref = serial_reference(S, m);
+      CpuAllocator alloc;
+      PipelineExecutor ex(s, world_.get(), r);
+      std::map<int, std::vector<float>> last_output;
+      PipelineCallbacks cb;
+      cb.forward = [&](int mb, int chunk, const Tensor& input) {
+        const int st = s.stage(r, chunk);
+        EXPECT_EQ(input.defined(), st > 0);
+        Tensor y = Tensor::empty(alloc, {kN}, DType::F32, MemCategory::Activations);
+        for (int i = 0; i < kN; ++i) {
+          const float x = st == 0 ? static_cast<float>((mb + 1) * (i + 1)) : input.data<float>()[i];
+          y.data<float>()[i] = 2 * x + static_cast<float>(st + 1);
+        }
+        if (st < S - 1) return y;
+        last_output[mb].assign(y.data<float>(), y.data<float>() + kN);
+        return Tensor{};
+      };
+      cb.recv_buffer = [&](int, int, bool grad) {
+        EXPECT_FALSE(grad);
+        return Tensor::empty(alloc, {kN}, DType::F32, MemCategory::Activations);
+      };
+      ex.run(cb);
+      if (s.rank_of_stage(S - 1) == r) {
+        ASSERT_EQ(static_cast<int>(last_output.size()), m);
+        for (int mb = 0; mb < m; ++mb) EXPECT_EQ(last_output[mb], ref.last_output[mb]) << "micro-batch " << mb;
+      }
+      EXPECT_EQ(ex.held(), 0);
+      EXPECT_EQ(ex.peak_held(), plan_peak_buffers(ex.plan(), s, r));
+    }
+}
+
 TEST_F(PipelineExecutorTest, BrokenScheduleIsRefusedBeforeAnyCompute) {
   const int p = world_->size();
   Schedule s = build_schedule("1f1b", p, 1, 3);

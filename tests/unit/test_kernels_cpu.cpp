@@ -193,6 +193,45 @@ TEST_F(CpuKernels, AttentionForwardBackwardSavedAndRecomputed) {
   EXPECT_EQ(0, std::memcmp(dqkv.raw(), dqkv2.raw(), dqkv.nbytes()));
 }
 
+// Attention against a KV cache: a prefill of 3 tokens, then one token at a time, gives each
+// token the causal attention of the whole sequence; the caches hold exactly the keys and values
+// at their positions and nothing beyond.
+TEST_F(CpuKernels, AttentionDecodeMatchesCausalAttention) {
+  const int64_t B = 2, T = 7, H = 3, D = 5, Tmax = 9;
+  Tensor qkv = random_tensor({B, T, 3, H, D}, 41);
+  const Vec Q = to_double(qkv);
+  Tensor k_cache = host_tensor({B, H, Tmax, D}), v_cache = host_tensor({B, H, Tmax, D});
+  const float sentinel = 12345.f;
+  ops->fill(k_cache, sentinel);
+  ops->fill(v_cache, sentinel);
+  Vec got(B * T * H * D);
+  // Tokens [t0, t0 + n) of every sequence as one (B, n, 3, H, D) tensor.
+  for (auto [t0, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 1}, {4, 1}, {5, 1}, {6, 1}}) {
+    Tensor part = host_tensor({B, n, 3, H, D}), out = host_tensor({B, n, H, D});
+    for (int64_t b = 0; b < B; ++b)
+      std::memcpy(part.data<float>() + b * n * 3 * H * D, qkv.data<float>() + (b * T + t0) * 3 * H * D,
+                  n * 3 * H * D * sizeof(float));
+    ops->attention_decode(part, k_cache, v_cache, t0, out);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < n * H * D; ++i) got[(b * T + t0) * H * D + i] = out.data<float>()[b * n * H * D + i];
+  }
+  Tensor all = host_tensor({B, T, H, D});
+  for (int64_t i = 0; i < all.numel(); ++i) all.data<float>()[i] = static_cast<float>(got[i]);
+  EXPECT_CLOSE(all, ref_attention(Q, B, T, H, D), 1e-5, 1e-5);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t p = 0; p < Tmax; ++p)
+        for (int64_t d = 0; d < D; ++d) {
+          const int64_t c = ((b * H + h) * Tmax + p) * D + d;
+          const float k = p < T ? qkv.data<float>()[(((b * T + p) * 3 + 1) * H + h) * D + d] : sentinel;
+          const float v = p < T ? qkv.data<float>()[(((b * T + p) * 3 + 2) * H + h) * D + d] : sentinel;
+          ASSERT_EQ(k_cache.data<float>()[c], k) << "k_cache b=" << b << " h=" << h << " p=" << p;
+          ASSERT_EQ(v_cache.data<float>()[c], v) << "v_cache b=" << b << " h=" << h << " p=" << p;
+        }
+  Tensor one = host_tensor({B, 1, 3, H, D}), out = host_tensor({B, 1, H, D});
+  EXPECT_THROW(ops->attention_decode(one, k_cache, v_cache, Tmax, out), Error) << "a position beyond the cache";
+}
+
 // ---- cross-entropy, whole and vocabulary-parallel ---------------------------------------------
 // Mean-free: returns per-token losses over the first `valid` columns.
 Vec ref_xent(const Vec& logits, const std::vector<int32_t>& tg, int64_t N, int64_t V, int64_t valid) {

@@ -97,6 +97,33 @@ TEST(Simulator, BubbleMatchesClosedFormsOverSweep) {
       }
 }
 
+// Evaluation's forward-only schedule: valid for any (pp, vp, m), no backward anywhere, bubble
+// (pp-1)/(vp*m+pp-1) when m >= pp (the next chunk's first input is back by then), and a B in it
+// is refused.
+TEST(Simulator, ForwardOnlySchedule) {
+  EXPECT_EQ(join(forward_only_schedule(2, 2, 2).ranks[1]), "F0.0 F1.0 F0.1 F1.1");
+  for (int p : {1, 2, 3, 4})
+    for (int v : {1, 2, 3})
+      for (int m : {1, 2, 4, 7}) {
+        Schedule s = forward_only_schedule(p, v, m);
+        Simulation sim = simulate(s, PipeCosts{1, 2, 0});
+        for (int r = 0; r < p; ++r) {
+          EXPECT_EQ(static_cast<int>(s.ranks[r].size()), v * m);
+          if (m >= p) {
+            EXPECT_NEAR(sim.ranks[r].bubble, double(p - 1) / (v * m + p - 1), 1e-12)
+                << "p=" << p << " v=" << v << " m=" << m;
+          }
+        }
+      }
+  Schedule bad = forward_only_schedule(2, 1, 2);
+  bad.ranks[1].push_back(B(0));
+  EXPECT_NE(input_error([&] { validate_schedule(bad); }).find("B0.0 in a forward-only schedule"), std::string::npos)
+      << input_error([&] { validate_schedule(bad); });
+  Schedule missing = forward_only_schedule(2, 1, 2);
+  missing.ranks[0].pop_back();
+  EXPECT_NE(input_error([&] { validate_schedule(missing); }).find("F1.0 is missing"), std::string::npos);
+}
+
 TEST(Simulator, BubbleDoesNotDependOnTheBackwardToForwardRatio) {
   for (double b : {1.0, 3.0}) {
     EXPECT_NEAR(simulate(build_schedule("1f1b", 4, 1, 8), {1, b, 0}).bubble, 3.0 / 11, 1e-12);

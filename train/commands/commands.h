@@ -15,5 +15,7 @@ CommandFn add_schedule_command(CLI::App& app);
 CommandFn add_trace_command(CLI::App& app);
 CommandFn add_data_command(CLI::App& app);
 CommandFn add_report_command(CLI::App& app);
+CommandFn add_eval_command(CLI::App& app);
+CommandFn add_generate_command(CLI::App& app);
 
 }  // namespace tripod

@@ -10,6 +10,7 @@
 #include "train/commands/commands.h"
 #include "train/mpi_session.h"
 #include "train/memory_plan.h"
+#include "train/evaluator.h"
 #include "train/trainer.h"
 
 namespace tripod {
@@ -73,7 +74,12 @@ int run_train(const TrainOptions& o) {
                                           .vocab_size = cfg.model.vocab_size},
                            Split::Train, par.world.get());
 
-  Trainer trainer(cfg, *ops, par, data.get());
+  // The validation split, read by the periodic evaluation (train.eval_interval).
+  std::unique_ptr<SampleSource> valid;
+  if (cfg.train.eval_interval > 0)
+    valid = make_eval_source(cfg, Split::Valid, cfg.train.eval_steps * cfg.train.global_batch_size, par.world.get());
+
+  Trainer trainer(cfg, *ops, par, data.get(), valid.get());
   trainer.run();
   spdlog::info("done: {} steps; metrics in {}/metrics.jsonl", trainer.completed_steps(), cfg.train.output_dir);
   return 0;

@@ -1,0 +1,71 @@
+// Inference on one rank of a tensor-parallel group (pp = 1): the GPT-2 forward over new tokens
+// with per-layer K/V caches, so generating a token costs one token's forward. It reads the
+// parameters the training model registered (by global name, this rank's TP shard), and reuses
+// the training ops (LayerNorm, linear, GELU) plus Ops::attention_decode. Heads are split as in
+// training: column-parallel QKV and fc, row-parallel projections followed by an all-reduce over
+// TP; the vocabulary-parallel head's logits are all-gathered so every TP rank holds the same
+// full row and samples the same token.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "model/config.h"
+#include "model/embedding.h"
+#include "model/param_registry.h"
+#include "parallel/context.h"
+
+namespace tripod {
+
+class InferenceModel {
+ public:
+  // `reg` (allocated, with values) holds every layer on this rank: built by GptModel with one
+  // chunk over the grid (tp, 1, 1) of `par`. `max_tokens` sizes the caches (at most the model's
+  // positions). Sequence parallelism does not apply.
+  InferenceModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg,
+                 int64_t max_tokens);
+
+  // Runs `tokens` at positions [position(), position() + n), appending their keys and values to
+  // the caches. Returns host f32 logits over the real vocabulary (model.vocab_size columns): of
+  // the last token (vocab_size), or of every new token (n, vocab_size) with `all_logits`. The
+  // same values on every TP rank. Collective over TP.
+  std::vector<float> forward(std::span<const int32_t> tokens, bool all_logits = false);
+
+  int64_t position() const { return pos_; }
+  int64_t max_tokens() const { return max_tokens_; }
+  // Forgets the cached sequence (the next forward starts at position 0).
+  void reset() { pos_ = 0; }
+
+ private:
+  struct Layer {
+    Param *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attn_proj_w, *attn_proj_b;
+    Param *ln2_w, *ln2_b, *fc_w, *fc_b, *mlp_proj_w, *mlp_proj_b;
+    Tensor k_cache, v_cache;  // (1, H/tp, max_tokens, D), compute dtype
+  };
+  // x (n, C) += the row-parallel output of `in` (n, I) through w (C, I) (+ bias on TP rank 0),
+  // summed over TP.
+  void add_row_parallel(const Tensor& in, const Param& w, const Param& b, Tensor& x);
+
+  Ops& ops_;
+  const ParallelContext& par_;
+  ModelConfig cfg_;
+  VocabShard shard_;
+  int64_t H_local_, D_, F_local_, max_tokens_, pos_ = 0;
+  Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
+  std::vector<Layer> layers_;
+};
+
+// How the next token is drawn from a row of logits.
+struct SamplingOptions {
+  double temperature = 1.0;  // 0: greedy (the lowest index among equal maxima)
+  int top_k = 0;             // keep the k most likely tokens; 0: all
+  double top_p = 1.0;        // then the smallest set whose probability reaches top_p (nucleus); 1: all
+};
+
+// Samples one token id from `logits` (host f32, one per token). Deterministic for the state of
+// `rng`: the same logits and rng give the same token on every rank and run.
+int32_t sample_token(std::span<const float> logits, const SamplingOptions& o, std::mt19937_64& rng);
+
+}  // namespace tripod

@@ -1,0 +1,31 @@
+// Where `tripod eval` and `tripod generate` get their weights: the one spot that connects them to
+// the checkpoint reader. --load DIR reads a checkpoint (resharded to this rank's grid);
+// --init-seed S fills the parameters as training's step 0 would (ParamRegistry::initialize,
+// the same values on every grid).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "model/param_registry.h"
+#include "parallel/context.h"
+#include "train/config.h"
+
+namespace tripod {
+
+struct WeightOptions {
+  std::string load;                    // a checkpoint directory, or "latest" (in checkpoint.dir)
+  std::optional<uint64_t> init_seed;   // random weights instead
+};
+
+// Adds --load and --init-seed to a command.
+void add_weight_options(CLI::App* sub, WeightOptions& w);
+// InputError unless exactly one of --load and --init-seed is given.
+void check_weight_options(const WeightOptions& w);
+// Fills every parameter of `reg` (allocated) from the chosen source. Collective over the world.
+void load_weights(const WeightOptions& w, const Config& cfg, ParamRegistry& reg, Ops& ops, ParallelContext& par);
+
+}  // namespace tripod

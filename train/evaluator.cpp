@@ -1,0 +1,101 @@
+// Forward-only evaluation over a data split.
+#include "train/evaluator.h"
+
+#include <cmath>
+
+#include "data/sampler.h"
+#include "parallel/pipeline/schedules.h"
+#include "parallel/tensor_parallel/mappings.h"
+#include "train/trainer.h"
+
+namespace tripod {
+
+Split parse_eval_split(const std::string& name, const std::string& what) {
+  if (name == "valid" || name == "validation") return Split::Valid;
+  if (name == "test") return Split::Test;
+  throw InputError(fmt::format("{} '{}' is not a split to evaluate (valid: valid, test)", what, name));
+}
+
+std::unique_ptr<SampleSource> make_eval_source(const Config& cfg, Split split, int64_t samples, Communicator* sync) {
+  if (cfg.data.synthetic) {
+    // Another stream of the same kind of phrases: seeds apart from training's (train.seed) per split.
+    const uint64_t seed = cfg.train.seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(split);
+    return std::make_unique<SyntheticSource>(cfg.model.seq_len, cfg.model.vocab_size, seed);
+  }
+  return make_gpt_source(GptDataOptions{.prefixes = cfg.data.prefixes, .weights = cfg.data.weights,
+                                        .split = cfg.data.split, .seq_len = cfg.model.seq_len, .seed = cfg.train.seed,
+                                        .num_samples = std::max<int64_t>(1, samples),
+                                        .vocab_size = cfg.model.vocab_size},
+                         split, sync);
+}
+
+Evaluator::Evaluator(const Config& cfg, Ops& ops, ParallelContext& par, GptModel& model)
+    : cfg_(cfg), ops_(ops), par_(par), model_(model) {
+  const int micro = cfg.train.global_batch_size / (cfg.train.micro_batch_size * cfg.parallel.dp);
+  executor_ = std::make_unique<PipelineExecutor>(forward_only_schedule(cfg.parallel.pp, cfg.parallel.vp, micro),
+                                                 par.pp.get(), par.coords.pp);
+  for (int c = 0; c < model_.num_chunks(); ++c) {
+    needs_tokens_ |= model_.layout(c).has_embedding;
+    needs_targets_ |= model_.layout(c).has_head;
+  }
+}
+
+EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_t first) {
+  TRIPOD_CHECK(samples >= 1 && first >= 0, "evaluate {} samples from {}", samples, first);
+  TRIPOD_CHECK(!(needs_tokens_ || needs_targets_) || data, "rank {} holds the embedding or head but has no eval data",
+               par_.rank);
+  const TrainConfig& tc = cfg_.train;
+  const int64_t gb = tc.global_batch_size, B = tc.micro_batch_size, T = cfg_.model.seq_len;
+  const int64_t N = B * T, Ns = local_tokens(par_, N);
+  const int M = executor_->schedule().microbatches, vp = model_.num_chunks();
+  const SampleOrder order{.global_batch = gb, .micro_batch = B, .dp = par_.grid.dp()};
+  const int64_t end = first + samples, batches = (samples + gb - 1) / gb;
+  CpuAllocator host;
+  Tensor host_losses = Tensor::empty(host, {N}, DType::F32, MemCategory::Workspace);
+  double loss_sum = 0;  // this rank's counted tokens (the head's TP rank 0 only)
+
+  for (int64_t batch = 0; batch < batches; ++batch) {
+    const int64_t consumed = first + batch * gb;
+    std::vector<MicroBatch> mbs(M);
+    std::vector<int> pending(M, 0);
+    PipelineCallbacks cb;
+    cb.forward = [&](int mb, int chunk, const Tensor& input) {
+      if (pending[mb] == 0) {
+        load_microbatch(data, cfg_, par_, ops_, consumed, mb, needs_tokens_, needs_targets_, mbs[mb]);
+        if (needs_targets_) mbs[mb].losses = ops_.empty({N}, DType::F32, MemCategory::Workspace);
+        pending[mb] = vp;
+      }
+      ChunkActs acts;  // nothing is kept: there is no backward
+      Tensor out = model_.forward(chunk, mbs[mb], input, acts);
+      if (model_.layout(chunk).has_head && par_.coords.tp == 0) {
+        ops_.copy(mbs[mb].losses, host_losses);
+        const float* l = host_losses.data<float>();
+        for (int64_t b = 0; b < B; ++b) {
+          if (order.index(consumed, mb, par_.coords.dp, b) >= end) continue;  // padding of the last batch
+          double s = 0;
+          for (int64_t t = 0; t < T; ++t) s += l[b * T + t];
+          loss_sum += s;
+        }
+      }
+      if (--pending[mb] == 0) mbs[mb] = MicroBatch{};
+      return out;
+    };
+    cb.recv_buffer = [&](int, int, bool) {
+      return ops_.empty({Ns, cfg_.model.d_model}, ops_.compute_dtype(), MemCategory::Activations);
+    };
+    executor_->run(cb);
+  }
+
+  // Every rank learns the sum (f32 is enough for one positive partial sum per DP rank).
+  Tensor red = Tensor::empty(host, {1}, DType::F32, MemCategory::Workspace);
+  red.data<float>()[0] = static_cast<float>(loss_sum);
+  if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
+  EvalResult r;
+  r.samples = samples;
+  r.tokens = samples * T;
+  r.loss = static_cast<double>(red.data<float>()[0]) / static_cast<double>(r.tokens);
+  r.perplexity = std::exp(r.loss);
+  return r;
+}
+
+}  // namespace tripod

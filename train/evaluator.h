@@ -1,0 +1,56 @@
+// Evaluation: the per-token mean loss of the model over samples of a data split, by a
+// forward-only pass through the pipeline (parallel/pipeline's forward-only schedule), on any
+// grid. Perplexity = exp(loss). Used by the trainer (train.eval_interval) and `tripod eval`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "data/gpt_data.h"
+#include "data/sample_source.h"
+#include "model/gpt.h"
+#include "parallel/context.h"
+#include "parallel/pipeline/executor.h"
+#include "train/config.h"
+
+namespace tripod {
+
+struct EvalResult {
+  double loss = 0;        // mean over the tokens
+  double perplexity = 0;  // exp(loss)
+  int64_t tokens = 0, samples = 0;
+};
+
+class Evaluator {
+ public:
+  // `model` is this rank's part of the model on the grid of `par` (as built by the trainer or a
+  // command); cfg gives the batch sizes (train.micro_batch_size, train.global_batch_size) and
+  // the grid. The schedule is forward-only over the same pp and vp, whatever parallel.schedule is.
+  Evaluator(const Config& cfg, Ops& ops, ParallelContext& par, GptModel& model);
+
+  // Mean loss over samples [first, first + samples) of `data`, read in global batches in the
+  // training order (data/sampler.h) so that any grid reads the same samples; a last partial
+  // batch is padded with samples that are computed but not counted. Collective over the world;
+  // every rank returns the same result. `data` may be null on ranks that hold neither the
+  // embedding nor the head.
+  EvalResult evaluate(const SampleSource* data, int64_t samples, int64_t first = 0);
+
+ private:
+  Config cfg_;
+  Ops& ops_;
+  ParallelContext& par_;
+  GptModel& model_;
+  std::unique_ptr<PipelineExecutor> executor_;
+  bool needs_tokens_ = false, needs_targets_ = false;
+};
+
+// The samples of `split` for evaluation: data.prefixes' split (data.split), or, with
+// data.synthetic, a synthetic stream seeded apart from the training one per split. `samples` is
+// how many the run will read. Collective over `sync` like make_gpt_source.
+std::unique_ptr<SampleSource> make_eval_source(const Config& cfg, Split split, int64_t samples, Communicator* sync);
+
+// "valid" / "validation" -> Valid, "test" -> Test; an InputError naming `what` otherwise.
+Split parse_eval_split(const std::string& name, const std::string& what);
+
+}  // namespace tripod
