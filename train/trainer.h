@@ -4,6 +4,9 @@
 #include <memory>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/writer.h"
 #include "data/sample_source.h"
 #include "model/gpt.h"
 #include "parallel/context.h"
@@ -30,8 +33,16 @@ class Trainer {
   // `cfg` must have passed validate_layout() for par's world size.
   Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data);
 
-  // Trains from the current step to train.steps (or train.exit_interval).
+  // Trains from the current step to train.steps (or train.exit_interval), saving checkpoints
+  // (checkpoint.dir) every checkpoint.interval steps, at the last step, and when a stop signal
+  // (SIGTERM, SIGUSR1) arrives, after which it returns early. Waits for an asynchronous save.
   void run();
+  // Collective: saves a checkpoint of the current step into checkpoint.dir (asynchronously with
+  // checkpoint.async; finish_checkpoints() or the next save commits it).
+  void save_checkpoint();
+  void finish_checkpoints();
+  // Whether run() returned because of a stop signal.
+  bool stopped_by_signal() const { return stopped_by_signal_; }
   // One optimizer step over the global batch; metrics are valid on every rank.
   StepMetrics step();
 
@@ -49,6 +60,11 @@ class Trainer {
   void run_schedule(Tensor& losses);
   void finish_gradients();
   void on_grads_ready(const std::vector<Param*>& params);
+  std::vector<OptimizerShardRef> optimizer_state();
+  nlohmann::json checkpoint_metadata() const;
+  void load_checkpoint_state();
+  // Collective: whether any rank received a stop signal.
+  bool stop_agreed();
 
   Config cfg_;
   Ops& ops_;
@@ -61,6 +77,8 @@ class Trainer {
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<TraceRecorder> trace_;
   std::unique_ptr<MetricsLog> metrics_;
+  std::unique_ptr<CheckpointSaver> saver_;
+  bool stopped_by_signal_ = false;
   LrSchedule lr_;
   int64_t step_ = 0;
   int64_t skipped_total_ = 0, bad_in_a_row_ = 0;

@@ -15,5 +15,6 @@ CommandFn add_schedule_command(CLI::App& app);
 CommandFn add_trace_command(CLI::App& app);
 CommandFn add_data_command(CLI::App& app);
 CommandFn add_report_command(CLI::App& app);
+CommandFn add_ckpt_command(CLI::App& app);
 
 }  // namespace tripod
