@@ -1,6 +1,9 @@
 // Checkpoint directories: metadata, piece index, slice assembly.
 #include "checkpoint/reader.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -50,7 +53,16 @@ int64_t CheckpointReader::iteration() const { return meta_["iteration"].get<int6
 
 H5Reader& CheckpointReader::file(const std::string& path) {
   auto& f = files_[path];
-  if (!f) f = std::make_unique<H5Reader>(path);
+  if (!f) {
+    f = std::make_unique<H5Reader>(path);
+    // Ask the kernel to read the whole file ahead: the disk streams while pieces are checked
+    // and copied (pieces are visited by tensor, not in file order).
+    int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd >= 0) {
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+      ::close(fd);
+    }
+  }
   return *f;
 }
 
@@ -83,13 +95,17 @@ bool CheckpointReader::has_kind(StateKind kind) {
 
 std::vector<float> CheckpointReader::read_piece(const StoredPiece& p) {
   std::vector<float> data(p.spec.geom.numel());
-  file(p.file).read(p.dataset, data.data(), p.spec.geom.numel());
-  uint32_t crc = crc32c(data.data(), data.size() * sizeof(float));
+  read_piece_into(p, data.data());
+  return data;
+}
+
+void CheckpointReader::read_piece_into(const StoredPiece& p, float* data) {
+  file(p.file).read(p.dataset, data, p.spec.geom.numel());
+  uint32_t crc = crc32c(data, static_cast<size_t>(p.spec.geom.numel()) * sizeof(float));
   TRIPOD_INPUT_CHECK(crc == p.spec.crc,
                      "checkpoint file {}: dataset {} (tensor {}, {}) fails its checksum (crc32c {:08x}, stored {:08x}): "
                      "the file is damaged",
                      p.file, p.dataset, p.spec.name, state_kind_name(p.spec.kind), crc, p.spec.crc);
-  return data;
 }
 
 void CheckpointReader::assemble(const std::string& name, StateKind kind, const std::vector<Target>& targets) {
@@ -98,9 +114,18 @@ void CheckpointReader::assemble(const std::string& name, StateKind kind, const s
   std::vector<int64_t> covered(targets.size(), 0);
   for (const StoredPiece& p : index()) {
     if (p.spec.name != name || p.spec.kind != kind) continue;
-    bool needed = false;
-    for (const Target& tg : targets) needed |= overlap_count(p.spec.geom, tg.geom) > 0;
-    if (!needed) continue;
+    int needed = 0, same = -1;
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (overlap_count(p.spec.geom, targets[i].geom) > 0) {
+        ++needed;
+        if (p.spec.geom == targets[i].geom) same = static_cast<int>(i);
+      }
+    if (needed == 0) continue;
+    if (needed == 1 && same >= 0) {  // the same grid's piece: straight into the target
+      read_piece_into(p, targets[same].out);
+      covered[same] += p.spec.geom.numel();
+      continue;
+    }
     std::vector<float> data = read_piece(p);
     for (size_t i = 0; i < targets.size(); ++i)
       covered[i] += copy_overlap(p.spec.geom, data.data(), targets[i].geom, targets[i].out);

@@ -43,6 +43,8 @@ class CheckpointReader {
   void assemble(const std::string& name, StateKind kind, const std::vector<Target>& targets);
   // Reads one stored piece and checks its checksum.
   std::vector<float> read_piece(const StoredPiece& p);
+  // Reads one stored piece into `out` (p.spec.geom.numel() floats) and checks its checksum.
+  void read_piece_into(const StoredPiece& p, float* out);
 
  private:
   H5Reader& file(const std::string& path);

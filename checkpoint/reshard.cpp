@@ -65,7 +65,7 @@ struct Staged {
   Tensor* dst = nullptr;                  // the values (param->value) or an optimizer tensor
   int64_t dst_offset = 0;                 // flat element offset in *dst
   PieceGeom geom;
-  std::vector<float> buf;  // (dst numel): geom's elements first, padding (zero) after
+  HostFloats buf;  // (dst numel): geom's elements first, padding (zero) after
 };
 
 // Every tensor of this rank must be in the checkpoint with the same (saved) global shape.
@@ -104,7 +104,8 @@ std::vector<Staged> value_targets(CheckpointReader& r, ParamRegistry& reg) {
   for (Param& p : reg.params()) {
     Staged s{.param = &p, .src_kind = src, .dst = &reg.flat_values(), .dst_offset = p.offset,
              .geom = saved_geometry(p.spec)};
-    s.buf.assign(p.numel(), 0.f);
+    s.buf.resize(p.numel());
+    std::fill(s.buf.begin() + s.geom.numel(), s.buf.end(), 0.f);  // vocabulary padding
     out.push_back(std::move(s));
   }
   return out;
@@ -153,7 +154,8 @@ LoadResult load_checkpoint(const std::string& ckpt_dir, ParamRegistry& reg, Ops&
             StateKind src = kind == StateKind::Master && !has_master ? StateKind::Value : kind;
             Staged s{.param = &p, .src_kind = src, .dst = const_cast<Tensor*>(t), .dst_offset = b - sh.span.begin,
                      .geom = g};
-            s.buf.assign(e - b, 0.f);
+            s.buf.resize(e - b);
+            std::fill(s.buf.begin() + g.numel(), s.buf.end(), 0.f);
             staged.push_back(std::move(s));
           }
         }
@@ -168,7 +170,8 @@ LoadResult load_checkpoint(const std::string& ckpt_dir, ParamRegistry& reg, Ops&
           g.flat_end = std::min(e - p.offset, g.box_numel());
           Staged s{.param = &p, .src_kind = r.has_kind(StateKind::Master) ? StateKind::Master : StateKind::Value,
                    .dst = const_cast<Tensor*>(&sh.master), .dst_offset = b - sh.span.begin, .geom = g};
-          s.buf.assign(e - b, 0.f);
+          s.buf.resize(e - b);
+          std::fill(s.buf.begin() + g.numel(), s.buf.end(), 0.f);
           staged.push_back(std::move(s));
         }
     }

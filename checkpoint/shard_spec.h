@@ -15,12 +15,30 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace tripod {
+
+// Host f32 buffers whose elements are not zero-filled on allocation (they are written right
+// after: snapshots and load staging of hundreds of MB).
+template <class T> struct UninitAllocator : std::allocator<T> {
+  template <class U> struct rebind {
+    using other = UninitAllocator<U>;
+  };
+  UninitAllocator() = default;
+  template <class U> UninitAllocator(const UninitAllocator<U>&) {}
+  template <class U, class... Args> void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0)
+      ::new (static_cast<void*>(p)) U;
+    else
+      ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+using HostFloats = std::vector<float, UninitAllocator<float>>;
 
 enum class StateKind { Value, Master, M, V };
 inline constexpr StateKind kAllStateKinds[] = {StateKind::Value, StateKind::Master, StateKind::M, StateKind::V};
@@ -41,6 +59,7 @@ struct PieceGeom {
   int64_t inner() const;  // product of the global dims after box_dim()
   Shape box_shape() const;
   bool whole_box() const { return flat_begin == 0 && flat_end == box_numel(); }
+  bool operator==(const PieceGeom&) const = default;
   // Checks the geometry against the global shape; returns "" or what is wrong.
   std::string check() const;
 };

@@ -46,7 +46,7 @@ struct OptimizerShardRef {
 struct Snapshot {
   std::string file;  // file name in the checkpoint directory; "" when this rank writes none
   std::vector<ShardSpec> specs;
-  std::vector<std::vector<float>> data;
+  std::vector<HostFloats> data;
   int64_t bytes() const;
 };
 

@@ -41,6 +41,8 @@ class Trainer {
   // checkpoint.async; finish_checkpoints() or the next save commits it).
   void save_checkpoint();
   void finish_checkpoints();
+  // Views of the optimizer's state per owned span (what checkpoints save and load).
+  std::vector<OptimizerShardRef> optimizer_state();
   // Whether run() returned because of a stop signal.
   bool stopped_by_signal() const { return stopped_by_signal_; }
   // One optimizer step over the global batch; metrics are valid on every rank.
@@ -60,7 +62,6 @@ class Trainer {
   void run_schedule(Tensor& losses);
   void finish_gradients();
   void on_grads_ready(const std::vector<Param*>& params);
-  std::vector<OptimizerShardRef> optimizer_state();
   nlohmann::json checkpoint_metadata() const;
   void load_checkpoint_state();
   // Collective: whether any rank received a stop signal.

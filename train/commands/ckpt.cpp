@@ -298,7 +298,7 @@ int run_import(const CkptOptions& o) {
     snap.specs.push_back({.name = name, .kind = StateKind::Value,
                           .geom = {.global_shape = shape, .shard_dim = -1, .box_offset = 0, .box_size = shape[0],
                                    .flat_begin = 0, .flat_end = n}});
-    snap.data.push_back(std::move(data));
+    snap.data.emplace_back(data.begin(), data.end());
   }
   for (const auto& [hf, t] : by_name) {
     static const std::regex buffers(R"(transformer\.h\.\d+\.attn\.(bias|masked_bias))");  // causal masks
