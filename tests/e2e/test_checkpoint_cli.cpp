@@ -179,12 +179,16 @@ TEST(CheckpointCli, SigkillDuringASaveLeavesThePreviousCheckpointIntact) {
   EXPECT_NE(r.err.find("no metadata.json"), std::string::npos) << r.err;
   r = run_cmd(train(1, dir / "c.toml", common + " --set checkpoint.load=" + tmp.string()));
   EXPECT_EQ(r.status, 2) << r.err;
-  // Resuming from latest works and the next save clears the leftover.
-  r = run_cmd(train(1, dir / "c.toml", common + " --set checkpoint.load=latest --set train.exit_interval=4"));
+  // Resuming from latest works; the next save clears the leftover and, with keep = 1, removes
+  // the older checkpoint only once the new one is complete.
+  r = run_cmd(train(1, dir / "c.toml", common + " --set checkpoint.load=latest --set train.exit_interval=4"
+                                                " --set checkpoint.keep=1"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("continuing at step 3"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(tmp));
   EXPECT_EQ(slurp(ck / "latest"), "iter_0000004\n");
+  EXPECT_FALSE(fs::exists(ck / "iter_0000002"));
+  EXPECT_TRUE(fs::exists(ck / "iter_0000004" / "metadata.json"));
   fs::remove_all(dir);
 }
 
