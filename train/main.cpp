@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   commands.push_back(add_report_command(app));
   commands.push_back(add_eval_command(app));
   commands.push_back(add_generate_command(app));
+  commands.push_back(add_ckpt_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -40,7 +41,8 @@ int main(int argc, char** argv) {
     try {
       return commands[i]();
     } catch (const InputError& e) {
-      fmt::print(stderr, "error: {}\n", e.what());
+      // An empty message: another rank reports the error (collective checks, e.g. checkpoint loads).
+      if (*e.what()) fmt::print(stderr, "error: {}\n", e.what());
       std::fflush(stderr);
       std::_Exit(2);  // other ranks may be waiting on this one; the launcher ends them
     } catch (const std::exception& e) {

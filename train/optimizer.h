@@ -22,7 +22,9 @@ class AdamW {
   void step(double lr, int64_t step, float grad_scale);
   // Sum of squared gradients over the owned ranges of parameters for which `counts` is true.
   double grad_sq_sum(const std::function<bool(const ParamSpec&)>& counts);
+  // Updates applied so far (Adam's bias correction counts these; skipped steps are not counted).
   int64_t steps_taken() const { return steps_; }
+  void set_steps_taken(int64_t n) { steps_ = n; }
 
   // The state per owned span (for checkpoints): master (undefined when the values are the master),
   // first and second moments.

@@ -10,7 +10,10 @@
 #include <fstream>
 #include <limits>
 
+#include "checkpoint/reshard.h"
+#include "core/version.h"
 #include "data/sampler.h"
+#include "train/signals.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "train/evaluator.h"
@@ -100,6 +103,11 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
       AdamWConfig{.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay}, tc.seed);
   lr_ = LrSchedule{.lr = tc.lr, .min_lr = tc.min_lr, .warmup_steps = tc.warmup_steps, .total_steps = tc.steps,
                    .decay = tc.decay};
+
+  if (!cfg_.checkpoint.dir.empty())
+    saver_ = std::make_unique<CheckpointSaver>(cfg_.checkpoint.dir, cfg_.checkpoint.keep, cfg_.checkpoint.async,
+                                               *par.world);
+  if (!cfg_.checkpoint.load.empty()) load_checkpoint_state();
 
   // The peak FLOP/s of the whole world, for MFU (measured concurrently on CPU).
   CpuAllocator host;
@@ -298,15 +306,126 @@ StepMetrics Trainer::step() {
 void Trainer::run() {
   const TrainConfig& tc = cfg_.train;
   const int64_t last = tc.exit_interval > 0 ? std::min(tc.exit_interval, tc.steps) : tc.steps;
+  install_stop_signal_handlers();
   while (step_ < last) {
     StepMetrics m = step();
     if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m);
     if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) evaluate();
     TRIPOD_INPUT_CHECK(bad_in_a_row_ < tc.max_bad_steps,
                        "{} steps in a row had a non-finite loss or grad norm (last: step {}, loss {}, grad norm {}); "
-                       "stopping (train.max_bad_steps = {})",
-                       bad_in_a_row_, m.step, m.loss, m.grad_norm, tc.max_bad_steps);
+                       "stopping (train.max_bad_steps = {}); {}",
+                       bad_in_a_row_, m.step, m.loss, m.grad_norm, tc.max_bad_steps,
+                       last_checkpoint_.empty() ? std::string("no checkpoint was saved or loaded in this run")
+                                                : "the last good checkpoint is " + last_checkpoint_);
+    const bool stop = stop_agreed();
+    const int64_t interval = cfg_.checkpoint.interval;
+    if (saver_ && (stop || step_ == last || (interval > 0 && step_ % interval == 0))) save_checkpoint();
+    if (stop) {
+      stopped_by_signal_ = true;
+      spdlog::info("stop signal received: {} after step {}; exiting", saver_ ? "checkpoint saved" : "no checkpoint.dir, "
+                   "nothing saved", step_);
+      break;
+    }
   }
+  finish_checkpoints();
+}
+
+bool Trainer::stop_agreed() {
+  CpuAllocator host;
+  Tensor flag = Tensor::empty(host, {1}, DType::F32, MemCategory::Workspace);
+  flag.data<float>()[0] = static_cast<float>(stop_signal());
+  if (par_.grid.world_size() > 1) par_.world->all_reduce(flag, ReduceOp::Max);
+  return flag.data<float>()[0] != 0.f;
+}
+
+std::vector<OptimizerShardRef> Trainer::optimizer_state() {
+  std::vector<OptimizerShardRef> out;
+  for (AdamW::Shard& sh : optimizer_->shards()) out.push_back({sh.span, sh.master, sh.m, sh.v});
+  return out;
+}
+
+nlohmann::json Trainer::checkpoint_metadata() const {
+  const TrainConfig& tc = cfg_.train;
+  const ParallelConfig& pc = cfg_.parallel;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < par_.grid.world_size(); ++r) {
+    Coords c = par_.grid.coords(r);
+    // Initialisation draws from a counter-based stream keyed by (seed, tensor name, element) and
+    // data order is a pure function of (seed, step); there is no dropout: no rank has RNG state
+    // beyond the seed.
+    ranks.push_back({{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}, {"seed", tc.seed}, {"state", "stateless"}});
+  }
+  return {
+      {"iteration", step_},
+      {"consumed_samples", step_ * tc.global_batch_size},
+      {"global_batch_size", tc.global_batch_size},
+      {"config_toml", config_to_toml(cfg_)},
+      {"model", {{"n_layers", cfg_.model.n_layers}, {"n_heads", cfg_.model.n_heads}, {"d_model", cfg_.model.d_model},
+                 {"ffn_hidden", cfg_.model.ffn()}, {"seq_len", cfg_.model.seq_len},
+                 {"max_positions", cfg_.model.positions()}, {"vocab_size", cfg_.model.vocab_size}}},
+      {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"world_size", par_.grid.world_size()},
+                {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", executor_->schedule().kind}}},
+      {"has_optimizer", true},
+      {"lr_schedule", {{"lr", lr_.lr}, {"min_lr", lr_.min_lr}, {"warmup_steps", lr_.warmup_steps},
+                       {"total_steps", lr_.total_steps}, {"decay", lr_.decay}, {"next_step", step_},
+                       {"next_lr", lr_.at(step_)}}},
+      {"trainer", {{"skipped_total", skipped_total_}, {"bad_in_a_row", bad_in_a_row_},
+                   {"adam_steps", optimizer_->steps_taken()}}},
+      {"rng", {{"generator", "philox4x32-10, counter-based (stateless)"},
+               {"init", "element i of tensor NAME draws from (train.seed, hash(NAME), i)"},
+               {"data_order", "a pure function of (train.seed, step)"},
+               {"dropout", "none"},
+               {"ranks", ranks}}},
+  };
+}
+
+void Trainer::save_checkpoint() {
+  TRIPOD_CHECK(saver_, "save_checkpoint without checkpoint.dir");
+  auto span = trace_ ? trace_->span("checkpoint", TraceCategory::Other) : TraceRecorder::Span{};
+  auto t0 = std::chrono::steady_clock::now();
+  saver_->finish();  // commits the previous asynchronous save, if any
+  Snapshot snap = take_snapshot(reg_, ops_, optimizer_state(), par_.coords, cfg_.parallel.distributed_optimizer);
+  const int64_t bytes = snap.bytes();
+  saver_->save(step_, std::move(snap), checkpoint_metadata());
+  last_checkpoint_ = (std::filesystem::path(cfg_.checkpoint.dir) / iter_dir_name(step_)).string();
+  spdlog::debug("checkpoint of step {}: {:.1f} MB from this rank, {:.3f} s blocking{}", step_, bytes / 1e6,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                cfg_.checkpoint.async ? " (written in the background)" : "");
+}
+
+void Trainer::finish_checkpoints() {
+  if (saver_) saver_->finish();
+}
+
+void Trainer::load_checkpoint_state() {
+  const bool root = par_.rank == 0;
+  std::string dir;
+  try {  // the same on every rank: rank 0 reports
+    dir = resolve_checkpoint(cfg_.checkpoint.load, cfg_.checkpoint.dir);
+    std::ifstream in(std::filesystem::path(dir) / "metadata.json");
+    nlohmann::json meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (meta.is_object() && meta.value("has_optimizer", false) && meta.contains("global_batch_size"))
+      TRIPOD_INPUT_CHECK(meta["global_batch_size"].get<int64_t>() == cfg_.train.global_batch_size,
+                         "checkpoint {} was trained with train.global_batch_size = {}, this run has {}: the data "
+                         "position (step x batch) would not continue; resume with the same global batch",
+                         dir, meta["global_batch_size"].get<int64_t>(), cfg_.train.global_batch_size);
+  } catch (const InputError& e) {
+    throw InputError(root ? e.what() : "");
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  LoadResult r = load_checkpoint(dir, reg_, ops_, optimizer_state(), *par_.world);
+  step_ = r.metadata.value("iteration", int64_t{0});
+  if (r.optimizer_loaded && r.metadata.contains("trainer")) {
+    skipped_total_ = r.metadata["trainer"].value("skipped_total", int64_t{0});
+    bad_in_a_row_ = r.metadata["trainer"].value("bad_in_a_row", int64_t{0});
+    optimizer_->set_steps_taken(r.metadata["trainer"].value("adam_steps", step_));
+  }
+  if (!r.optimizer_loaded) step_ = 0;  // parameters only (e.g. converted weights): a fresh run from them
+  last_checkpoint_ = dir;
+  spdlog::info("loaded checkpoint {} (saved on grid dp={}, pp={}, tp={}): continuing at step {}, {:.2f} s", dir,
+               r.metadata["grid"].value("dp", 0), r.metadata["grid"].value("pp", 0),
+               r.metadata["grid"].value("tp", 0), step_ + 1,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 EvalResult Trainer::evaluate() {

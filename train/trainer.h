@@ -4,6 +4,9 @@
 #include <memory>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/writer.h"
 #include "data/sample_source.h"
 #include "model/gpt.h"
 #include "parallel/context.h"
@@ -51,12 +54,22 @@ class Trainer {
   ~Trainer();
 
   // Trains from the current step to train.steps (or train.exit_interval), evaluating every
-  // train.eval_interval steps.
+  // train.eval_interval steps and saving checkpoints (checkpoint.dir) every checkpoint.interval
+  // steps, at the last step, and when a stop signal (SIGTERM, SIGUSR1) arrives, after which it
+  // returns early. Waits for an asynchronous save.
   void run();
   // The validation loss now: train.eval_steps global batches of the eval data, forward only;
   // logged to metrics.jsonl as an "eval" record (loss, perplexity, and val_loss, val_ppl).
   EvalResult evaluate();
   Evaluator& evaluator() { return *evaluator_; }
+  // Collective: saves a checkpoint of the current step into checkpoint.dir (asynchronously with
+  // checkpoint.async; finish_checkpoints() or the next save commits it).
+  void save_checkpoint();
+  void finish_checkpoints();
+  // Views of the optimizer's state per owned span (what checkpoints save and load).
+  std::vector<OptimizerShardRef> optimizer_state();
+  // Whether run() returned because of a stop signal.
+  bool stopped_by_signal() const { return stopped_by_signal_; }
   // One optimizer step over the global batch; metrics are valid on every rank.
   StepMetrics step();
 
@@ -74,6 +87,10 @@ class Trainer {
   void run_schedule(Tensor& losses);
   void finish_gradients();
   void on_grads_ready(const std::vector<Param*>& params);
+  nlohmann::json checkpoint_metadata() const;
+  void load_checkpoint_state();
+  // Collective: whether any rank received a stop signal.
+  bool stop_agreed();
 
   Config cfg_;
   Ops& ops_;
@@ -89,6 +106,9 @@ class Trainer {
   std::unique_ptr<TraceRecorder> trace_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<Evaluator> evaluator_;
+  std::unique_ptr<CheckpointSaver> saver_;
+  bool stopped_by_signal_ = false;
+  std::string last_checkpoint_;  // the newest saved or loaded, for messages
   LrSchedule lr_;
   int64_t step_ = 0;
   int64_t skipped_total_ = 0, bad_in_a_row_ = 0;

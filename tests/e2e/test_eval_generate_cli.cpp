@@ -80,8 +80,8 @@ TEST_F(EvalGenerateCli, EvalIsTheSameOnEveryGridAndPrintsJson) {
   expect_error(run_cmd(tripod("eval --config " + cfg_)), "--init-seed", "no weights");
   expect_error(eval("--split train"), "--split 'train'", "train split");
   expect_error(eval("--samples -3"), "--samples -3", "negative samples");
-  expect_error(run_cmd(tripod("eval --config " + cfg_ + " --load " + (dir_ / "nothing").string())), "--load",
-               "no checkpoint reader");
+  expect_error(run_cmd(tripod("eval --config " + cfg_ + " --load " + (dir_ / "nothing").string())),
+               (dir_ / "nothing").string() + " does not exist", "a missing checkpoint");
 }
 
 TEST_F(EvalGenerateCli, TrainingEvaluatesEveryIntervalAndTheReportReadsIt) {

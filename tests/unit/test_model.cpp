@@ -2,7 +2,10 @@
 // exact recomputation, overfitting a fixed batch, and bit-identical reruns.
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
+
+#include <unistd.h>
 
 #include "harness.h"
 #include "test_util.h"
@@ -181,6 +184,9 @@ TEST(Trainer, NonFiniteLossOrGradNormSkipsTheUpdateAndIsCounted) {
   Config cfg = test::tiny_config();
   cfg.train.steps = 6;
   cfg.train.max_bad_steps = 2;
+  const auto ckpt = std::filesystem::temp_directory_path() / ("tripod_nan_" + std::to_string(::getpid()));
+  cfg.checkpoint.dir = ckpt.string();
+  cfg.checkpoint.interval = 1;  // saves after every step run() takes
   SyntheticSource data(cfg.model.seq_len, cfg.model.vocab_size, 5);
   auto ops = make_ops(Device::CPU);
   auto w = test::make_subworld(*ops, RankGrid(1, 1, 1));
@@ -207,7 +213,11 @@ TEST(Trainer, NonFiniteLossOrGradNormSkipsTheUpdateAndIsCounted) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("2 steps in a row"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("step 5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the last good checkpoint is " + (ckpt / "iter_0000004").string()),
+              std::string::npos)
+        << e.what();
   }
+  std::filesystem::remove_all(ckpt);
   EXPECT_EQ(t.completed_steps(), 5);
 }
 

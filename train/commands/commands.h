@@ -17,5 +17,6 @@ CommandFn add_data_command(CLI::App& app);
 CommandFn add_report_command(CLI::App& app);
 CommandFn add_eval_command(CLI::App& app);
 CommandFn add_generate_command(CLI::App& app);
+CommandFn add_ckpt_command(CLI::App& app);
 
 }  // namespace tripod

@@ -1,15 +1,11 @@
-// Weights for eval and generate. The checkpoint reader (checkpoint/load.h) comes from the
-// checkpoint branch; until it is in the tree, --load refuses with an error that says so.
+// Weights for eval and generate: a checkpoint resharded to this grid, or a random initialisation.
 #include "train/commands/weights.h"
 
 #include <spdlog/spdlog.h>
 
-#include "core/error.h"
-
-#if __has_include("checkpoint/load.h")
 #include "checkpoint/load.h"
-#define TRIPOD_HAVE_CHECKPOINT_LOAD 1
-#endif
+#include "checkpoint/reshard.h"
+#include "core/error.h"
 
 namespace tripod {
 
@@ -31,19 +27,15 @@ void load_weights(const WeightOptions& w, const Config& cfg, ParamRegistry& reg,
     spdlog::info("weights: random initialisation with seed {} (--init-seed)", *w.init_seed);
     return;
   }
-#ifdef TRIPOD_HAVE_CHECKPOINT_LOAD
-  // The lead points this at the checkpoint reader's final signature on merge.
-  const std::string dir = resolve_checkpoint(w.load, cfg.checkpoint.dir);
-  load_param_values(dir, reg, ops, par);
+  std::string dir, error;
+  try {
+    dir = resolve_checkpoint(w.load, cfg.checkpoint.dir);
+    load_param_values(dir, reg, ops);
+  } catch (const InputError& e) {
+    error = e.what();
+  }
+  throw_if_any_failed(error, *par.world);
   spdlog::info("weights: {} (resharded to grid {})", dir, par.grid.str());
-#else
-  (void)cfg;
-  (void)reg;
-  (void)ops;
-  (void)par;
-  throw InputError(fmt::format("--load {}: this build has no checkpoint reader (checkpoint/load.h is not in the "
-                               "tree yet); use --init-seed S for random weights", w.load));
-#endif
 }
 
 }  // namespace tripod

@@ -1,0 +1,140 @@
+// Checkpoint directories: metadata, piece index, slice assembly.
+#include "checkpoint/reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/crc32c.h"
+#include "checkpoint/writer.h"
+#include "core/error.h"
+
+namespace fs = std::filesystem;
+
+namespace tripod {
+
+CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+  const fs::path meta_path = fs::path(dir) / "metadata.json";
+  TRIPOD_INPUT_CHECK(fs::is_directory(dir), "checkpoint {} does not exist or is not a directory", dir);
+  TRIPOD_INPUT_CHECK(fs::exists(meta_path),
+                     "checkpoint {} is incomplete: it has no metadata.json (a save that did not finish?)", dir);
+  std::ifstream in(meta_path);
+  try {
+    meta_ = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("checkpoint file {} is not valid JSON: {}", meta_path.string(), e.what()));
+  }
+  TRIPOD_INPUT_CHECK(meta_.is_object() && meta_.value("format", "") == "tripod-checkpoint" &&
+                         meta_.contains("format_version") && meta_["format_version"].is_number_integer() &&
+                         meta_.contains("files") && meta_["files"].is_array() && meta_.contains("iteration"),
+                     "checkpoint file {} is not a tripod checkpoint's metadata", meta_path.string());
+  const int version = meta_["format_version"].get<int>();
+  TRIPOD_INPUT_CHECK(version <= kCheckpointFormatVersion && version >= 1,
+                     "checkpoint {} has format version {}, which this tripod ({}) cannot read (it reads versions 1 to "
+                     "{}; written by a newer tripod?)",
+                     dir, version, meta_.value("tripod_version", "?"), kCheckpointFormatVersion);
+  for (const auto& f : meta_["files"]) {
+    const std::string name = f.value("name", "");
+    const fs::path p = fs::path(dir) / name;
+    TRIPOD_INPUT_CHECK(!name.empty() && fs::exists(p), "checkpoint file {} is missing (listed in {})", p.string(),
+                       meta_path.string());
+    const auto size = static_cast<int64_t>(fs::file_size(p));
+    const int64_t want = f.value("bytes", int64_t{-1});
+    TRIPOD_INPUT_CHECK(size == want, "checkpoint file {} has {} bytes but {} were written (truncated or damaged)",
+                       p.string(), size, want);
+  }
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+int64_t CheckpointReader::iteration() const { return meta_["iteration"].get<int64_t>(); }
+
+H5Reader& CheckpointReader::file(const std::string& path) {
+  auto& f = files_[path];
+  if (!f) {
+    f = std::make_unique<H5Reader>(path);
+    // Ask the kernel to read the whole file ahead: the disk streams while pieces are checked
+    // and copied (pieces are visited by tensor, not in file order).
+    int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd >= 0) {
+      ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+      ::close(fd);
+    }
+  }
+  return *f;
+}
+
+const std::vector<StoredPiece>& CheckpointReader::index() {
+  if (indexed_) return index_;
+  for (const auto& f : meta_["files"]) {
+    std::string path = (fs::path(dir_) / f["name"].get<std::string>()).string();
+    for (auto& p : file(path).index()) index_.push_back(std::move(p));
+  }
+  for (const StoredPiece& p : index_) {
+    auto [it, fresh] = tensors_.emplace(p.spec.name, p.spec.geom.global_shape);
+    TRIPOD_INPUT_CHECK(fresh || it->second == p.spec.geom.global_shape,
+                       "checkpoint file {}: tensor {} is {} in dataset {} but {} elsewhere", p.file, p.spec.name,
+                       shape_str(p.spec.geom.global_shape), p.dataset, shape_str(it->second));
+  }
+  indexed_ = true;
+  return index_;
+}
+
+const std::map<std::string, Shape>& CheckpointReader::tensors() {
+  index();
+  return tensors_;
+}
+
+bool CheckpointReader::has_kind(StateKind kind) {
+  for (const StoredPiece& p : index())
+    if (p.spec.kind == kind) return true;
+  return false;
+}
+
+std::vector<float> CheckpointReader::read_piece(const StoredPiece& p) {
+  std::vector<float> data(p.spec.geom.numel());
+  read_piece_into(p, data.data());
+  return data;
+}
+
+void CheckpointReader::read_piece_into(const StoredPiece& p, float* data) {
+  file(p.file).read(p.dataset, data, p.spec.geom.numel());
+  uint32_t crc = crc32c(data, static_cast<size_t>(p.spec.geom.numel()) * sizeof(float));
+  TRIPOD_INPUT_CHECK(crc == p.spec.crc,
+                     "checkpoint file {}: dataset {} (tensor {}, {}) fails its checksum (crc32c {:08x}, stored {:08x}): "
+                     "the file is damaged",
+                     p.file, p.dataset, p.spec.name, state_kind_name(p.spec.kind), crc, p.spec.crc);
+}
+
+void CheckpointReader::assemble(const std::string& name, StateKind kind, const std::vector<Target>& targets) {
+  auto t = tensors().find(name);
+  TRIPOD_INPUT_CHECK(t != tensors_.end(), "checkpoint {} has no tensor {}", dir_, name);
+  std::vector<int64_t> covered(targets.size(), 0);
+  for (const StoredPiece& p : index()) {
+    if (p.spec.name != name || p.spec.kind != kind) continue;
+    int needed = 0, same = -1;
+    for (size_t i = 0; i < targets.size(); ++i)
+      if (overlap_count(p.spec.geom, targets[i].geom) > 0) {
+        ++needed;
+        if (p.spec.geom == targets[i].geom) same = static_cast<int>(i);
+      }
+    if (needed == 0) continue;
+    if (needed == 1 && same >= 0) {  // the same grid's piece: straight into the target
+      read_piece_into(p, targets[same].out);
+      covered[same] += p.spec.geom.numel();
+      continue;
+    }
+    std::vector<float> data = read_piece(p);
+    for (size_t i = 0; i < targets.size(); ++i)
+      covered[i] += copy_overlap(p.spec.geom, data.data(), targets[i].geom, targets[i].out);
+  }
+  for (size_t i = 0; i < targets.size(); ++i)
+    TRIPOD_INPUT_CHECK(covered[i] == targets[i].geom.numel(),
+                       "checkpoint {} lacks part of tensor {} ({}): {} of the {} elements needed here are stored "
+                       "(a shard file is missing or was not written)",
+                       dir_, name, state_kind_name(kind), covered[i], targets[i].geom.numel());
+}
+
+}  // namespace tripod

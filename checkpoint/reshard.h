@@ -1,0 +1,39 @@
+// Resharding: a rank's parameters and optimizer state filled from a checkpoint written under any
+// grid. The targets are the rank's TP-local tensors (values) and the flat ranges of them its
+// optimizer owns (all of them, or its DP slice with the distributed optimizer); each is
+// assembled from whichever stored pieces overlap it (checkpoint/reader.h).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+#include "checkpoint/load.h"
+#include "checkpoint/shard_spec.h"
+#include "checkpoint/writer.h"
+
+namespace tripod {
+
+// The saved geometry of a parameter's TP-local tensor: vocabulary padding rows cut off (so the
+// box can be shorter than the local tensor, never longer).
+PieceGeom saved_geometry(const ParamSpec& spec);
+
+struct LoadResult {
+  nlohmann::json metadata;
+  bool optimizer_loaded = false;  // false: a params-only checkpoint, the optimizer starts fresh
+};
+
+// Collective: when any rank's `error` is not empty, every rank throws InputError, the lowest
+// failing rank's with its message and the others' empty (main prints nothing for those).
+void throw_if_any_failed(const std::string& error, Communicator& world);
+
+// Collective over `world`: loads values and (when the checkpoint has it) optimizer state into
+// this rank's registry and optimizer shards. Everything is read and checked into host memory
+// first; only when every rank succeeded is anything changed. Otherwise every rank throws
+// InputError; the lowest failing rank's carries the message, the others' are empty (main prints
+// nothing for them).
+LoadResult load_checkpoint(const std::string& ckpt_dir, ParamRegistry& reg, Ops& ops,
+                           const std::vector<OptimizerShardRef>& opt, Communicator& world);
+
+}  // namespace tripod

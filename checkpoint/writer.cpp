@@ -1,0 +1,223 @@
+// Snapshots, the file writer and the atomic commit.
+#include "checkpoint/writer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/crc32c.h"
+#include "checkpoint/hdf5_file.h"
+#include "checkpoint/reshard.h"
+#include "core/error.h"
+#include "core/version.h"
+
+namespace fs = std::filesystem;
+
+namespace tripod {
+
+int64_t Snapshot::bytes() const {
+  int64_t n = 0;
+  for (const auto& d : data) n += static_cast<int64_t>(d.size()) * 4;
+  return n;
+}
+
+std::string shard_file_name(const Coords& c) { return fmt::format("pp{:02d}_tp{:02d}_dp{:02d}.h5", c.pp, c.tp, c.dp); }
+
+bool rank_writes_file(const Coords& c, bool distributed_optimizer, bool with_optimizer) {
+  return c.dp == 0 || (distributed_optimizer && with_optimizer);
+}
+
+namespace {
+
+// Host f32 copy of `n` elements of `t` starting at flat element `begin` (one copy, no zero fill).
+HostFloats to_host(Ops& ops, const Tensor& t, int64_t begin, int64_t n) {
+  HostFloats out(n);
+  if (n == 0) return out;
+  Tensor h = Tensor::wrap(out.data(), {n}, DType::F32);
+  ops.copy(t.flat(begin, begin + n), h);
+  return out;
+}
+
+}  // namespace
+
+Snapshot take_snapshot(ParamRegistry& reg, Ops& ops, const std::vector<OptimizerShardRef>& opt, const Coords& c,
+                       bool distributed_optimizer) {
+  Snapshot s;
+  const bool with_opt = !opt.empty();
+  if (!rank_writes_file(c, distributed_optimizer, with_opt)) return s;
+  s.file = shard_file_name(c);
+  auto saves = [&](const ParamSpec& p) { return !p.tied_copy && (p.shard_dim >= 0 || c.tp == 0); };
+  if (c.dp == 0)
+    for (Param& p : reg.params()) {
+      if (!saves(p.spec)) continue;
+      PieceGeom g = saved_geometry(p.spec);
+      if (g.numel() == 0) continue;  // a TP shard made only of vocabulary padding
+      s.specs.push_back({.name = p.spec.name, .kind = StateKind::Value, .geom = g});
+      s.data.push_back(to_host(ops, p.value.flat(0, p.numel()), 0, g.numel()));
+    }
+  if (with_opt && (distributed_optimizer || c.dp == 0))
+    for (const OptimizerShardRef& sh : opt)
+      for (Param& p : reg.params()) {
+        if (!saves(p.spec)) continue;
+        const int64_t b = std::max(sh.span.begin, p.offset), e = std::min(sh.span.end, p.offset + p.numel());
+        if (b >= e) continue;
+        PieceGeom g = saved_geometry(p.spec);
+        g.flat_begin = std::min(b - p.offset, g.box_numel());  // the padding rows come last (dim 0)
+        g.flat_end = std::min(e - p.offset, g.box_numel());
+        if (g.numel() == 0) continue;
+        const int64_t at = p.offset + g.flat_begin - sh.span.begin;  // into the shard's tensors
+        for (auto [kind, t] : {std::pair{StateKind::Master, &sh.master}, std::pair{StateKind::M, &sh.m},
+                               std::pair{StateKind::V, &sh.v}}) {
+          if (!t->defined()) continue;
+          s.specs.push_back({.name = p.spec.name, .kind = kind, .geom = g});
+          s.data.push_back(to_host(ops, *t, at, g.numel()));
+        }
+      }
+  return s;
+}
+
+int64_t write_snapshot(Snapshot& snap, const std::string& dir) {
+  // Test hook: sleep after the first dataset, so a test can kill the process mid-save.
+  const char* sleep_ms = std::getenv("TRIPOD_TEST_CKPT_SLEEP_MS");
+  H5Writer w(dir + "/" + snap.file);
+  for (size_t i = 0; i < snap.specs.size(); ++i) {
+    snap.specs[i].crc = crc32c(snap.data[i].data(), snap.data[i].size() * sizeof(float));
+    w.write(snap.specs[i], snap.data[i].data());
+    if (i == 0 && sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(sleep_ms)));
+  }
+  return w.close();
+}
+
+void commit_checkpoint_dir(const std::string& root, const std::string& tmp_dir, const std::string& final_dir,
+                           nlohmann::json meta, int keep) {
+  fs::path tmp(tmp_dir), fin(final_dir);
+  nlohmann::json files = nlohmann::json::array();
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(tmp))
+    if (e.is_regular_file() && e.path().extension() == ".h5") entries.push_back(e.path());
+  std::sort(entries.begin(), entries.end());
+  for (const auto& p : entries) files.push_back({{"name", p.filename().string()}, {"bytes", fs::file_size(p)}});
+  meta["format"] = "tripod-checkpoint";
+  meta["format_version"] = kCheckpointFormatVersion;
+  meta["tripod_version"] = TRIPOD_VERSION;
+  meta["checksum"] = "crc32c (Castagnoli) of each dataset's little-endian f32 bytes, attribute crc32c";
+  meta["files"] = files;
+  {
+    std::string path = (tmp / "metadata.json").string();
+    std::ofstream out(path);
+    out << meta.dump(2) << "\n";
+    out.close();
+    TRIPOD_CHECK(out.good(), "writing {}", path);
+    fsync_path(path);
+  }
+  fsync_path(tmp.string());
+  if (fs::exists(fin)) {  // a checkpoint of the same iteration (a run resumed from an earlier one)
+    fs::path old = fin;
+    old += ".old.tmp";
+    fs::remove_all(old);
+    fs::rename(fin, old);
+    fs::rename(tmp, fin);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp, fin);
+  }
+  fsync_path(root);
+  {
+    fs::path lt = fs::path(root) / "latest.tmp";
+    std::ofstream out(lt);
+    out << fin.filename().string() << "\n";
+    out.close();
+    TRIPOD_CHECK(out.good(), "writing {}", lt.string());
+    fsync_path(lt.string());
+    fs::rename(lt, fs::path(root) / "latest");
+    fsync_path(root);
+  }
+  if (keep > 0) {
+    const int64_t current = parse_iter_dir_name(fin.filename().string());
+    std::vector<std::pair<int64_t, fs::path>> older;
+    for (const auto& e : fs::directory_iterator(root)) {
+      int64_t it = parse_iter_dir_name(e.path().filename().string());
+      if (it >= 0 && it < current && e.is_directory() && fs::exists(e.path() / "metadata.json"))
+        older.emplace_back(it, e.path());
+    }
+    std::sort(older.begin(), older.end(), std::greater<>());
+    for (size_t i = keep - 1; i < older.size(); ++i) {
+      spdlog::info("checkpoint: removing {} (checkpoint.keep = {})", older[i].second.string(), keep);
+      fs::remove_all(older[i].second);
+    }
+  }
+}
+
+CheckpointSaver::CheckpointSaver(std::string root, int keep, bool async, Communicator& world)
+    : root_(std::move(root)), keep_(keep), async_(async), world_(world) {}
+
+CheckpointSaver::~CheckpointSaver() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void CheckpointSaver::save(int64_t iteration, Snapshot snap, nlohmann::json meta) {
+  finish();
+  const fs::path tmp = fs::path(root_) / (iter_dir_name(iteration) + ".tmp");
+  if (world_.rank() == 0) {
+    fs::create_directories(root_);
+    for (const auto& e : fs::directory_iterator(root_))  // leftovers of killed saves
+      if (e.path().extension() == ".tmp") fs::remove_all(e.path());
+    fs::create_directories(tmp);
+  }
+  world_.barrier();
+  pending_ = true;
+  iteration_ = iteration;
+  meta_ = std::move(meta);
+  error_.clear();
+  auto work = [this, dir = tmp.string(), s = std::move(snap)]() mutable {
+    try {
+      if (!s.file.empty()) write_snapshot(s, dir);
+    } catch (const std::exception& e) {
+      error_ = e.what();
+    }
+  };
+  if (async_) {
+    thread_ = std::thread(std::move(work));
+  } else {
+    work();
+    commit();
+  }
+}
+
+void CheckpointSaver::finish() {
+  if (!pending_) return;
+  commit();
+}
+
+void CheckpointSaver::commit() {
+  if (thread_.joinable()) thread_.join();
+  pending_ = false;
+  // Every rank's file is written and fsynced (or failed): agree, then rank 0 commits.
+  CpuAllocator host;
+  Tensor flag = Tensor::empty(host, {1}, DType::F32, MemCategory::Workspace);
+  flag.data<float>()[0] = error_.empty() ? 0.f : 1.f;
+  world_.all_reduce(flag, ReduceOp::Max);
+  const fs::path tmp = fs::path(root_) / (iter_dir_name(iteration_) + ".tmp");
+  const fs::path fin = fs::path(root_) / iter_dir_name(iteration_);
+  if (flag.data<float>()[0] != 0.f)
+    TRIPOD_FAIL("checkpoint save of iteration {} failed{}; {} is left incomplete and will not be loaded", iteration_,
+                error_.empty() ? " on another rank" : ": " + error_, tmp.string());
+  std::string err;
+  if (world_.rank() == 0) {
+    try {
+      commit_checkpoint_dir(root_, tmp.string(), fin.string(), meta_, keep_);
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  flag.data<float>()[0] = err.empty() ? 0.f : 1.f;
+  world_.all_reduce(flag, ReduceOp::Max);
+  if (flag.data<float>()[0] != 0.f) TRIPOD_FAIL("committing checkpoint {} failed{}", fin.string(), err.empty() ? "" : ": " + err);
+  spdlog::info("checkpoint: saved iteration {} to {}", iteration_, fin.string());
+}
+
+}  // namespace tripod

@@ -1,0 +1,162 @@
+// Checkpoint pieces in one process: the CRC32C check value, resharding geometry against a whole
+// tensor, safetensors files, and weights taken through safetensors and back giving the same loss.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <numeric>
+
+#include "checkpoint/crc32c.h"
+#include "checkpoint/load.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/shard_spec.h"
+#include "cli_util.h"
+#include "harness.h"
+
+namespace tripod {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(Crc32c, KnownValues) {
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);  // the standard check value (RFC 3720)
+  EXPECT_EQ(crc32c("", 0), 0u);
+  std::string s(1000, 'x');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(i * 7);
+  EXPECT_EQ(crc32c(s.data() + 10, 990, crc32c(s.data(), 10)), crc32c(s.data(), 1000));  // continuation
+}
+
+// A (3, 8, 6) tensor split along dim 1 across tp = 2, each TP box further split into flat
+// distributed-optimizer pieces, reassembled as tp = 4 boxes and as the whole tensor.
+TEST(ShardSpec, PiecesOfOneGridAssembleIntoAnother) {
+  const Shape g = {3, 8, 6};
+  std::vector<float> whole(shape_numel(g));
+  std::iota(whole.begin(), whole.end(), 0.f);
+  auto at = [&](int64_t a, int64_t b, int64_t c) { return whole[(a * 8 + b) * 6 + c]; };
+  struct Stored {
+    PieceGeom geom;
+    std::vector<float> data;
+  };
+  std::vector<Stored> stored;
+  for (int r = 0; r < 2; ++r) {
+    PieceGeom box{.global_shape = g, .shard_dim = 1, .box_offset = r * 4, .box_size = 4, .flat_begin = 0,
+                  .flat_end = 72};
+    std::vector<float> local;
+    for (int64_t a = 0; a < 3; ++a)
+      for (int64_t b = 0; b < 4; ++b)
+        for (int64_t c = 0; c < 6; ++c) local.push_back(at(a, r * 4 + b, c));
+    for (auto [b, e] : {std::pair<int64_t, int64_t>{0, 29}, {29, 72}}) {  // uneven DP cut
+      PieceGeom p = box;
+      p.flat_begin = b;
+      p.flat_end = e;
+      stored.push_back({p, std::vector<float>(local.begin() + b, local.begin() + e)});
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    PieceGeom target{.global_shape = g, .shard_dim = 1, .box_offset = r * 2, .box_size = 2, .flat_begin = 5,
+                     .flat_end = 31};
+    std::vector<float> out(target.numel(), -1.f);
+    int64_t n = 0;
+    for (const Stored& s : stored) n += copy_overlap(s.geom, s.data.data(), target, out.data());
+    EXPECT_EQ(n, target.numel());
+    for (int64_t i = 0; i < target.numel(); ++i) {
+      int64_t f = i + 5, a = f / 12, b = (f / 6) % 2, c = f % 6;
+      EXPECT_EQ(out[i], at(a, r * 2 + b, c)) << "tp rank " << r << " element " << f;
+    }
+  }
+  PieceGeom all{.global_shape = g, .shard_dim = -1, .box_offset = 0, .box_size = 3, .flat_begin = 0, .flat_end = 144};
+  std::vector<float> out(144, -1.f);
+  for (const Stored& s : stored) copy_overlap(s.geom, s.data.data(), all, out.data());
+  EXPECT_EQ(out, whole);
+  // The whole tensor as one stored piece feeds a split target too (converted weights).
+  PieceGeom target{.global_shape = g, .shard_dim = 1, .box_offset = 6, .box_size = 2, .flat_begin = 0, .flat_end = 36};
+  std::vector<float> part(36);
+  EXPECT_EQ(copy_overlap(all, whole.data(), target, part.data()), 36);
+  EXPECT_EQ(part[13], at(1, 6 + 0, 1));
+  // Two pieces split along different dims, neither whole: refused.
+  PieceGeom other{.global_shape = g, .shard_dim = 2, .box_offset = 0, .box_size = 3, .flat_begin = 0, .flat_end = 72};
+  EXPECT_THROW(overlap_count(other, target), InputError);
+}
+
+TEST(ShardSpec, IterDirNames) {
+  EXPECT_EQ(iter_dir_name(42), "iter_0000042");
+  EXPECT_EQ(parse_iter_dir_name("iter_0000042"), 42);
+  EXPECT_EQ(parse_iter_dir_name("iter_0000042.tmp"), -1);
+  EXPECT_EQ(parse_iter_dir_name("latest"), -1);
+}
+
+TEST(Safetensors, WriteReadAndRefuseTruncated) {
+  auto dir = test::scratch_dir("st_unit");
+  SafetensorsFile f;
+  f.metadata["n_head"] = "4";
+  f.tensors.push_back({"a", {2, 3}, {1, 2, 3, 4, 5, 6}});
+  f.tensors.push_back({"b.c", {1}, {-0.5f}});
+  write_safetensors((dir / "x.safetensors").string(), f);
+  SafetensorsFile g = read_safetensors((dir / "x.safetensors").string());
+  ASSERT_EQ(g.tensors.size(), 2u);
+  EXPECT_EQ(g.tensors[0].name, "a");
+  EXPECT_EQ(g.tensors[0].shape, Shape({2, 3}));
+  EXPECT_EQ(g.tensors[0].data, f.tensors[0].data);
+  EXPECT_EQ(g.tensors[1].data, f.tensors[1].data);
+  EXPECT_EQ(g.metadata["n_head"], "4");
+  // The header is padded to 8 bytes and the data follow it.
+  EXPECT_EQ(fs::file_size(dir / "x.safetensors") % 4, 0u);
+  fs::resize_file(dir / "x.safetensors", fs::file_size(dir / "x.safetensors") - 4);
+  try {
+    read_safetensors((dir / "x.safetensors").string());
+    ADD_FAILURE() << "a truncated file was read";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("x.safetensors"), std::string::npos) << e.what();
+  }
+  fs::remove_all(dir);
+}
+
+// Weights exported to safetensors and imported back train exactly like the original weights.
+TEST(CheckpointTrainer, SafetensorsRoundTripGivesTheSameLoss) {
+  auto ops = make_ops(Device::CPU);
+  SyntheticSource data(16, 100, 3);
+  auto self = test::make_selfworld(*ops);
+  auto dir = test::scratch_dir("st_trainer");
+  Config cfg = test::tiny_config(2, 32, 4, 16, 100);
+  cfg.checkpoint.dir = (dir / "ck").string();
+  validate_layout(cfg, 1);
+  Trainer t1(cfg, *ops, *self.par, &data);
+  for (int s = 0; s < 3; ++s) t1.step();
+  t1.save_checkpoint();
+  t1.finish_checkpoints();
+  const std::string bin = test::tripod_bin();
+  auto r = test::run_cmd(bin + " ckpt convert " + (dir / "ck").string() + " --to safetensors " +
+                         (dir / "w.safetensors").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = test::run_cmd(bin + " ckpt convert " + (dir / "w.safetensors").string() + " --from safetensors " +
+                    (dir / "imported").string() + " --n-heads 4");
+  ASSERT_EQ(r.status, 0) << r.err;
+
+  Config c2 = cfg;
+  c2.checkpoint.dir = "";
+  c2.checkpoint.load = (dir / "imported").string();
+  Trainer t2(c2, *ops, *self.par, &data);  // params only: step 0, fresh optimizer
+  EXPECT_EQ(t2.completed_steps(), 0);
+  Config c3 = cfg;
+  c3.checkpoint.dir = "";
+  Trainer t3(c3, *ops, *self.par, &data);  // the reference: t1's values copied in memory
+  Trainer fresh(c3, *ops, *self.par, &data);
+  ops->copy(t1.registry().flat_values(), t3.registry().flat_values());
+  // load_param_values (the values-only entry point) gives the same values too.
+  Trainer t4(c3, *ops, *self.par, &data);
+  EXPECT_EQ(load_param_values(resolve_checkpoint((dir / "imported").string(), ""), t4.registry(), *ops), 0);
+  const float* v1 = t1.registry().flat_values().data<float>();
+  for (Trainer* t : {&t2, &t4})
+    EXPECT_TRUE(std::equal(v1, v1 + t1.registry().flat_size(), t->registry().flat_values().data<float>()));
+  double fresh_loss = fresh.step().loss;
+  for (int s = 0; s < 2; ++s) {
+    double a = t2.step().loss, b = t3.step().loss;
+    EXPECT_EQ(a, b) << "step " << s + 1;
+    if (s == 0) {
+      EXPECT_NE(a, fresh_loss);  // the loaded weights are not the initial ones
+    }
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tripod
