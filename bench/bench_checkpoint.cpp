@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "parallel/comm/mpi_comm.h"
 #include "train/trainer.h"
+#include "kernels/op.h"
 
 using namespace tripod;
 namespace fs = std::filesystem;
@@ -74,6 +75,7 @@ std::pair<double, double> plain_io(const std::string& path, int64_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tripod::select_cpu_blas_kernels(argv);
   MPI_Init(&argc, &argv);
   init_logging(0, 1);
   spdlog::set_level(spdlog::level::warn);

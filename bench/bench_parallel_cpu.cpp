@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "parallel/comm/mpi_comm.h"
 #include "train/trainer.h"
+#include "kernels/op.h"
 
 using namespace tripod;
 
@@ -56,6 +57,7 @@ Expect expected(const Config& c, const Layout& l, int64_t grad_elems, int64_t pa
 }  // namespace
 
 int main(int argc, char** argv) {
+  tripod::select_cpu_blas_kernels(argv);
   MPI_Init(&argc, &argv);
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -11,10 +11,12 @@
 #include "parallel/comm/mpi_comm.h"
 #include "train/memory_plan.h"
 #include "train/trainer.h"
+#include "kernels/op.h"
 
 using namespace tripod;
 
 int main(int argc, char** argv) {
+  tripod::select_cpu_blas_kernels(argv);
   MPI_Init(&argc, &argv);
   init_logging(0, 1);
   spdlog::set_level(spdlog::level::warn);

@@ -11,6 +11,7 @@
 #include "kernels/profiled_ops.h"
 #include "parallel/comm/mpi_comm.h"
 #include "train/trainer.h"
+#include "kernels/op.h"
 
 using namespace tripod;
 
@@ -20,6 +21,7 @@ struct BenchShape {
 };
 
 int main(int argc, char** argv) {
+  tripod::select_cpu_blas_kernels(argv);
   MPI_Init(&argc, &argv);
   init_logging(0, 1);
   spdlog::set_level(spdlog::level::warn);

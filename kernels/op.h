@@ -141,6 +141,12 @@ class Ops {
 // The backend for a device; device_index selects the GPU. Throws InputError when the device is
 // not available (e.g. "cuda" on a machine without a GPU or a build without CUDA).
 std::unique_ptr<Ops> make_ops(Device device, int device_index = 0);
+
+// Call first in main(). OpenBLAS picks its kernels from the CPU's model name; virtual machines
+// that hide it ("Intel Xeon Processor") get the generic SSE3 kernels, about 3x slower. When that
+// happened and OPENBLAS_CORETYPE is not set, this sets it from the CPU's instruction sets and
+// re-executes the program (OpenBLAS reads it only while loading). Otherwise it returns.
+void select_cpu_blas_kernels(char** argv);
 // Number of CUDA devices usable by this build (0 without CUDA or without a GPU).
 int cuda_device_count();
 

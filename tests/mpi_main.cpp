@@ -6,6 +6,8 @@
 
 #include <cstdio>
 
+#include "kernels/op.h"
+
 namespace {
 
 class FailurePrinter : public ::testing::EmptyTestEventListener {
@@ -24,6 +26,7 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tripod::select_cpu_blas_kernels(argv);
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   ::testing::InitGoogleTest(&argc, argv);

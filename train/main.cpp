@@ -6,10 +6,12 @@
 
 #include "core/error.h"
 #include "core/version.h"
+#include "kernels/op.h"
 #include "train/commands/commands.h"
 
 int main(int argc, char** argv) {
   using namespace tripod;
+  select_cpu_blas_kernels(argv);
   CLI::App app{"tripod " TRIPOD_VERSION ": GPT pretraining with 3D parallelism (data, pipeline, tensor)"};
   app.set_version_flag("--version", TRIPOD_VERSION);
   app.require_subcommand(1);

@@ -19,6 +19,7 @@
 #include "parallel/comm/mpi_comm.h"
 #include "train/mpi_session.h"
 #include "train/trainer.h"
+#include "kernels/op.h"
 
 namespace tripod {
 namespace {
@@ -157,6 +158,7 @@ int bench_main(int argc, char** argv) {
 }  // namespace tripod
 
 int main(int argc, char** argv) {
+  tripod::select_cpu_blas_kernels(argv);
   try {
     return tripod::bench_main(argc, argv);
   } catch (const tripod::InputError& e) {
