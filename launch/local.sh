@@ -7,7 +7,8 @@ usage() {
   cat <<'USAGE'
 usage: launch/local.sh NPROCS CONFIG [tripod train args...]
 
-Runs NPROCS ranks of `tripod train --config CONFIG [args...]` on this machine under mpirun.
+Runs NPROCS ranks of `tripod train --config CONFIG [args...]` on this machine under mpirun
+(`tripod eval` or `tripod generate` instead with TRIPOD_COMMAND=eval|generate).
   NPROCS    number of ranks (tp * pp * dp of the config; dp = 0 derives it from NPROCS)
   CONFIG    the TOML config file
   args      passed to tripod train, e.g. --set train.steps=10 --set parallel.pp=2
@@ -18,6 +19,7 @@ Environment:
   TRIPOD              the tripod executable (default: build/bin/tripod of this checkout)
   MPIRUN              the mpirun to use (default: mpirun)
   THREADS_PER_RANK    overrides cores / NPROCS
+  TRIPOD_COMMAND      the subcommand: train (default), eval or generate
   TRIPOD_LAUNCH_ECHO  when 1, print the command instead of running it
 Example: launch/local.sh 4 configs/tiny.toml --set parallel.tp=2 --set parallel.pp=2
 USAGE
@@ -41,6 +43,11 @@ shift 2
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tripod=${TRIPOD:-$root/build/bin/tripod}
 [ -x "$tripod" ] || die "tripod executable '$tripod' not found (build it with scripts/setup.sh, or set TRIPOD)"
+subcommand=${TRIPOD_COMMAND:-train}
+case "$subcommand" in
+  train|eval|generate) ;;
+  *) die "TRIPOD_COMMAND must be train, eval or generate, got '$subcommand'" ;;
+esac
 mpirun=${MPIRUN:-mpirun}
 command -v "$mpirun" >/dev/null || die "'$mpirun' not found (install Open MPI: openmpi-bin, or set MPIRUN)"
 
@@ -62,7 +69,7 @@ else
 fi
 [ "$(id -u)" -eq 0 ] && args+=(--allow-run-as-root)
 
-cmd=("$mpirun" "${args[@]}" "$tripod" train --config "$config" "$@")
+cmd=("$mpirun" "${args[@]}" "$tripod" "$subcommand" --config "$config" "$@")
 if [ "${TRIPOD_LAUNCH_ECHO:-0}" = 1 ]; then
   echo "OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads ${cmd[*]}"
   exit 0
