@@ -80,6 +80,7 @@ TEST(Launch, HelpAndBadArgumentsFailWithOneErrorLine) {
            {script("local.sh") + " 0 " + cfg, "NPROCS must be a whole number >= 1, got '0'"},
            {script("local.sh") + " 2 " + (dir / "missing.toml").string(), "config file '" + (dir / "missing.toml").string() + "' does not exist"},
            {"THREADS_PER_RANK=x " + script("local.sh") + " 2 " + cfg, "THREADS_PER_RANK must be a whole number"},
+           {"TRIPOD_COMMAND=report " + script("local.sh") + " 2 " + cfg, "TRIPOD_COMMAND must be train, eval or generate, got 'report'"},
            {"TRIPOD=" + (dir / "nope").string() + " " + script("local.sh") + " 2 " + cfg, "tripod executable '" + (dir / "nope").string() + "' not found"},
            {script("multinode.sh") + " " + hosts + " 4", "expected HOSTFILE, NPROCS and CONFIG"},
            {script("multinode.sh") + " " + (dir / "nohosts").string() + " 4 " + cfg, "hostfile '" + (dir / "nohosts").string() + "' does not exist"},
