@@ -1,5 +1,7 @@
-// Local rank from the launcher's environment.
+// Local rank from the launcher's environment; what every MPI command does before its grid exists.
 #include "train/mpi_session.h"
+
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <initializer_list>
@@ -10,6 +12,18 @@ int MpiSession::local_rank() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
     if (const char* v = std::getenv(var)) return std::atoi(v);
   return 0;
+}
+
+void exit_on_bad_input(const MpiSession& mpi, const std::exception& e) {
+  if (mpi.rank() == 0) fmt::print(stderr, "error: {}\n", e.what());
+  MPI_Finalize();
+  std::exit(2);
+}
+
+std::unique_ptr<Ops> make_rank_ops(const Config& cfg) {
+  const int gpus = cuda_device_count();
+  return make_ops(cfg.train.device == "cuda" ? Device::CUDA : Device::CPU,
+                  gpus > 0 ? MpiSession::local_rank() % gpus : 0);
 }
 
 }  // namespace tripod

@@ -5,6 +5,10 @@
 #include <mpi.h>
 
 #include <exception>
+#include <memory>
+
+#include "kernels/op.h"
+#include "train/config.h"
 
 namespace tripod {
 
@@ -34,5 +38,13 @@ class MpiSession {
  private:
   int rank_ = 0, size_ = 1;
 };
+
+// Before the grid exists every rank reads the same inputs and fails the same way: rank 0 alone
+// reports (one "error:" line), and every rank exits 2 without waiting on the others.
+[[noreturn]] void exit_on_bad_input(const MpiSession& mpi, const std::exception& e);
+
+// This rank's backend for train.device: on CUDA the node-local rank's GPU; more ranks than GPUs
+// share them round-robin (their communicators then stage through MPI, see parallel/context.cpp).
+std::unique_ptr<Ops> make_rank_ops(const Config& cfg);
 
 }  // namespace tripod

@@ -40,13 +40,9 @@ int run_eval(const EvalOptions& o) {
                        "train.eval_steps = {} global batches)", o.samples, cfg.train.eval_steps);
     validate_layout(cfg, mpi.size());
     samples = o.samples > 0 ? o.samples : cfg.train.eval_steps * cfg.train.global_batch_size;
-    const int gpus = cuda_device_count();
-    ops = make_ops(cfg.train.device == "cuda" ? Device::CUDA : Device::CPU,
-                   gpus > 0 ? MpiSession::local_rank() % gpus : 0);
+    ops = make_rank_ops(cfg);
   } catch (const InputError& e) {
-    if (mpi.rank() == 0) fmt::print(stderr, "error: {}\n", e.what());
-    MPI_Finalize();
-    std::exit(2);
+    exit_on_bad_input(mpi, e);
   }
   auto world = mpi_world(ops.get(), cfg.parallel.timeout_s);
   ParallelContext par = make_parallel_context(*world, RankGrid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp));

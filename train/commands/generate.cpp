@@ -86,13 +86,9 @@ int run_generate(const GenerateOptions& o) {
                        len >= limit ? "; shorten --prompt" : "");
     force_inference_grid(cfg, mpi.size());
     validate_layout(cfg, mpi.size());
-    const int gpus = cuda_device_count();
-    ops = make_ops(cfg.train.device == "cuda" ? Device::CUDA : Device::CPU,
-                   gpus > 0 ? MpiSession::local_rank() % gpus : 0);
+    ops = make_rank_ops(cfg);
   } catch (const InputError& e) {
-    if (mpi.rank() == 0) fmt::print(stderr, "error: {}\n", e.what());
-    MPI_Finalize();
-    std::exit(2);
+    exit_on_bad_input(mpi, e);
   }
   auto world = mpi_world(ops.get(), cfg.parallel.timeout_s);
   ParallelContext par = make_parallel_context(*world, RankGrid(cfg.parallel.tp, 1, 1));

@@ -27,8 +27,6 @@ struct TrainOptions {
 int run_train(const TrainOptions& o) {
   MpiSession mpi;
   init_logging(mpi.rank(), mpi.size(), o.verbose);
-  // Until the grid exists every rank reads the same inputs and fails the same way: rank 0 alone
-  // reports, and every rank exits 2 without waiting on the others.
   Config cfg;
   std::unique_ptr<Ops> ops;
   try {
@@ -48,15 +46,9 @@ int run_train(const TrainOptions& o) {
       return 0;
     }
     validate_layout(cfg, mpi.size());
-    // One GPU per node-local rank; more ranks than GPUs share them round-robin (their
-    // communicators then stage through MPI, see parallel/context.cpp).
-    const int gpus = cuda_device_count();
-    ops = make_ops(cfg.train.device == "cuda" ? Device::CUDA : Device::CPU,
-                   gpus > 0 ? MpiSession::local_rank() % gpus : 0);
+    ops = make_rank_ops(cfg);
   } catch (const InputError& e) {
-    if (mpi.rank() == 0) fmt::print(stderr, "error: {}\n", e.what());
-    MPI_Finalize();
-    std::exit(2);
+    exit_on_bad_input(mpi, e);
   }
   auto world = mpi_world(ops.get(), cfg.parallel.timeout_s);
   RankGrid grid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp);
