@@ -20,6 +20,8 @@ struct StoredPiece {
   ShardSpec spec;
   std::string file;     // path
   std::string dataset;  // path inside the file
+  int64_t offset = -1;  // where its raw f32 bytes start in the file when they are stored contiguously,
+                        // unfiltered and little-endian (read with pread); -1: read through HDF5
 };
 
 class H5Writer {
@@ -49,12 +51,14 @@ class H5Reader {
   H5Reader& operator=(const H5Reader&) = delete;
   // Every piece in the file, from the attributes. Throws InputError naming file and dataset.
   std::vector<StoredPiece> index();
-  // Reads a dataset's `n` floats. Throws InputError naming the file and dataset.
-  void read(const std::string& dataset, float* out, int64_t n);
+  // Reads a piece's p.spec.geom.numel() floats into `out` and returns their CRC32C (computed as
+  // they arrive, while in cache). Throws InputError naming the file and dataset.
+  uint32_t read(const StoredPiece& p, float* out);
 
  private:
   std::string path_;
   long long file_ = -1;
+  int fd_ = -1;  // the same file, for pread of contiguous datasets
 };
 
 // Silences HDF5's own error printing (errors surface as tripod exceptions). Idempotent.

@@ -1,13 +1,9 @@
 // Checkpoint directories: metadata, piece index, slice assembly.
 #include "checkpoint/reader.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 
-#include "checkpoint/crc32c.h"
 #include "checkpoint/writer.h"
 #include "core/error.h"
 
@@ -53,16 +49,7 @@ int64_t CheckpointReader::iteration() const { return meta_["iteration"].get<int6
 
 H5Reader& CheckpointReader::file(const std::string& path) {
   auto& f = files_[path];
-  if (!f) {
-    f = std::make_unique<H5Reader>(path);
-    // Ask the kernel to read the whole file ahead: the disk streams while pieces are checked
-    // and copied (pieces are visited by tensor, not in file order).
-    int fd = ::open(path.c_str(), O_RDONLY);
-    if (fd >= 0) {
-      ::posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
-      ::close(fd);
-    }
-  }
+  if (!f) f = std::make_unique<H5Reader>(path);
   return *f;
 }
 
@@ -100,8 +87,7 @@ std::vector<float> CheckpointReader::read_piece(const StoredPiece& p) {
 }
 
 void CheckpointReader::read_piece_into(const StoredPiece& p, float* data) {
-  file(p.file).read(p.dataset, data, p.spec.geom.numel());
-  uint32_t crc = crc32c(data, static_cast<size_t>(p.spec.geom.numel()) * sizeof(float));
+  const uint32_t crc = file(p.file).read(p, data);
   TRIPOD_INPUT_CHECK(crc == p.spec.crc,
                      "checkpoint file {}: dataset {} (tensor {}, {}) fails its checksum (crc32c {:08x}, stored {:08x}): "
                      "the file is damaged",
