@@ -3,6 +3,8 @@
 
 #include <fcntl.h>
 #include <hdf5.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -202,7 +204,26 @@ H5Reader::H5Reader(const std::string& path) : path_(path) {
 
 H5Reader::~H5Reader() {
   if (file_ >= 0) H5Fclose(file_);
+  if (map_) ::munmap(map_, map_bytes_);
   if (fd_ >= 0) ::close(fd_);
+}
+
+const float* H5Reader::map(const StoredPiece& p) {
+  if (p.offset < 0 || fd_ < 0) return nullptr;
+  if (!map_) {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0 || st.st_size <= 0) return nullptr;
+    void* m = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (m == MAP_FAILED) return nullptr;
+    ::madvise(m, static_cast<size_t>(st.st_size), MADV_WILLNEED);
+    map_ = m;
+    map_bytes_ = static_cast<size_t>(st.st_size);
+  }
+  const size_t bytes = static_cast<size_t>(p.spec.geom.numel()) * sizeof(float);
+  if (static_cast<size_t>(p.offset) > map_bytes_ || bytes > map_bytes_ - static_cast<size_t>(p.offset))
+    throw InputError(fmt::format("checkpoint file {}: dataset {} cannot be read (truncated or damaged): it ends "
+                                 "past the end of the file", path_, p.dataset));
+  return reinterpret_cast<const float*>(static_cast<const char*>(map_) + p.offset);
 }
 
 std::vector<StoredPiece> H5Reader::index() {

@@ -54,11 +54,17 @@ class H5Reader {
   // Reads a piece's p.spec.geom.numel() floats into `out` and returns their CRC32C (computed as
   // they arrive, while in cache). Throws InputError naming the file and dataset.
   uint32_t read(const StoredPiece& p, float* out);
+  // A contiguous piece's floats in a read-only private mapping of the file (valid while this
+  // reader lives; tripod never rewrites a checkpoint file), or nullptr when the piece is read
+  // through HDF5. The checksum is not checked here. Throws InputError when the file is too short.
+  const float* map(const StoredPiece& p);
 
  private:
   std::string path_;
   long long file_ = -1;
-  int fd_ = -1;  // the same file, for pread of contiguous datasets
+  int fd_ = -1;  // the same file, for pread and mmap of contiguous datasets
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
 };
 
 // Silences HDF5's own error printing (errors surface as tripod exceptions). Idempotent.
