@@ -11,5 +11,7 @@ namespace tripod {
 
 // Continues `crc` (0 for a fresh checksum) over `n` bytes.
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+// The checksum of A followed by B from crc32c(A), crc32c(B) and B's length in bytes.
+uint32_t crc32c_combine(uint32_t crc_a, uint32_t crc_b, size_t n_b);
 
 }  // namespace tripod

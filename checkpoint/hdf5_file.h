@@ -20,6 +20,8 @@ struct StoredPiece {
   ShardSpec spec;
   std::string file;     // path
   std::string dataset;  // path inside the file
+  int64_t offset = -1;  // where its raw f32 bytes start in the file when they are stored contiguously,
+                        // unfiltered and little-endian (read with pread); -1: read through HDF5
 };
 
 class H5Writer {
@@ -49,12 +51,20 @@ class H5Reader {
   H5Reader& operator=(const H5Reader&) = delete;
   // Every piece in the file, from the attributes. Throws InputError naming file and dataset.
   std::vector<StoredPiece> index();
-  // Reads a dataset's `n` floats. Throws InputError naming the file and dataset.
-  void read(const std::string& dataset, float* out, int64_t n);
+  // Reads a piece's p.spec.geom.numel() floats into `out` and returns their CRC32C (computed as
+  // they arrive, while in cache). Throws InputError naming the file and dataset.
+  uint32_t read(const StoredPiece& p, float* out);
+  // A contiguous piece's floats in a read-only private mapping of the file (valid while this
+  // reader lives; tripod never rewrites a checkpoint file), or nullptr when the piece is read
+  // through HDF5. The checksum is not checked here. Throws InputError when the file is too short.
+  const float* map(const StoredPiece& p);
 
  private:
   std::string path_;
   long long file_ = -1;
+  int fd_ = -1;  // the same file, for pread and mmap of contiguous datasets
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
 };
 
 // Silences HDF5's own error printing (errors surface as tripod exceptions). Idempotent.

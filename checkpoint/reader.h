@@ -34,9 +34,13 @@ class CheckpointReader {
   bool has_kind(StateKind kind);
 
   // One slice to fill: a piece geometry of tensor `name` and where its numel() floats go.
+  // With `view` set, a target that one stored piece covers exactly may instead be answered with
+  // *view = that piece's checked floats in the file's mapping (valid while this reader lives;
+  // `out` then stays unwritten).
   struct Target {
     PieceGeom geom;
     float* out;
+    const float** view = nullptr;
   };
   // Fills every target from the stored pieces of (name, kind) that overlap it, reading each such
   // piece once and checking its checksum. InputError when a target element is not stored.
@@ -48,6 +52,7 @@ class CheckpointReader {
 
  private:
   H5Reader& file(const std::string& path);
+  void check_crc(const StoredPiece& p, uint32_t crc) const;
   std::string dir_;
   nlohmann::json meta_;
   bool indexed_ = false;

@@ -3,9 +3,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
+#include <optional>
 
 #include "checkpoint/reader.h"
 #include "core/error.h"
@@ -66,6 +70,8 @@ struct Staged {
   int64_t dst_offset = 0;                 // flat element offset in *dst
   PieceGeom geom;
   HostFloats buf;  // (dst numel): geom's elements first, padding (zero) after
+  const float* view = nullptr;  // when set: geom's checked elements in the reader's file mapping
+                                // (buf's first geom.numel() are then unused and never touched)
 };
 
 // Every tensor of this rank must be in the checkpoint with the same (saved) global shape.
@@ -82,18 +88,45 @@ void check_tensors(CheckpointReader& r, ParamRegistry& reg) {
   }
 }
 
+// Tensors are assembled in the order their first piece lies in the files, so that a cold read
+// streams through each file instead of seeking between its value, m and v sections.
 void fill(CheckpointReader& r, std::vector<Staged>& staged) {
-  std::map<std::pair<std::string, StateKind>, std::vector<CheckpointReader::Target>> groups;
-  for (Staged& s : staged) groups[{s.param->spec.name, s.src_kind}].push_back({s.geom, s.buf.data()});
-  for (auto& [key, targets] : groups) r.assemble(key.first, key.second, targets);
+  using Key = std::pair<std::string, StateKind>;
+  std::map<Key, std::vector<CheckpointReader::Target>> groups;
+  for (Staged& s : staged) groups[{s.param->spec.name, s.src_kind}].push_back({s.geom, s.buf.data(), &s.view});
+  std::map<Key, std::pair<std::string, int64_t>> first;  // (file, offset) of the key's first piece
+  for (const StoredPiece& p : r.index()) {
+    auto it = first.try_emplace({p.spec.name, p.spec.kind}, p.file, p.offset).first;
+    it->second = std::min(it->second, std::pair{p.file, p.offset});
+  }
+  std::vector<std::pair<std::pair<std::string, int64_t>, Key>> order;
+  for (auto& [key, targets] : groups) order.emplace_back(first[key], key);
+  std::sort(order.begin(), order.end());
+  for (auto& [at, key] : order) r.assemble(key.first, key.second, groups[key]);
+}
+
+// n floats from src into dst's flat elements [offset, offset + n). Host f32 destinations are
+// plain memory: large ones are copied in two halves on two threads (one core's memcpy falls well
+// short of the memory bandwidth); others go through ops.copy.
+void copy_in(Ops& ops, const float* src, Tensor& dst, int64_t offset, int64_t n) {
+  Tensor d = dst.flat(offset, offset + n);
+  if (d.device() == Device::CPU && d.dtype() == DType::F32 && n >= (1 << 20)) {
+    float* out = d.data<float>();
+    const int64_t half = n / 2;
+    auto second = std::async(std::launch::async, [&] { std::memcpy(out + half, src + half, (n - half) * sizeof(float)); });
+    std::memcpy(out, src, half * sizeof(float));
+    second.get();
+  } else {
+    Tensor s = Tensor::wrap(const_cast<float*>(src), {n}, DType::F32);
+    ops.copy(s, d);
+  }
 }
 
 void apply(Ops& ops, std::vector<Staged>& staged) {
   for (Staged& s : staged) {
-    const int64_t n = static_cast<int64_t>(s.buf.size());
-    Tensor src = Tensor::wrap(s.buf.data(), {n}, DType::F32);
-    Tensor dst = s.dst->flat(s.dst_offset, s.dst_offset + n);
-    ops.copy(src, dst);
+    const int64_t n = static_cast<int64_t>(s.buf.size()), viewed = s.view ? s.geom.numel() : 0;
+    if (viewed > 0) copy_in(ops, s.view, *s.dst, s.dst_offset, viewed);
+    if (n > viewed) copy_in(ops, s.buf.data() + viewed, *s.dst, s.dst_offset + viewed, n - viewed);
   }
   ops.synchronize();
 }
@@ -138,8 +171,9 @@ LoadResult load_checkpoint(const std::string& ckpt_dir, ParamRegistry& reg, Ops&
   std::vector<Staged> staged;
   std::vector<std::string> ckpt_names;
   std::vector<float> present;  // per checkpoint tensor: this rank's model has it
+  std::optional<CheckpointReader> reader;  // outlives apply(): staged views point into its file mappings
   try {
-    CheckpointReader r(ckpt_dir);
+    CheckpointReader& r = reader.emplace(ckpt_dir);
     res.metadata = r.metadata();
     check_tensors(r, reg);
     for (const auto& [name, shape] : r.tensors()) {

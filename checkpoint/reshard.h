@@ -30,7 +30,9 @@ void throw_if_any_failed(const std::string& error, Communicator& world);
 
 // Collective over `world`: loads values and (when the checkpoint has it) optimizer state into
 // this rank's registry and optimizer shards. Everything is read and checked into host memory
-// first; only when every rank succeeded is anything changed. Otherwise every rank throws
+// first (a piece that fills a target exactly is checked where it lies, in a read-only mapping of
+// its file, and copied from there; resharded pieces are assembled into staging buffers); only
+// when every rank succeeded is anything changed. Otherwise every rank throws
 // InputError; the lowest failing rank's carries the message, the others' are empty (main prints
 // nothing for them).
 LoadResult load_checkpoint(const std::string& ckpt_dir, ParamRegistry& reg, Ops& ops,
