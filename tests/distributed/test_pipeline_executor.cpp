@@ -296,9 +296,10 @@ TEST_F(PipelineExecutorTest, TracedRunMergesIntoATimeline) {
       const int msgs_in = (rs.rank > 0 ? m : 0) + (rs.rank + 1 < p ? m : 0);
       EXPECT_EQ(rs.events, 3 * (2 * m + msgs_in + 2 * msgs_in + 1)) << "rank " << rs.rank;
       EXPECT_NEAR(rs.ideal_idle, ideal, 0.02) << "rank " << rs.rank;  // from the measured mean costs
-      // Measured: never much better than the ideal, and not far worse on an idle machine.
-      EXPECT_GT(rs.measured_idle, ideal - 0.03) << "rank " << rs.rank;
-      EXPECT_LT(rs.measured_idle, ideal + 0.2) << "rank " << rs.rank;
+      // Measured: sleeps overshoot unevenly on a busy machine, so only a sanity band (a wrong
+      // idle computation lands far outside it).
+      EXPECT_GT(rs.measured_idle, ideal - 0.1) << "rank " << rs.rank;
+      EXPECT_LT(rs.measured_idle, ideal + 0.3) << "rank " << rs.rank;
     }
     EXPECT_GT(std::filesystem::file_size(sum.json_path), 0u);
     EXPECT_GT(std::filesystem::file_size(sum.svg_path), 0u);
