@@ -10,7 +10,7 @@ namespace tripod {
 
 // The checkpoint directory that `load` names: "latest" -> the one named in DIR/latest (`dir` is
 // checkpoint.dir); a checkpoint directory (holding metadata.json) -> itself; a checkpoint root
-// (holding `latest`) -> the one it names. InputError when there is none.
+// (holding `latest`), or its `latest` file itself -> the one it names. InputError when there is none.
 std::string resolve_checkpoint(const std::string& load, const std::string& dir);
 
 // Fills the values of every parameter of `reg` (allocated) from the checkpoint at `ckpt_dir` (an

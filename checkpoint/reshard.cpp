@@ -53,6 +53,7 @@ std::string resolve_checkpoint(const std::string& load, const std::string& dir) 
                        "checkpoint.load = \"latest\": there is no checkpoint in {} (no 'latest' file)", dir);
     return follow(dir);
   }
+  if (fs::path(load).filename() == "latest" && fs::is_regular_file(load)) return follow(fs::path(load).parent_path());
   TRIPOD_INPUT_CHECK(fs::is_directory(load), "checkpoint {} does not exist or is not a directory", load);
   if (fs::exists(fs::path(load) / "metadata.json")) return load;
   if (fs::exists(fs::path(load) / "latest")) return follow(load);

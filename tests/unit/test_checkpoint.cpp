@@ -165,6 +165,9 @@ TEST(CheckpointTrainer, SafetensorsRoundTripGivesTheSameLoss) {
   // load_param_values (the values-only entry point) gives the same values too.
   Trainer t4(c3, *ops, *self.par, &data);
   EXPECT_EQ(load_param_values(resolve_checkpoint((dir / "imported").string(), ""), t4.registry(), *ops), 0);
+  // A root, its `latest` file and the directory it names all resolve to the same checkpoint.
+  EXPECT_EQ(resolve_checkpoint((dir / "imported" / "latest").string(), ""),
+            resolve_checkpoint((dir / "imported").string(), ""));
   const float* v1 = t1.registry().flat_values().data<float>();
   for (Trainer* t : {&t2, &t4})
     EXPECT_TRUE(std::equal(v1, v1 + t1.registry().flat_size(), t->registry().flat_values().data<float>()));

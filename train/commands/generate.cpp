@@ -106,7 +106,13 @@ int run_generate(const GenerateOptions& o) {
   std::vector<int32_t> ids(prompt.begin(), prompt.end());
   // Text is printed as the suffix of decode(prompt + generated) beyond what is out already, so
   // pieces that join (word boundaries, multi-byte characters) come out right.
-  size_t printed = tok->decode(ids).size();
+  // The prompt (as the tokenizer reads it back) comes first, then the continuation.
+  const std::string prompt_text = tok->decode(ids);
+  size_t printed = prompt_text.size();
+  if (mpi.rank() == 0) {
+    fmt::print("{}", prompt_text);
+    std::fflush(stdout);
+  }
   auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits = inf.forward(ids);
   const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
