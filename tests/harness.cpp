@@ -18,7 +18,7 @@ std::map<std::string, std::vector<float>> gather_global_params(ParamRegistry& re
         Shape g = p.spec.global_shape;
         if (p.spec.vocab_rows >= 0) g[0] = p.spec.vocab_rows;
         names += p.spec.name;
-        for (int64_t d : g) names += " " + std::to_string(d);
+        for (int64_t d : g) names += fmt::format(" {}", d);
         names += "\n";
       }
     int len = static_cast<int>(names.size());
