@@ -13,10 +13,10 @@
 #include "checkpoint/reshard.h"
 #include "core/version.h"
 #include "data/sampler.h"
-#include "train/signals.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "train/evaluator.h"
+#include "train/signals.h"
 
 namespace tripod {
 
@@ -260,11 +260,14 @@ StepMetrics Trainer::step() {
       if (f.step == step_ + 1) (f.in_loss ? loss_sum : sq) = std::numeric_limits<double>::quiet_NaN();
   }
   CpuAllocator host;
-  Tensor red = Tensor::empty(host, {2}, DType::F32, MemCategory::Workspace);
-  // f32 is enough for the all-reduce of two positive partial sums across ranks.
+  Tensor red = Tensor::empty(host, {3}, DType::F32, MemCategory::Workspace);
+  // f32 is enough for the all-reduce of two positive partial sums across ranks. The third sum
+  // counts the ranks that received a stop signal, so that every rank agrees to stop.
   red.data<float>()[0] = static_cast<float>(sq);
   red.data<float>()[1] = static_cast<float>(loss_sum);
+  red.data<float>()[2] = stop_signal() != 0 ? 1.f : 0.f;
   if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
+  stop_requested_ = red.data<float>()[2] > 0;
   double grad_norm = std::sqrt(par_.grid.world_size() > 1 ? red.data<float>()[0] : sq);
   double loss = (par_.grid.world_size() > 1 ? red.data<float>()[1] : loss_sum) /
                 (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
@@ -317,7 +320,7 @@ void Trainer::run() {
                        bad_in_a_row_, m.step, m.loss, m.grad_norm, tc.max_bad_steps,
                        last_checkpoint_.empty() ? std::string("no checkpoint was saved or loaded in this run")
                                                 : "the last good checkpoint is " + last_checkpoint_);
-    const bool stop = stop_agreed();
+    const bool stop = stop_requested_;
     const int64_t interval = cfg_.checkpoint.interval;
     if (saver_ && (stop || step_ == last || (interval > 0 && step_ % interval == 0))) save_checkpoint();
     if (stop) {
@@ -328,14 +331,6 @@ void Trainer::run() {
     }
   }
   finish_checkpoints();
-}
-
-bool Trainer::stop_agreed() {
-  CpuAllocator host;
-  Tensor flag = Tensor::empty(host, {1}, DType::F32, MemCategory::Workspace);
-  flag.data<float>()[0] = static_cast<float>(stop_signal());
-  if (par_.grid.world_size() > 1) par_.world->all_reduce(flag, ReduceOp::Max);
-  return flag.data<float>()[0] != 0.f;
 }
 
 std::vector<OptimizerShardRef> Trainer::optimizer_state() {

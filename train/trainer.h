@@ -89,8 +89,6 @@ class Trainer {
   void on_grads_ready(const std::vector<Param*>& params);
   nlohmann::json checkpoint_metadata() const;
   void load_checkpoint_state();
-  // Collective: whether any rank received a stop signal.
-  bool stop_agreed();
 
   Config cfg_;
   Ops& ops_;
@@ -108,6 +106,7 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_;
   std::unique_ptr<CheckpointSaver> saver_;
   bool stopped_by_signal_ = false;
+  bool stop_requested_ = false;  // after step(): some rank received SIGTERM or SIGUSR1
   std::string last_checkpoint_;  // the newest saved or loaded, for messages
   LrSchedule lr_;
   int64_t step_ = 0;
