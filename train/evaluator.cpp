@@ -16,9 +16,9 @@ Split parse_eval_split(const std::string& name, const std::string& what) {
   throw InputError(fmt::format("{} '{}' is not a split to evaluate (valid: valid, test)", what, name));
 }
 
-std::unique_ptr<SampleSource> make_eval_source(const Config& cfg, Split split, int64_t samples, Communicator* sync) {
+std::unique_ptr<SampleSource> make_split_source(const Config& cfg, Split split, int64_t samples, Communicator* sync) {
   if (cfg.data.synthetic) {
-    // Another stream of the same kind of phrases: seeds apart from training's (train.seed) per split.
+    // The same kind of phrases per split, each from its own seed (Train = 0 keeps train.seed).
     const uint64_t seed = cfg.train.seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(split);
     return std::make_unique<SyntheticSource>(cfg.model.seq_len, cfg.model.vocab_size, seed);
   }

@@ -45,10 +45,10 @@ class Evaluator {
   bool needs_tokens_ = false, needs_targets_ = false;
 };
 
-// The samples of `split` for evaluation: data.prefixes' split (data.split), or, with
-// data.synthetic, a synthetic stream seeded apart from the training one per split. `samples` is
-// how many the run will read. Collective over `sync` like make_gpt_source.
-std::unique_ptr<SampleSource> make_eval_source(const Config& cfg, Split split, int64_t samples, Communicator* sync);
+// The samples of `split` for a run: data.prefixes' split (data.split), or, with data.synthetic, a
+// synthetic stream seeded with train.seed for training and apart from it for the other splits.
+// `samples` is how many the run will read. Collective over `sync` like make_gpt_source.
+std::unique_ptr<SampleSource> make_split_source(const Config& cfg, Split split, int64_t samples, Communicator* sync);
 
 // "valid" / "validation" -> Valid, "test" -> Test; an InputError naming `what` otherwise.
 Split parse_eval_split(const std::string& name, const std::string& what);

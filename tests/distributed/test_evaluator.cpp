@@ -38,7 +38,7 @@ TEST(Evaluator, MatchesTrainingForwardAndAgreesAcrossGrids) {
   auto ops = make_ops(Device::CPU);
   const Config cfg = base_config();
   SyntheticSource train_data(16, 100, 3);
-  auto valid = make_eval_source(cfg, Split::Valid, kValidSamples, nullptr);
+  auto valid = make_split_source(cfg, Split::Valid, kValidSamples, nullptr);
   const int64_t gb = cfg.train.global_batch_size;
 
   // Serial: train 3 steps, then hold the evaluator to the 4th step's loss and take the

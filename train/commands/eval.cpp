@@ -47,7 +47,7 @@ int run_eval(const EvalOptions& o) {
   auto world = mpi_world(ops.get(), cfg.parallel.timeout_s);
   ParallelContext par = make_parallel_context(*world, RankGrid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp));
   par.sequence_parallel = cfg.parallel.sequence_parallel;
-  std::unique_ptr<SampleSource> data = make_eval_source(cfg, split, samples, par.world.get());
+  std::unique_ptr<SampleSource> data = make_split_source(cfg, split, samples, par.world.get());
 
   ParamRegistry reg;
   auto counts = layers_per_stage(cfg.model.n_layers, cfg.parallel.pp, cfg.parallel.vp, cfg.parallel.layers_per_stage);

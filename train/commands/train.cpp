@@ -55,21 +55,13 @@ int run_train(const TrainOptions& o) {
   ParallelContext par = make_parallel_context(*world, grid);
   par.sequence_parallel = cfg.parallel.sequence_parallel;
 
-  std::unique_ptr<SampleSource> data;
-  if (cfg.data.synthetic)
-    data = std::make_unique<SyntheticSource>(cfg.model.seq_len, cfg.model.vocab_size, cfg.train.seed);
-  else
-    data = make_gpt_source(GptDataOptions{.prefixes = cfg.data.prefixes, .weights = cfg.data.weights,
-                                          .split = cfg.data.split, .seq_len = cfg.model.seq_len,
-                                          .seed = cfg.train.seed,
-                                          .num_samples = std::max<int64_t>(1, cfg.train.steps * cfg.train.global_batch_size),
-                                          .vocab_size = cfg.model.vocab_size},
-                           Split::Train, par.world.get());
+  std::unique_ptr<SampleSource> data = make_split_source(
+      cfg, Split::Train, std::max<int64_t>(1, cfg.train.steps * cfg.train.global_batch_size), par.world.get());
 
   // The validation split, read by the periodic evaluation (train.eval_interval).
   std::unique_ptr<SampleSource> valid;
   if (cfg.train.eval_interval > 0)
-    valid = make_eval_source(cfg, Split::Valid, cfg.train.eval_steps * cfg.train.global_batch_size, par.world.get());
+    valid = make_split_source(cfg, Split::Valid, cfg.train.eval_steps * cfg.train.global_batch_size, par.world.get());
 
   Trainer trainer(cfg, *ops, par, data.get(), valid.get());
   trainer.run();
