@@ -37,6 +37,14 @@ inline std::string mpirun(int np) {
          "--bind-to none -np " + std::to_string(np) + " ";
 }
 
+// The whole of a file ("" when it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
 inline CmdResult run_cmd(const std::string& cmd) {
   auto dir = std::filesystem::temp_directory_path() / ("tripod_cmd_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
@@ -46,12 +54,6 @@ inline CmdResult run_cmd(const std::string& cmd) {
   CmdResult r;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  auto slurp = [](const std::string& p) {
-    std::ifstream in(p);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-  };
   r.out = slurp(o);
   r.err = slurp(e);
   std::filesystem::remove_all(dir);

@@ -16,6 +16,8 @@
 namespace tripod {
 namespace {
 
+using test::slurp;
+
 namespace fs = std::filesystem;
 using test::run_cmd;
 
@@ -105,11 +107,6 @@ std::vector<pid_t> children(pid_t parent) {
     if (ppid == parent) out.push_back(std::stoi(n));
   }
   return out;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
 bool wait_for(const std::function<bool()>& cond, double seconds) {

@@ -11,6 +11,8 @@
 namespace tripod {
 namespace {
 
+using test::slurp;
+
 using namespace std::chrono_literals;
 
 // A tiny pipeline (pp = 2) x data-parallel (dp = 2) run long enough to be interrupted.
@@ -32,13 +34,6 @@ trace = false
 [data]
 synthetic = true
 )";
-
-std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // The pid of the process started under `marker` (a path in its command line) with this world rank.
 pid_t find_rank(const std::string& marker, int rank) {

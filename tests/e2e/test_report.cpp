@@ -16,6 +16,8 @@
 namespace tripod {
 namespace {
 
+using test::slurp;
+
 namespace fs = std::filesystem;
 using test::run_cmd;
 
@@ -35,13 +37,6 @@ log_interval = 1
 [data]
 synthetic = true
 )";
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;

@@ -18,19 +18,14 @@
 
 namespace {
 
+using tripod::test::slurp;
+
 namespace fs = std::filesystem;
 
 struct Result {
   int rc = -1;
   std::string out, err;
 };
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class ScheduleCli : public ::testing::Test {
  protected:

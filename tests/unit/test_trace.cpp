@@ -23,15 +23,10 @@
 namespace tripod {
 namespace {
 
+using test::slurp;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 class Trace : public ::testing::Test {
  protected:
