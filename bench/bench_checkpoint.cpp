@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
   }
   auto ops = make_ops(Device::CPU);
   auto world = mpi_world(ops.get(), 600);
-  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1));
+  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1), {});
   Config cfg;
   cfg.model = {.n_layers = layers, .n_heads = 12, .d_model = 768, .ffn_hidden = 0, .seq_len = 1024,
                .max_positions = 0, .vocab_size = 16384};

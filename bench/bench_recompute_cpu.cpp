@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
   auto ops = make_ops(Device::CPU);
   auto world = mpi_world(ops.get(), 600);
-  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1));
+  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1), {});
 
   Config cfg;
   cfg.model = {.n_layers = quick ? 4 : 12, .n_heads = 12, .d_model = 768, .ffn_hidden = 0, .seq_len = 256,

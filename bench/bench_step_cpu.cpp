@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   ProfiledOps profiled(*cpu);
   Ops* ops = profile ? static_cast<Ops*>(&profiled) : cpu.get();
   auto world = mpi_world(ops, 600);
-  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1));
+  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1), {});
   const double sgemm_before = sgemm_rate();
 
   std::vector<BenchShape> shapes = {{"tiny (4L, d128, seq128)", 4, 128, 4, 128, 512, 8, 2, 5},

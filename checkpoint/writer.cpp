@@ -80,14 +80,12 @@ Snapshot take_snapshot(ParamRegistry& reg, Ops& ops, const std::vector<Optimizer
   return s;
 }
 
-int64_t write_snapshot(Snapshot& snap, const std::string& dir) {
-  // Test hook: sleep after the first dataset, so a test can kill the process mid-save.
-  const char* sleep_ms = std::getenv("TRIPOD_TEST_CKPT_SLEEP_MS");
+int64_t write_snapshot(Snapshot& snap, const std::string& dir, int sleep_after_first_ms) {
   H5Writer w(dir + "/" + snap.file);
   for (size_t i = 0; i < snap.specs.size(); ++i) {
     snap.specs[i].crc = crc32c(snap.data[i].data(), snap.data[i].size() * sizeof(float));
     w.write(snap.specs[i], snap.data[i].data());
-    if (i == 0 && sleep_ms) std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(sleep_ms)));
+    if (i == 0 && sleep_after_first_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_after_first_ms));
   }
   return w.close();
 }
@@ -152,8 +150,8 @@ void commit_checkpoint_dir(const std::string& root, const std::string& tmp_dir, 
   }
 }
 
-CheckpointSaver::CheckpointSaver(std::string root, int keep, bool async, Communicator& world)
-    : root_(std::move(root)), keep_(keep), async_(async), world_(world) {}
+CheckpointSaver::CheckpointSaver(std::string root, int keep, bool async, Communicator& world, int test_sleep_ms)
+    : root_(std::move(root)), keep_(keep), async_(async), world_(world), test_sleep_ms_(test_sleep_ms) {}
 
 CheckpointSaver::~CheckpointSaver() {
   if (thread_.joinable()) thread_.join();
@@ -175,7 +173,7 @@ void CheckpointSaver::save(int64_t iteration, Snapshot snap, nlohmann::json meta
   error_.clear();
   auto work = [this, dir = tmp.string(), s = std::move(snap)]() mutable {
     try {
-      if (!s.file.empty()) write_snapshot(s, dir);
+      if (!s.file.empty()) write_snapshot(s, dir, test_sleep_ms_);
     } catch (const std::exception& e) {
       error_ = e.what();
     }

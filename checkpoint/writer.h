@@ -60,7 +60,9 @@ bool rank_writes_file(const Coords& c, bool distributed_optimizer, bool with_opt
 Snapshot take_snapshot(ParamRegistry& reg, Ops& ops, const std::vector<OptimizerShardRef>& opt, const Coords& c,
                        bool distributed_optimizer);
 // Writes a snapshot to DIR/snapshot.file (checksums computed here), fsyncs it; returns its bytes.
-int64_t write_snapshot(Snapshot& snap, const std::string& dir);
+// Test hook: sleeps `sleep_after_first_ms` after the first tensor, so a test can kill the process
+// mid-save (DebugOptions::checkpoint_sleep_ms).
+int64_t write_snapshot(Snapshot& snap, const std::string& dir, int sleep_after_first_ms = 0);
 // Rank-0 part of a commit: metadata.json (adding files and sizes) into `tmp_dir`, fsyncs, renames
 // it to `final_dir`, fsyncs the parent, updates ROOT/latest, then deletes older checkpoints
 // beyond `keep` (0: keep all). Used by the saver and by `tripod ckpt convert`.
@@ -69,8 +71,9 @@ void commit_checkpoint_dir(const std::string& root, const std::string& tmp_dir, 
 
 class CheckpointSaver {
  public:
-  // `root` is checkpoint.dir. Every rank of `world` constructs one.
-  CheckpointSaver(std::string root, int keep, bool async, Communicator& world);
+  // `root` is checkpoint.dir. Every rank of `world` constructs one. `test_sleep_ms`: see
+  // write_snapshot.
+  CheckpointSaver(std::string root, int keep, bool async, Communicator& world, int test_sleep_ms = 0);
   ~CheckpointSaver();  // waits for a running write; an uncommitted save stays a .tmp directory
 
   // Collective. Commits a pending asynchronous save first. `meta` (rank 0's is used) carries what
@@ -87,6 +90,7 @@ class CheckpointSaver {
   int keep_;
   bool async_;
   Communicator& world_;
+  int test_sleep_ms_;
   // The save in flight.
   bool pending_ = false;
   int64_t iteration_ = 0;

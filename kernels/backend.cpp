@@ -8,13 +8,13 @@
 
 namespace tripod {
 
-std::unique_ptr<Ops> make_ops(Device device, int device_index) {
+std::unique_ptr<Ops> make_ops(Device device, int device_index, const DebugOptions& debug) {
   if (device == Device::CPU) return std::make_unique<cpu::CpuOps>();
 #ifdef TRIPOD_HAVE_CUDA
   int n = cuda::device_count();
   TRIPOD_INPUT_CHECK(n > 0, "train.device = \"cuda\" but no CUDA GPU is visible on this machine (valid here: \"cpu\")");
   TRIPOD_INPUT_CHECK(device_index < n, "this rank wants GPU {} but only {} are visible", device_index, n);
-  return cuda::make_cuda_ops(device_index);
+  return cuda::make_cuda_ops(device_index, debug);
 #else
   throw InputError("train.device = \"cuda\" but this build has no CUDA backend (rebuild with nvcc and "
                    "-DTRIPOD_CUDA=ON; valid here: \"cpu\")");

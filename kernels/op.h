@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 
+#include "core/debug_options.h"
 #include "core/tensor.h"
 
 namespace tripod {
@@ -140,7 +141,7 @@ class Ops {
 
 // The backend for a device; device_index selects the GPU. Throws InputError when the device is
 // not available (e.g. "cuda" on a machine without a GPU or a build without CUDA).
-std::unique_ptr<Ops> make_ops(Device device, int device_index = 0);
+std::unique_ptr<Ops> make_ops(Device device, int device_index = 0, const DebugOptions& debug = {});
 
 // Call first in main(). OpenBLAS picks its kernels from the CPU's model name; virtual machines
 // that hide it ("Intel Xeon Processor") get the generic SSE3 kernels, about 3x slower. When that

@@ -7,9 +7,6 @@
 #ifdef TRIPOD_HAVE_NCCL
 #include <spdlog/spdlog.h>
 
-#include <cstdlib>
-#include <string_view>
-
 #include "kernels/cuda/cuda_ops.h"
 #include "parallel/comm/nccl_comm.h"
 #endif
@@ -26,11 +23,9 @@ namespace {
 // null for the CPU backend and when ranks share GPUs (NCCL refuses two ranks on one GPU), where
 // MPI stages device tensors through pinned host memory instead. Collective over the world.
 #ifdef TRIPOD_HAVE_NCCL
-cuda::CudaOps* nccl_backend(const MpiComm& world) {
+cuda::CudaOps* nccl_backend(const MpiComm& world, bool force_mpi) {
   auto* ops = dynamic_cast<cuda::CudaOps*>(world.ops());
-  int ok = ops != nullptr;
-  const char* force = std::getenv("TRIPOD_COMM");
-  if (force && std::string_view(force) == "mpi") ok = 0;  // staged MPI on request (tests, debugging)
+  int ok = ops != nullptr && !force_mpi;
   int node_ranks = 1;
   if (ok) {
     MPI_Comm node;
@@ -41,7 +36,7 @@ cuda::CudaOps* nccl_backend(const MpiComm& world) {
   }
   int all_ok = ok;
   MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, world.handle());
-  if (ops && !all_ok && world.rank() == 0 && !(force && std::string_view(force) == "mpi"))
+  if (ops && !all_ok && world.rank() == 0 && !force_mpi)
     spdlog::warn("{} ranks share the {} GPU(s) of a node: communication is staged through host memory with MPI, "
                  "which is slow (NCCL needs one GPU per rank); use this for correctness runs",
                  node_ranks, cuda_device_count());
@@ -55,7 +50,7 @@ std::unique_ptr<Communicator> split(const MpiComm& world, const std::vector<int>
   MPI_Comm comm;
   int key = static_cast<int>(std::find(group.begin(), group.end(), my_rank) - group.begin());
   MPI_Comm_split(world.handle(), group.front(), key, &comm);
-  auto mpi = std::make_unique<MpiComm>(comm, name, world.ops(), world.timeout_s(), group);
+  auto mpi = std::make_unique<MpiComm>(comm, name, world.ops(), world.timeout_s(), group, world.probe());
 #ifdef TRIPOD_HAVE_NCCL
   if (nccl_ops) return std::make_unique<NcclComm>(std::move(mpi), *nccl_ops, group);
 #endif
@@ -64,16 +59,17 @@ std::unique_ptr<Communicator> split(const MpiComm& world, const std::vector<int>
 
 }  // namespace
 
-ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid) {
+ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid, const ContextOptions& options) {
   TRIPOD_CHECK(world.size() == grid.world_size(), "grid {} needs {} ranks, the world has {}", grid.str(),
                grid.world_size(), world.size());
   ParallelContext ctx;
   ctx.grid = grid;
   ctx.rank = world.rank();
   ctx.coords = grid.coords(ctx.rank);
+  ctx.sequence_parallel = options.sequence_parallel;
   cuda::CudaOps* nccl_ops = nullptr;
 #ifdef TRIPOD_HAVE_NCCL
-  nccl_ops = nccl_backend(world);
+  nccl_ops = nccl_backend(world, options.force_mpi);
 #endif
   std::vector<int> all(world.size());
   for (int i = 0; i < world.size(); ++i) all[i] = i;
@@ -87,7 +83,7 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
   MPI_Comm comm;
   MPI_Comm_split(world.handle(), member ? emb.front() : MPI_UNDEFINED, ctx.coords.pp, &comm);
   if (member) {
-    auto mpi = std::make_unique<MpiComm>(comm, "embedding", world.ops(), world.timeout_s(), emb);
+    auto mpi = std::make_unique<MpiComm>(comm, "embedding", world.ops(), world.timeout_s(), emb, world.probe());
 #ifdef TRIPOD_HAVE_NCCL
     if (nccl_ops)
       ctx.embedding = std::make_unique<NcclComm>(std::move(mpi), *nccl_ops, emb);

@@ -25,7 +25,15 @@ struct ParallelContext {
   bool last_stage() const { return coords.pp == grid.pp() - 1; }
 };
 
+struct ContextOptions {
+  // Activations between the TP regions sharded along the sequence (parallel.sequence_parallel).
+  bool sequence_parallel = false;
+  // Device tensors travel through MPI, staged in host memory, even where NCCL could carry them
+  // (DebugOptions::force_mpi, TRIPOD_COMM=mpi).
+  bool force_mpi = false;
+};
+
 // Splits `world` into the axis communicators of `grid` (collective over all world ranks).
-ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid);
+ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid, const ContextOptions& options);
 
 }  // namespace tripod

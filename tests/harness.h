@@ -50,8 +50,8 @@ inline SubWorld make_subworld(Ops& ops, const RankGrid& grid, bool sequence_para
   std::vector<int> ranks(grid.world_size());
   for (int i = 0; i < grid.world_size(); ++i) ranks[i] = i;
   w.comm = std::make_unique<MpiComm>(comm, "test", &ops, 120.0, ranks);
-  w.par = std::make_unique<ParallelContext>(make_parallel_context(*w.comm, grid));
-  w.par->sequence_parallel = sequence_parallel;
+  w.par = std::make_unique<ParallelContext>(
+      make_parallel_context(*w.comm, grid, {.sequence_parallel = sequence_parallel}));
   return w;
 }
 
@@ -61,7 +61,7 @@ inline SubWorld make_selfworld(Ops& ops) {
   MPI_Comm_dup(MPI_COMM_SELF, &comm);
   SubWorld w;
   w.comm = std::make_unique<MpiComm>(comm, "self", &ops, 120.0, std::vector<int>{0});
-  w.par = std::make_unique<ParallelContext>(make_parallel_context(*w.comm, RankGrid(1, 1, 1)));
+  w.par = std::make_unique<ParallelContext>(make_parallel_context(*w.comm, RankGrid(1, 1, 1), {}));
   return w;
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "train/config.h"
+
 namespace tripod {
 
 struct LrSchedule {
@@ -22,5 +24,12 @@ struct LrSchedule {
     return min_lr + coeff * (lr - min_lr);
   }
 };
+
+// A run's schedule. It spans train.steps even when train.exit_interval stops the run sooner, so
+// a run stopped and resumed follows the uninterrupted run's rates.
+inline LrSchedule lr_schedule_of(const TrainConfig& tc) {
+  return {.lr = tc.lr, .min_lr = tc.min_lr, .warmup_steps = tc.warmup_steps, .total_steps = tc.steps,
+          .decay = tc.decay};
+}
 
 }  // namespace tripod

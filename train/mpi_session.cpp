@@ -20,10 +20,4 @@ void exit_on_bad_input(const MpiSession& mpi, const std::exception& e) {
   std::exit(2);
 }
 
-std::unique_ptr<Ops> make_rank_ops(const Config& cfg) {
-  const int gpus = cuda_device_count();
-  return make_ops(cfg.train.device == "cuda" ? Device::CUDA : Device::CPU,
-                  gpus > 0 ? MpiSession::local_rank() % gpus : 0);
-}
-
 }  // namespace tripod

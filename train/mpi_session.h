@@ -43,8 +43,4 @@ class MpiSession {
 // reports (one "error:" line), and every rank exits 2 without waiting on the others.
 [[noreturn]] void exit_on_bad_input(const MpiSession& mpi, const std::exception& e);
 
-// This rank's backend for train.device: on CUDA the node-local rank's GPU; more ranks than GPUs
-// share them round-robin (their communicators then stage through MPI, see parallel/context.cpp).
-std::unique_ptr<Ops> make_rank_ops(const Config& cfg);
-
 }  // namespace tripod

@@ -42,35 +42,9 @@ std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param*
   return GradReducer::make_buckets(spans, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4), boundaries);
 }
 
-std::vector<FaultInjection> parse_fault_injections(const char* spec) {
-  std::vector<FaultInjection> out;
-  if (!spec || !*spec) return out;
-  std::string s(spec);
-  for (size_t pos = 0; pos <= s.size();) {
-    size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    std::string item = s.substr(pos, end - pos);
-    size_t at = item.find('@');
-    std::string where = at == std::string::npos ? "" : item.substr(0, at);
-    int64_t step = 0;
-    try {
-      if (at != std::string::npos) step = std::stoll(item.substr(at + 1));
-    } catch (const std::exception&) {
-      step = 0;
-    }
-    TRIPOD_INPUT_CHECK((where == "loss" || where == "grad") && step > 0,
-                       "TRIPOD_INJECT_NAN: '{}' is not loss@STEP or grad@STEP (STEP >= 1), in '{}'", item, s);
-    out.push_back({step, where == "loss"});
-    pos = end + 1;
-  }
-  return out;
-}
-
 Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data,
-                 const SampleSource* eval_data)
-    : cfg_(cfg), ops_(ops), par_(par), data_(train_data),
-      eval_data_(eval_data),
-      faults_(parse_fault_injections(std::getenv("TRIPOD_INJECT_NAN"))) {
+                 const SampleSource* eval_data, const DebugOptions& debug)
+    : cfg_(cfg), ops_(ops), par_(par), data_(train_data), eval_data_(eval_data), faults_(debug.inject_nan) {
   const ParallelConfig& pc = cfg_.parallel;
   const TrainConfig& tc = cfg_.train;
   micro_per_rank_ = tc.global_batch_size / (tc.micro_batch_size * pc.dp);
@@ -101,12 +75,11 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   optimizer_ = std::make_unique<AdamW>(
       ops, reg_, reducer_->owned(),
       AdamWConfig{.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay}, tc.seed);
-  lr_ = LrSchedule{.lr = tc.lr, .min_lr = tc.min_lr, .warmup_steps = tc.warmup_steps, .total_steps = tc.steps,
-                   .decay = tc.decay};
+  lr_ = lr_schedule_of(tc);
 
   if (!cfg_.checkpoint.dir.empty())
     saver_ = std::make_unique<CheckpointSaver>(cfg_.checkpoint.dir, cfg_.checkpoint.keep, cfg_.checkpoint.async,
-                                               *par.world);
+                                               *par.world, debug.checkpoint_sleep_ms);
   if (!cfg_.checkpoint.load.empty()) load_checkpoint_state();
 
   // The peak FLOP/s of the whole world, for MFU (measured concurrently on CPU).

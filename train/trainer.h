@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/writer.h"
+#include "core/debug_options.h"
 #include "data/sample_source.h"
 #include "model/gpt.h"
 #include "parallel/context.h"
@@ -37,20 +38,13 @@ void load_microbatch(const SampleSource* data, const Config& cfg, const Parallel
 class Evaluator;
 struct EvalResult;
 
-// A test hook: TRIPOD_INJECT_NAN="loss@3,grad@5" makes the loss (or the gradient norm) of those
-// steps NaN on every rank, as a real overflow would. Throws InputError on a malformed spec.
-struct FaultInjection {
-  int64_t step = 0;
-  bool in_loss = true;  // else the gradient norm
-};
-std::vector<FaultInjection> parse_fault_injections(const char* spec);
-
 class Trainer {
  public:
   // `cfg` must have passed validate_layout() for par's world size. `eval_data` (the validation
   // split) is needed when train.eval_interval > 0 on ranks holding the embedding or the head.
+  // `debug`: the test hooks it honours (inject_nan, checkpoint_sleep_ms).
   Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data,
-          const SampleSource* eval_data = nullptr);
+          const SampleSource* eval_data = nullptr, const DebugOptions& debug = {});
   ~Trainer();
 
   // Trains from the current step to train.steps (or train.exit_interval), evaluating every

@@ -122,7 +122,7 @@ int bench_main(int argc, char** argv) {
   auto ops_owner = cuda::make_cuda_ops(0);
   auto& ops = dynamic_cast<cuda::CudaOps&>(*ops_owner);
   auto world = mpi_world(&ops, 600);
-  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1));
+  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1), {});
   const std::string out_dir =
       (std::filesystem::temp_directory_path() / fmt::format("tripod_gpu_bench_{}", getpid())).string();
 

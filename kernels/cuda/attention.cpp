@@ -380,17 +380,7 @@ Qkv qkv_dims(const Tensor& qkv, const char* op) {
 
 }  // namespace
 
-AttentionRunner::AttentionRunner(CudaOps& ops) : ops_(ops) {
-  const char* env = std::getenv("TRIPOD_ATTENTION");
-  const std::string_view m = env ? env : "auto";
-  if (m == "cudnn")
-    mode_ = Mode::Cudnn;
-  else if (m == "reference")
-    mode_ = Mode::Reference;
-  else
-    TRIPOD_INPUT_CHECK(m == "auto" || m.empty(),
-                       "environment variable TRIPOD_ATTENTION = \"{}\" is not \"auto\", \"cudnn\" or \"reference\"", m);
-}
+AttentionRunner::AttentionRunner(CudaOps& ops, AttentionKernels kernels) : ops_(ops), mode_(kernels) {}
 
 AttentionRunner::~AttentionRunner() {
   plans_.clear();  // the plans' descriptors go before the handle
@@ -398,7 +388,7 @@ AttentionRunner::~AttentionRunner() {
 }
 
 AttentionRunner::Plan* AttentionRunner::plan_for(const Shape& s) {
-  if (mode_ == Mode::Reference) return nullptr;
+  if (mode_ == AttentionKernels::Reference) return nullptr;
   auto it = plans_.find(s);
   if (it != plans_.end()) return it->second.get();
   std::unique_ptr<Plan> plan;
@@ -417,7 +407,7 @@ AttentionRunner::Plan* AttentionRunner::plan_for(const Shape& s) {
     }
   }
   if (!plan) {
-    TRIPOD_CHECK(mode_ != Mode::Cudnn, "attention {} B={} T={} H={} D={}: cuDNN fused attention is unavailable "
+    TRIPOD_CHECK(mode_ != AttentionKernels::Cudnn, "attention {} B={} T={} H={} D={}: cuDNN fused attention is unavailable "
                  "(TRIPOD_ATTENTION=cudnn): {}", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);
     spdlog::warn("attention {} B={} T={} H={} D={}: cuDNN fused attention is unavailable ({}); using the slower "
                  "reference kernels", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);

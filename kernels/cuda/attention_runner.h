@@ -2,8 +2,8 @@
 // execution plans built once per shape and cached; the reference kernels of attention_ref.cu for
 // shapes cuDNN has no engine for, or when asked for.
 //
-// TRIPOD_ATTENTION = auto (default: cuDNN, the reference kernels with a warning when cuDNN
-// declines a shape) | cudnn (cuDNN or fail) | reference.
+// AttentionKernels (DebugOptions::attention, TRIPOD_ATTENTION): Auto (the default: cuDNN, the
+// reference kernels with a warning when cuDNN declines a shape) | Cudnn (cuDNN or fail) | Reference.
 #pragma once
 
 #include <compare>
@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "core/debug_options.h"
 #include "core/tensor.h"
 
 struct cudnnContext;
@@ -21,7 +22,7 @@ class CudaOps;
 
 class AttentionRunner {
  public:
-  explicit AttentionRunner(CudaOps& ops);
+  AttentionRunner(CudaOps& ops, AttentionKernels kernels);
   ~AttentionRunner();
   AttentionRunner(const AttentionRunner&) = delete;
   AttentionRunner& operator=(const AttentionRunner&) = delete;
@@ -36,7 +37,6 @@ class AttentionRunner {
   struct Plan;  // a finalized cuDNN execution plan and the descriptors it uses (attention.cpp)
 
  private:
-  enum class Mode { Auto, Cudnn, Reference };
   struct Shape {
     int64_t B, T, H, D;
     bool backward;
@@ -47,7 +47,7 @@ class AttentionRunner {
 
   CudaOps& ops_;
   cudnnContext* handle_ = nullptr;
-  Mode mode_ = Mode::Auto;
+  AttentionKernels mode_;
   std::map<Shape, std::unique_ptr<Plan>> plans_;
   const char* last_impl_ = "none";
 };

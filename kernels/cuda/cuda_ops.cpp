@@ -32,9 +32,11 @@ int device_count() {
   return n;
 }
 
-std::unique_ptr<Ops> make_cuda_ops(int index) { return std::make_unique<CudaOps>(index); }
+std::unique_ptr<Ops> make_cuda_ops(int index, const DebugOptions& debug) {
+  return std::make_unique<CudaOps>(index, debug);
+}
 
-CudaOps::CudaOps(int device_index) : device_(device_index) {
+CudaOps::CudaOps(int device_index, const DebugOptions& debug) : device_(device_index), timing_(debug.cuda_timing) {
   TRIPOD_CUDA_CHECK(cudaSetDevice(device_), "selecting GPU {}", device_);
   TRIPOD_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking), "compute stream on GPU {}", device_);
   TRIPOD_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking), "communication stream on GPU {}",
@@ -42,9 +44,7 @@ CudaOps::CudaOps(int device_index) : device_(device_index) {
   TRIPOD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&reduce_dev_), (k::kReduceBlocks + 1) * sizeof(double)), "reduction buffer");
   TRIPOD_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&reduce_host_), sizeof(double)), "reduction result buffer");
   gemm_ = std::make_unique<GemmRunner>(*this);
-  attention_ = std::make_unique<AttentionRunner>(*this);
-  const char* t = std::getenv("TRIPOD_CUDA_TIMING");
-  timing_ = t && std::string_view(t) == "1";
+  attention_ = std::make_unique<AttentionRunner>(*this, debug.attention);
 }
 
 CudaOps::~CudaOps() {

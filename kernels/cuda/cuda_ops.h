@@ -8,8 +8,8 @@
 // waits for the GPU only where a number is asked for on the host (sum, sum_squares, copies to
 // host memory) and in synchronize().
 //
-// Environment: TRIPOD_ATTENTION = auto | cudnn | reference (attention_runner.h),
-// TRIPOD_CUDA_TIMING=1 (per-op-family GPU time, see take_times()).
+// Debug switches (DebugOptions): the attention kernels (attention_runner.h) and per-op-family GPU
+// time (cuda_timing, see take_times()).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -19,6 +19,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/debug_options.h"
 #include "kernels/cuda/allocators.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/op.h"
@@ -28,7 +29,7 @@ namespace tripod::cuda {
 // Number of usable CUDA devices; 0 (never an exception) without a driver or a GPU.
 int device_count();
 // The backend on GPU `index` (which must be < device_count()).
-std::unique_ptr<Ops> make_cuda_ops(int index);
+std::unique_ptr<Ops> make_cuda_ops(int index, const DebugOptions& debug);
 
 class GemmRunner;       // gemm.cpp
 class AttentionRunner;  // attention.cpp
@@ -46,7 +47,7 @@ struct OpTimes {
 
 class CudaOps final : public Ops {
  public:
-  explicit CudaOps(int device_index);
+  explicit CudaOps(int device_index, const DebugOptions& debug = {});
   ~CudaOps() override;
   CudaOps(const CudaOps&) = delete;
   CudaOps& operator=(const CudaOps&) = delete;

@@ -22,28 +22,24 @@ MPI_Datatype mpi_type(DType t) {
   TRIPOD_FAIL("MPI has no native type for {}", dtype_name(t));
 }
 
-// A duplicate of the world kept for liveness probes after a timeout (see unresponsive_ranks).
-MPI_Comm g_probe_comm = MPI_COMM_NULL;
-
 // After a timed-out wait: the world ranks that do not answer within `window_s`. Every rank whose
 // wait times out sends one byte to every other and waits for theirs; the ranks stuck on the same
 // fault time out within one timeout of each other and answer, while a rank that is dead, stopped
 // or stuck outside communication never does. The requests are abandoned: the caller is exiting.
-std::vector<int> unresponsive_ranks(double window_s) {
+std::vector<int> unresponsive_ranks(MPI_Comm probe, double window_s) {
   std::vector<int> silent;
-  if (g_probe_comm == MPI_COMM_NULL) return silent;
   int me = 0, n = 1;
-  MPI_Comm_rank(g_probe_comm, &me);
-  MPI_Comm_size(g_probe_comm, &n);
+  MPI_Comm_rank(probe, &me);
+  MPI_Comm_size(probe, &n);
   static const char token = 1;
   auto* in = new std::vector<char>(n);  // leaked with the requests
   std::vector<MPI_Request> recvs(n, MPI_REQUEST_NULL);
   for (int r = 0; r < n; ++r) {
     if (r == me) continue;
     MPI_Request send;
-    MPI_Isend(&token, 1, MPI_CHAR, r, 0, g_probe_comm, &send);
+    MPI_Isend(&token, 1, MPI_CHAR, r, 0, probe, &send);
     MPI_Request_free(&send);
-    MPI_Irecv(&(*in)[r], 1, MPI_CHAR, r, 0, g_probe_comm, &recvs[r]);
+    MPI_Irecv(&(*in)[r], 1, MPI_CHAR, r, 0, probe, &recvs[r]);
   }
   auto start = std::chrono::steady_clock::now();
   std::vector<int> done(n, 0);
@@ -117,8 +113,10 @@ class MpiRequest final : public CommRequest {
 
 }  // namespace
 
-MpiComm::MpiComm(MPI_Comm comm, std::string name, Ops* ops, double timeout_s, std::vector<int> world_ranks)
-    : comm_(comm), name_(std::move(name)), ops_(ops), timeout_s_(timeout_s), world_ranks_(std::move(world_ranks)) {
+MpiComm::MpiComm(MPI_Comm comm, std::string name, Ops* ops, double timeout_s, std::vector<int> world_ranks,
+                 std::shared_ptr<const MPI_Comm> probe)
+    : comm_(comm), name_(std::move(name)), ops_(ops), timeout_s_(timeout_s), world_ranks_(std::move(world_ranks)),
+      probe_(std::move(probe)) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -146,8 +144,8 @@ void MpiComm::wait(MPI_Request& req, const char* what) const {
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout_s_) {
         const double window = std::min(timeout_s_, 30.0);
-        std::vector<int> silent = unresponsive_ranks(window);
-        std::string who = g_probe_comm == MPI_COMM_NULL ? "a peer rank has died or stopped responding"
+        std::vector<int> silent = probe_ ? unresponsive_ranks(*probe_, window) : std::vector<int>{};
+        std::string who = !probe_ ? "a peer rank has died or stopped responding"
                           : silent.empty() ? "every world rank answered a liveness probe, so a peer is slow or stuck"
                                            : fmt::format("world rank(s) {} did not answer a liveness probe within {:.0f} "
                                                        "s: dead or stopped",
@@ -247,11 +245,16 @@ std::unique_ptr<MpiComm> mpi_world(Ops* ops, double timeout_s) {
   for (int i = 0; i < size; ++i) ranks[i] = i;
   MPI_Comm dup;
   MPI_Comm_dup(MPI_COMM_WORLD, &dup);
-  if (g_probe_comm == MPI_COMM_NULL) {
-    MPI_Comm_dup(MPI_COMM_WORLD, &g_probe_comm);
-    MPI_Comm_set_errhandler(g_probe_comm, MPI_ERRORS_RETURN);  // a dead peer must not abort the probe
-  }
-  return std::make_unique<MpiComm>(dup, "world", ops, timeout_s, std::move(ranks));
+  // The probe: another duplicate, shared by every communicator split from this one.
+  auto probe = std::shared_ptr<MPI_Comm>(new MPI_Comm(MPI_COMM_NULL), [](MPI_Comm* c) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && *c != MPI_COMM_NULL) MPI_Comm_free(c);
+    delete c;
+  });
+  MPI_Comm_dup(MPI_COMM_WORLD, probe.get());
+  MPI_Comm_set_errhandler(*probe, MPI_ERRORS_RETURN);  // a dead peer must not abort the probe
+  return std::make_unique<MpiComm>(dup, "world", ops, timeout_s, std::move(ranks), std::move(probe));
 }
 
 std::unique_ptr<MpiComm> mpi_subgroup(const MpiComm& world, const std::vector<int>& ranks, std::string name) {
@@ -264,7 +267,7 @@ std::unique_ptr<MpiComm> mpi_subgroup(const MpiComm& world, const std::vector<in
   MPI_Comm_create_group(world.handle(), group, /*tag=*/0, &comm);
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
-  return std::make_unique<MpiComm>(comm, std::move(name), world.ops(), world.timeout_s(), ranks);
+  return std::make_unique<MpiComm>(comm, std::move(name), world.ops(), world.timeout_s(), ranks, world.probe());
 }
 
 }  // namespace tripod

@@ -5,6 +5,8 @@
 
 #include <mpi.h>
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/op.h"
@@ -16,7 +18,10 @@ class MpiComm final : public Communicator {
  public:
   // Takes ownership of `comm`. `ops` stages device tensors (may be null when all are host).
   // `world_ranks` are the world ranks of this communicator's members (for error messages).
-  MpiComm(MPI_Comm comm, std::string name, Ops* ops, double timeout_s, std::vector<int> world_ranks);
+  // `probe`, a duplicate of the world shared by the communicators split from it, asks every
+  // world rank for a sign of life after a timed-out wait (null: no probe, a plainer message).
+  MpiComm(MPI_Comm comm, std::string name, Ops* ops, double timeout_s, std::vector<int> world_ranks,
+          std::shared_ptr<const MPI_Comm> probe = nullptr);
   ~MpiComm() override;
 
   int rank() const override { return rank_; }
@@ -38,6 +43,7 @@ class MpiComm final : public Communicator {
   MPI_Comm handle() const { return comm_; }
   Ops* ops() const { return ops_; }
   double timeout_s() const { return timeout_s_; }
+  const std::shared_ptr<const MPI_Comm>& probe() const { return probe_; }
   // Waits for `req`, failing after the timeout with a message naming `what` and the peers.
   void wait(MPI_Request& req, const char* what) const;
 
@@ -48,6 +54,7 @@ class MpiComm final : public Communicator {
   Ops* ops_;
   double timeout_s_;
   std::vector<int> world_ranks_;
+  std::shared_ptr<const MPI_Comm> probe_;
   int rank_ = 0, size_ = 1;
 };
 

@@ -23,7 +23,7 @@ class CudaCommTest : public ::testing::Test {
     host_ = make_ops(Device::CPU);
     ops_ = make_ops(Device::CUDA, rank_ % gpus_);
     world_ = mpi_world(ops_.get(), 120);
-    par_ = make_parallel_context(*world_, RankGrid(2, 1, 1));
+    par_ = make_parallel_context(*world_, RankGrid(2, 1, 1), {});
     comm_ = par_.tp.get();
   }
 

@@ -88,7 +88,7 @@ TEST(CudaGrid, TensorAndDataParallelMatchSerial) {
   }
 
   auto world = mpi_world(ops.get(), 120);
-  ParallelContext par = make_parallel_context(*world, RankGrid(2, 2, 1));
+  ParallelContext par = make_parallel_context(*world, RankGrid(2, 2, 1), {});
   Pass mine = run_pass(*ops, par, par.coords.dp * B, B, scale);
   // The loss once per DP replica (TP rank 0), the gradient once per shard (DP rank 0, after the
   // DP all-reduce made the replicas equal).

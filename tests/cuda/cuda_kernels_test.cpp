@@ -316,20 +316,17 @@ std::string check_attention(Ops& cpu, Ops& gpu, AttnCase c) {
 
 constexpr AttnCase kAttnCases[] = {{2, 16, 2, 32}, {1, 128, 4, 64}, {2, 64, 3, 128}, {1, 200, 2, 64}};
 
-std::unique_ptr<Ops> gpu_with_attention(const char* mode) {
-  setenv("TRIPOD_ATTENTION", mode, 1);
-  auto ops = make_ops(Device::CUDA, 0);
-  unsetenv("TRIPOD_ATTENTION");
-  return ops;
+std::unique_ptr<Ops> gpu_with_attention(AttentionKernels kernels) {
+  return make_ops(Device::CUDA, 0, DebugOptions{.attention = kernels});
 }
 
 TEST_F(CudaOpsTest, AttentionCudnnFused) {
-  auto gpu = gpu_with_attention("cudnn");  // fails, naming cuDNN's reason, when cuDNN declines a shape
+  auto gpu = gpu_with_attention(AttentionKernels::Cudnn);  // fails, naming cuDNN's reason, when cuDNN declines a shape
   for (AttnCase c : kAttnCases) EXPECT_EQ(check_attention(*cpu_, *gpu, c), "cudnn");
 }
 
 TEST_F(CudaOpsTest, AttentionReferenceKernels) {
-  auto gpu = gpu_with_attention("reference");
+  auto gpu = gpu_with_attention(AttentionKernels::Reference);
   for (AttnCase c : kAttnCases) EXPECT_EQ(check_attention(*cpu_, *gpu, c), "reference");
   EXPECT_EQ(check_attention(*cpu_, *gpu, {1, 9, 2, 24}), "reference");  // D not a multiple of 32
   EXPECT_EQ(check_attention(*cpu_, *gpu, {1, 1, 1, 64}), "reference");  // one token

@@ -119,7 +119,7 @@ TEST_F(Comm, SendRecvRingsBothWays) {
 TEST_F(Comm, AxisCommunicatorsOfAGrid) {
   ASSERT_EQ(n, 4);
   RankGrid grid(2, 1, 2);  // tp=2, pp=2
-  ParallelContext par = make_parallel_context(*world, grid);
+  ParallelContext par = make_parallel_context(*world, grid, {});
   Tensor t = make(1);
   t.data<float>()[0] = static_cast<float>(r);
   par.tp->all_reduce(t);  // TP groups {0,1} {2,3}

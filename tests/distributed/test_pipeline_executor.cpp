@@ -167,7 +167,7 @@ TEST_F(PipelineExecutorTest, BuiltSchedulesOverTheWholeWorld) {
 TEST_F(PipelineExecutorTest, PipelinesOfTheParallelContext) {
   // pp = 2 with the other ranks as data-parallel replicas: each pipeline talks over par.pp.
   const int n = world_->size();
-  ParallelContext par = make_parallel_context(*world_, RankGrid(1, n / 2, 2));
+  ParallelContext par = make_parallel_context(*world_, RankGrid(1, n / 2, 2), {});
   const int r = par.coords.pp;
   run_and_check(build_schedule("1f1b", 2, 1, 4), par.pp.get(), r);
   run_and_check(build_schedule("interleaved", 2, 2, 4), par.pp.get(), r);

@@ -191,9 +191,7 @@ TEST(Trainer, NonFiniteLossOrGradNormSkipsTheUpdateAndIsCounted) {
   auto ops = make_ops(Device::CPU);
   auto w = test::make_subworld(*ops, RankGrid(1, 1, 1));
   validate_layout(cfg, 1);
-  setenv("TRIPOD_INJECT_NAN", "grad@2,loss@4,loss@5", 1);
-  Trainer t(cfg, *ops, *w.par, &data);
-  unsetenv("TRIPOD_INJECT_NAN");
+  Trainer t(cfg, *ops, *w.par, &data, nullptr, DebugOptions{.inject_nan = parse_fault_injections("grad@2,loss@4,loss@5")});
 
   EXPECT_FALSE(t.step().skipped);
   std::vector<float> before = flat_values(t);

@@ -1,16 +1,20 @@
-// `tripod eval --config F.toml (--load DIR | --init-seed S) [--split valid|test] [--samples N] [--json]`
+// `tripod eval [--config F.toml] (--load DIR | --init-seed S) [--split valid|test] [--samples N] [--json]`
+//
+// Without --config the checkpoint's own config is used. The config's grid when it fits the world
+// size; otherwise a grid that does (see fit_eval_grid), unless --set parallel.* asks for one.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
-#include "parallel/comm/mpi_comm.h"
 #include "train/commands/commands.h"
 #include "train/commands/weights.h"
 #include "train/evaluator.h"
 #include "train/mpi_session.h"
+#include "train/runtime.h"
 
 namespace tripod {
 
@@ -24,38 +28,99 @@ struct EvalOptions {
   bool json = false, verbose = false;
 };
 
+Config refit_grid(const Config& cfg, int world) {
+  const ParallelConfig& was = cfg.parallel;
+  auto with_grid = [&](int tp, int pp) {
+    Config c = cfg;
+    ParallelConfig& p = c.parallel;
+    p.tp = tp;
+    p.dp = world / (tp * pp);
+    if (pp != was.pp) {
+      p.pp = pp;
+      p.vp = 1;
+      p.schedule = "1f1b";
+      p.schedule_file.clear();
+      p.layers_per_stage.clear();
+    }
+    if (tp == 1) p.sequence_parallel = false;
+    const int per_step = c.train.micro_batch_size * p.dp;
+    if (c.train.global_batch_size % per_step != 0) c.train.global_batch_size = per_step;
+    validate_layout(c, world);
+    return c;
+  };
+  if (world % (was.tp * was.pp) == 0) {
+    try {
+      return with_grid(was.tp, was.pp);
+    } catch (const InputError&) {
+    }
+  }
+  return with_grid(1, 1);
+}
+
+// Makes cfg's grid fit `world` ranks (validate_layout): the config's own when it fits; else its
+// tp and pp (and vp) with dp = world / (tp * pp); else (dp = world, pp = 1, tp = 1). The global
+// batch becomes micro_batch_size * dp when the old one no longer divides (the caller fixes the
+// samples evaluated beforehand). Logs the grid chosen; throws the config's own error when no
+// grid fits.
+void fit_eval_grid(Config& cfg, int world) {
+  Config fits = cfg;
+  try {
+    validate_layout(fits, world);
+    cfg = fits;
+    return;
+  } catch (const InputError& own) {
+    try {
+      fits = refit_grid(cfg, world);
+    } catch (const InputError&) {
+      throw own;
+    }
+  }
+  spdlog::info("eval runs on grid (dp={}, pp={}, tp={}), which fits the {} ranks, not the config's (dp={}, pp={}, "
+               "tp={}); --set parallel.* picks a grid", fits.parallel.dp, fits.parallel.pp, fits.parallel.tp, world,
+               cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp);
+  cfg = fits;
+}
+
+// Whether --set names a key of [parallel]: the grid asked for is then honoured exactly.
+bool sets_parallel(const std::vector<std::string>& sets) {
+  return std::any_of(sets.begin(), sets.end(), [](const std::string& s) { return s.starts_with("parallel."); });
+}
+
 int run_eval(const EvalOptions& o) {
   MpiSession mpi;
   init_logging(mpi.rank(), mpi.size(), o.verbose);
   // As in `tripod train`: until the grid exists every rank fails the same way, rank 0 reports.
   Config cfg;
-  std::unique_ptr<Ops> ops;
+  Runtime rt;
   Split split = Split::Valid;
   int64_t samples = 0;
   try {
-    cfg = load_config(o.config, o.sets);
     check_weight_options(o.weights);
+    cfg = load_command_config(o.config, o.weights, o.sets, {.data = true});
     split = parse_eval_split(o.split, "--split");
     TRIPOD_INPUT_CHECK(o.samples >= 0, "--samples {}: give a positive number of samples (or leave it out for "
                        "train.eval_steps = {} global batches)", o.samples, cfg.train.eval_steps);
-    validate_layout(cfg, mpi.size());
-    samples = o.samples > 0 ? o.samples : cfg.train.eval_steps * cfg.train.global_batch_size;
-    ops = make_rank_ops(cfg);
+    const int64_t batch = cfg.train.global_batch_size;  // 0: derived from dp below
+    if (sets_parallel(o.sets))
+      validate_layout(cfg, mpi.size());
+    else
+      fit_eval_grid(cfg, mpi.size());
+    samples = o.samples > 0 ? o.samples : cfg.train.eval_steps * (batch > 0 ? batch : cfg.train.global_batch_size);
+    rt = make_runtime(cfg);
   } catch (const InputError& e) {
     exit_on_bad_input(mpi, e);
   }
-  auto world = mpi_world(ops.get(), cfg.parallel.timeout_s);
-  ParallelContext par = make_parallel_context(*world, RankGrid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp));
-  par.sequence_parallel = cfg.parallel.sequence_parallel;
+  Ops& ops = *rt.ops;
+  ParallelContext& par = rt.par;
   std::unique_ptr<SampleSource> data = make_split_source(cfg, split, samples, par.world.get());
 
   ParamRegistry reg;
   auto counts = layers_per_stage(cfg.model.n_layers, cfg.parallel.pp, cfg.parallel.vp, cfg.parallel.layers_per_stage);
-  GptModel model(*ops, par, cfg.model, rank_chunks(counts, cfg.parallel.pp, cfg.parallel.vp, par.coords.pp),
+  GptModel model(ops, par, cfg.model, rank_chunks(counts, cfg.parallel.pp, cfg.parallel.vp, par.coords.pp),
                  RecomputeConfig{}, reg);
-  reg.allocate(*ops);
-  load_weights(o.weights, cfg, reg, *ops, par);
-  Evaluator evaluator(cfg, *ops, par, model);
+  reg.allocate(ops);
+  load_weights(o.weights, cfg, reg, ops, par);
+  Evaluator evaluator(cfg, ops, par, model);
   auto t0 = std::chrono::steady_clock::now();
   EvalResult r = evaluator.evaluate(data.get(), samples);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -78,7 +143,8 @@ int run_eval(const EvalOptions& o) {
 CommandFn add_eval_command(CLI::App& app) {
   auto opts = std::make_shared<EvalOptions>();
   CLI::App* sub = app.add_subcommand("eval", "Loss and perplexity of a model on a data split (under mpirun for many ranks)");
-  sub->add_option("--config", opts->config, "TOML config file (the model, grid, batch sizes and data)")->required();
+  sub->add_option("--config", opts->config,
+                  "TOML config file (the model, grid, batch sizes and data); default: the --load checkpoint's");
   add_weight_options(sub, opts->weights);
   sub->add_option("--split", opts->split, "Split to evaluate: valid (data.split's second part) or test (its third)");
   sub->add_option("--samples", opts->samples, "Samples to evaluate (default: train.eval_steps global batches)");

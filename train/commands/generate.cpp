@@ -1,6 +1,7 @@
-// `tripod generate --config F.toml (--load DIR | --init-seed S) --prompt TEXT [--max-tokens N]
+// `tripod generate [--config F.toml] (--load DIR | --init-seed S) --prompt TEXT [--max-tokens N]
 //  [--temperature T] [--top-k K] [--top-p P] [--seed S]`
 //
+// Without --config the checkpoint's own config is used (its data.tokenizer too).
 // Runs on the grid (tp = world size, pp = 1, dp = 1) whatever the config's grid is: the weights
 // are resharded to it on loading. Rank 0 streams the continuation to stdout, one decoded piece
 // at a time.
@@ -14,10 +15,10 @@
 #include "data/tokenizer.h"
 #include "model/gpt.h"
 #include "model/inference.h"
-#include "parallel/comm/mpi_comm.h"
 #include "train/commands/commands.h"
 #include "train/commands/weights.h"
 #include "train/mpi_session.h"
+#include "train/runtime.h"
 
 namespace tripod {
 
@@ -53,12 +54,12 @@ int run_generate(const GenerateOptions& o) {
   MpiSession mpi;
   init_logging(mpi.rank(), mpi.size(), o.verbose);
   Config cfg;
-  std::unique_ptr<Ops> ops;
+  Runtime rt;
   std::unique_ptr<Tokenizer> tok;
   std::vector<int> prompt;
   try {
-    cfg = load_config(o.config, o.sets);
     check_weight_options(o.weights);
+    cfg = load_command_config(o.config, o.weights, o.sets, {.tokenizer = true});
     TRIPOD_INPUT_CHECK(!o.prompt.empty(), "--prompt is empty; give the text to continue");
     TRIPOD_INPUT_CHECK(o.max_tokens >= 1, "--max-tokens {}: give at least 1 token to generate", o.max_tokens);
     TRIPOD_INPUT_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
@@ -67,7 +68,7 @@ int run_generate(const GenerateOptions& o) {
                        "--top-p {}: give a probability in (0, 1] (1 keeps every token)", o.top_p);
     TRIPOD_INPUT_CHECK(o.top_k >= 0, "--top-k {}: give a number of tokens >= 0 (0 keeps every token)", o.top_k);
     TRIPOD_INPUT_CHECK(!cfg.data.tokenizer.empty(), "data.tokenizer is not set in {}; generate needs the SentencePiece "
-                       "model (--set data.tokenizer=F.model)", o.config);
+                       "model (--set data.tokenizer=F.model)", o.config.empty() ? o.weights.load : o.config);
     try {
       tok = std::make_unique<Tokenizer>(cfg.data.tokenizer);
     } catch (const InputError& e) {
@@ -86,20 +87,20 @@ int run_generate(const GenerateOptions& o) {
                        len >= limit ? "; shorten --prompt" : "");
     force_inference_grid(cfg, mpi.size());
     validate_layout(cfg, mpi.size());
-    ops = make_rank_ops(cfg);
+    rt = make_runtime(cfg);
   } catch (const InputError& e) {
     exit_on_bad_input(mpi, e);
   }
-  auto world = mpi_world(ops.get(), cfg.parallel.timeout_s);
-  ParallelContext par = make_parallel_context(*world, RankGrid(cfg.parallel.tp, 1, 1));
+  Ops& ops = *rt.ops;
+  ParallelContext& par = rt.par;
 
   // The training model registers every parameter with its TP shard; inference reads them.
   ParamRegistry reg;
-  GptModel model(*ops, par, cfg.model, rank_chunks({cfg.model.n_layers}, 1, 1, 0), RecomputeConfig{}, reg);
-  reg.allocate(*ops);
-  load_weights(o.weights, cfg, reg, *ops, par);
+  GptModel model(ops, par, cfg.model, rank_chunks({cfg.model.n_layers}, 1, 1, 0), RecomputeConfig{}, reg);
+  reg.allocate(ops);
+  load_weights(o.weights, cfg, reg, ops, par);
   const int64_t len = static_cast<int64_t>(prompt.size());
-  InferenceModel inf(*ops, par, cfg.model, reg, len + o.max_tokens);
+  InferenceModel inf(ops, par, cfg.model, reg, len + o.max_tokens);
 
   const SamplingOptions so{.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
   std::mt19937_64 rng(o.seed);
@@ -150,7 +151,8 @@ CommandFn add_generate_command(CLI::App& app) {
   auto opts = std::make_shared<GenerateOptions>();
   CLI::App* sub = app.add_subcommand(
       "generate", "Continue a prompt with a trained model, streaming the text (tensor parallel over the world)");
-  sub->add_option("--config", opts->config, "TOML config file (the model and data.tokenizer)")->required();
+  sub->add_option("--config", opts->config, "TOML config file (the model and data.tokenizer); default: the --load "
+                  "checkpoint's");
   add_weight_options(sub, opts->weights);
   sub->add_option("--prompt", opts->prompt, "Text to continue")->required();
   sub->add_option("--max-tokens,--max-new-tokens", opts->max_tokens, "Tokens to generate at most (default 64)");

@@ -6,12 +6,12 @@
 #include "core/log.h"
 #include "data/gpt_data.h"
 #include "data/sample_source.h"
-#include "parallel/comm/mpi_comm.h"
 #include "parallel/pipeline/simulate.h"
 #include "train/commands/commands.h"
-#include "train/mpi_session.h"
-#include "train/memory_plan.h"
 #include "train/evaluator.h"
+#include "train/memory_plan.h"
+#include "train/mpi_session.h"
+#include "train/runtime.h"
 #include "train/trainer.h"
 
 namespace tripod {
@@ -29,7 +29,7 @@ int run_train(const TrainOptions& o) {
   MpiSession mpi;
   init_logging(mpi.rank(), mpi.size(), o.verbose);
   Config cfg;
-  std::unique_ptr<Ops> ops;
+  Runtime rt;
   try {
     cfg = load_config(o.config, o.sets);
     if (o.dry_run) {
@@ -47,14 +47,11 @@ int run_train(const TrainOptions& o) {
       return 0;
     }
     validate_layout(cfg, mpi.size());
-    ops = make_rank_ops(cfg);
+    rt = make_runtime(cfg);
   } catch (const InputError& e) {
     exit_on_bad_input(mpi, e);
   }
-  auto world = mpi_world(ops.get(), cfg.parallel.timeout_s);
-  RankGrid grid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp);
-  ParallelContext par = make_parallel_context(*world, grid);
-  par.sequence_parallel = cfg.parallel.sequence_parallel;
+  ParallelContext& par = rt.par;
 
   std::unique_ptr<SampleSource> data = make_split_source(
       cfg, Split::Train, std::max<int64_t>(1, cfg.train.steps * cfg.train.global_batch_size), par.world.get());
@@ -64,7 +61,7 @@ int run_train(const TrainOptions& o) {
   if (cfg.train.eval_interval > 0)
     valid = make_split_source(cfg, Split::Valid, cfg.train.eval_steps * cfg.train.global_batch_size, par.world.get());
 
-  Trainer trainer(cfg, *ops, par, data.get(), valid.get());
+  Trainer trainer(cfg, *rt.ops, par, data.get(), valid.get(), rt.debug);
   trainer.run();
   spdlog::info("done: {} steps; metrics in {}/metrics.jsonl", trainer.completed_steps(), cfg.train.output_dir);
   return 0;

@@ -3,11 +3,40 @@
 
 #include <spdlog/spdlog.h>
 
+#include <filesystem>
+
 #include "checkpoint/load.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/reshard.h"
 #include "core/error.h"
 
 namespace tripod {
+
+namespace fs = std::filesystem;
+
+Config load_command_config(const std::string& config, const WeightOptions& w, const std::vector<std::string>& sets,
+                           ConfigFiles needs) {
+  if (!config.empty()) return load_config(config, sets);
+  TRIPOD_INPUT_CHECK(!w.load.empty(), "give --config F.toml, or --load CKPT (a checkpoint holds its run's config)");
+  TRIPOD_INPUT_CHECK(w.load != "latest", "--load latest looks in checkpoint.dir, which needs --config; without it "
+                     "give the checkpoint directory (checkpoint.dir or one of its iter_NNNNNNN)");
+  const std::string dir = resolve_checkpoint(w.load, "");
+  const nlohmann::json meta = CheckpointReader(dir).metadata();
+  TRIPOD_INPUT_CHECK(meta.contains("config_toml") && meta["config_toml"].is_string(),
+                     "{}/metadata.json holds no config (config_toml); give --config F.toml", dir);
+  Config cfg = parse_config(meta["config_toml"].get<std::string>(), dir + "/metadata.json (config_toml)", sets);
+  auto exists = [&](const std::string& key, const std::string& path) {
+    TRIPOD_INPUT_CHECK(fs::exists(path), "{} = \"{}\" (from the config in {}/metadata.json) does not exist; give the "
+                       "file with --set {}=PATH or give --config F.toml", key, path, dir, key);
+  };
+  if (needs.tokenizer && !cfg.data.tokenizer.empty()) exists("data.tokenizer", cfg.data.tokenizer);
+  if (needs.data && !cfg.data.synthetic)
+    for (const std::string& p : cfg.data.prefixes) {
+      exists("data.prefixes", p + ".bin");
+      exists("data.prefixes", p + ".idx");
+    }
+  return cfg;
+}
 
 void add_weight_options(CLI::App* sub, WeightOptions& w) {
   sub->add_option("--load", w.load, "Checkpoint directory to read the weights from (or \"latest\" in checkpoint.dir)");

@@ -1,7 +1,7 @@
-// Where `tripod eval` and `tripod generate` get their weights: the one spot that connects them to
-// the checkpoint reader. --load DIR reads a checkpoint (resharded to this rank's grid);
-// --init-seed S fills the parameters as training's step 0 would (ParamRegistry::initialize,
-// the same values on every grid).
+// Where `tripod eval` and `tripod generate` get their config and weights: the one spot that
+// connects them to the checkpoint reader. --load DIR reads a checkpoint (resharded to this rank's
+// grid), and without --config its config too; --init-seed S fills the parameters as training's
+// step 0 would (ParamRegistry::initialize, the same values on every grid).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "model/param_registry.h"
 #include "parallel/context.h"
@@ -20,6 +21,19 @@ struct WeightOptions {
   std::string load;                    // a checkpoint directory, or "latest" (in checkpoint.dir)
   std::optional<uint64_t> init_seed;   // random weights instead
 };
+
+// The files a command reads, which must exist when its config comes from a checkpoint.
+struct ConfigFiles {
+  bool data = false;       // data.prefixes' .bin and .idx (unless data.synthetic)
+  bool tokenizer = false;  // data.tokenizer
+};
+
+// The command's config: `config` (a TOML file) when given, else the resolved config that the
+// checkpoint of --load was saved with (its metadata's config_toml); `sets` apply on top either
+// way. InputError when neither is given, or, from a checkpoint, when a file in `needs` no longer
+// exists (naming the key and the path, to fix with --set).
+Config load_command_config(const std::string& config, const WeightOptions& w, const std::vector<std::string>& sets,
+                           ConfigFiles needs);
 
 // Adds --load and --init-seed to a command.
 void add_weight_options(CLI::App* sub, WeightOptions& w);

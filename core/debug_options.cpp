@@ -1,0 +1,72 @@
+// Reading the TRIPOD_* environment variables into DebugOptions.
+#include "core/debug_options.h"
+
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "core/error.h"
+
+namespace tripod {
+
+std::vector<FaultInjection> parse_fault_injections(const char* spec) {
+  std::vector<FaultInjection> out;
+  if (!spec || !*spec) return out;
+  std::string s(spec);
+  for (size_t pos = 0; pos <= s.size();) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(pos, end - pos);
+    size_t at = item.find('@');
+    std::string where = at == std::string::npos ? "" : item.substr(0, at);
+    int64_t step = 0;
+    try {
+      if (at != std::string::npos) step = std::stoll(item.substr(at + 1));
+    } catch (const std::exception&) {
+      step = 0;
+    }
+    TRIPOD_INPUT_CHECK((where == "loss" || where == "grad") && step > 0,
+                       "TRIPOD_INJECT_NAN: '{}' is not loss@STEP or grad@STEP (STEP >= 1), in '{}'", item, s);
+    out.push_back({step, where == "loss"});
+    pos = end + 1;
+  }
+  return out;
+}
+
+DebugOptions read_debug_options() {
+  auto env = [](const char* name) -> std::string_view {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  DebugOptions o;
+  const std::string_view comm = env("TRIPOD_COMM");
+  TRIPOD_INPUT_CHECK(comm.empty() || comm == "mpi" || comm == "auto",
+                     "environment variable TRIPOD_COMM = \"{}\" is not \"auto\" or \"mpi\"", comm);
+  o.force_mpi = comm == "mpi";
+  const std::string_view att = env("TRIPOD_ATTENTION");
+  TRIPOD_INPUT_CHECK(att.empty() || att == "auto" || att == "cudnn" || att == "reference",
+                     "environment variable TRIPOD_ATTENTION = \"{}\" is not \"auto\", \"cudnn\" or \"reference\"", att);
+  o.attention = att == "cudnn" ? AttentionKernels::Cudnn
+                : att == "reference" ? AttentionKernels::Reference
+                                     : AttentionKernels::Auto;
+  const std::string_view timing = env("TRIPOD_CUDA_TIMING");
+  TRIPOD_INPUT_CHECK(timing.empty() || timing == "0" || timing == "1",
+                     "environment variable TRIPOD_CUDA_TIMING = \"{}\" is not 0 or 1", timing);
+  o.cuda_timing = timing == "1";
+  o.inject_nan = parse_fault_injections(std::getenv("TRIPOD_INJECT_NAN"));
+  const std::string sleep(env("TRIPOD_TEST_CKPT_SLEEP_MS"));
+  if (!sleep.empty()) {
+    size_t used = 0;
+    try {
+      o.checkpoint_sleep_ms = std::stoi(sleep, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TRIPOD_INPUT_CHECK(used == sleep.size() && o.checkpoint_sleep_ms >= 0,
+                       "environment variable TRIPOD_TEST_CKPT_SLEEP_MS = \"{}\" is not a number of milliseconds >= 0",
+                       sleep);
+  }
+  return o;
+}
+
+}  // namespace tripod
