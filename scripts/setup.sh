@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian packages tripod needs (only those missing) and builds build/bin/tripod.
+# Installs the Debian packages tripod needs (only those missing), builds, and prepares the corpus.
 # Idempotent: a second run installs nothing and rebuilds only what changed.
-#   scripts/setup.sh            install + build (CUDA when nvcc is found)
+#   scripts/setup.sh            install + build build/bin/tripod for CPUs (what the quick start runs)
+#   scripts/setup.sh --all      install + build everything: CUDA when nvcc is found, tests, benchmarks
 #   scripts/setup.sh --deps     install only
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,13 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 [ "${1:-}" = "--deps" ] && exit 0
 
-cmake --preset release >/dev/null
-cmake --build --preset release
+if [ "${1:-}" = "--all" ]; then
+  cmake --preset release >/dev/null
+  cmake --build --preset release
+elif [ -f build/CMakeCache.txt ]; then
+  cmake --build build --target tripod -j 2   # as build/ is configured (CUDA too after --all)
+else
+  cmake --preset cpu >/dev/null
+  cmake --build --preset cpu --target tripod
+fi
 scripts/prepare_corpus.sh build

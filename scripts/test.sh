@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds (installing what is missing) and runs the whole test suite with ctest.
+# Builds everything (installing what is missing; CUDA when nvcc is found) and runs the whole test
+# suite with ctest.
 #   scripts/test.sh [ctest args...]      e.g. scripts/test.sh -R Kernels
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --all
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 ctest --preset release --timeout 600 "$@"
