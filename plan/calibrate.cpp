@@ -182,7 +182,12 @@ void calibrate(Ops& ops, Communicator* world, const CalibrateGrid& grid, Hardwar
   measure_gemms(ops, grid, hw);
   measure_attention(ops, grid, hw);
   measure_elementwise(ops, grid.repeats, hw);
-  if (world && world->size() > 1) measure_collectives(ops, *world, grid, hw);
+  if (world && world->size() > 1) {
+    measure_collectives(ops, *world, grid, hw);
+  } else if (hw.intra.bandwidth == 0) {
+    // One rank and no datasheet: nothing to transfer; links at the memory copy rate.
+    hw.intra = hw.inter = {hw.memory_bandwidth, 0};
+  }
 }
 
 }  // namespace tripod
