@@ -346,14 +346,17 @@ TEST_F(PlanCli, BadInputIsOneErrorLineAndExit2) {
 
 TEST_F(PlanCli, CalibrateWritesAFilePlanReads) {
   const std::string out = (dir_ / "cpu.toml").string();
+  const std::string model = write("m.toml", kModel);
   auto r = test::run_cmd("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + test::tripod_bin() + " calibrate --out " + out +
-                         " --repeats 1");
+                         " --repeats 1 --model " + model + " --micro-batches 1,2");
   ASSERT_EQ(r.status, 0) << r.err;
   Hardware hw = load_hardware(out);
   EXPECT_EQ(hw.device, "cpu");
-  EXPECT_EQ(hw.gemm.size(), 75u);
+  EXPECT_EQ(hw.gemm.size(), 10u);  // the layer's four GEMMs and the head's, at 256 and 512 tokens
+  ASSERT_EQ(hw.attention.size(), 1u);
+  EXPECT_EQ(hw.attention[0].t, 256);
   EXPECT_GT(hw.peak_flops, 0);
-  r = plan("--config " + write("m.toml", kModel) + " --hardware " + out + " --gpus 1 --json");
+  r = plan("--config " + model + " --hardware " + out + " --gpus 1 --json");
   ASSERT_EQ(r.status, 0) << r.err;
   // An existing file is not replaced without --force.
   r = test::run_cmd(test::tripod_bin() + " calibrate --out " + out);

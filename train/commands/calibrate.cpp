@@ -1,5 +1,5 @@
-// `tripod calibrate --out FILE.toml [--device cpu|cuda] [--base H.toml] [--repeats R]`: measures
-// this machine's kernels and (under mpirun) its collectives into a hardware file for `tripod plan`.
+// `tripod calibrate --out FILE.toml [--device cpu|cuda] [--base H.toml] [--model F.toml] [--repeats R]`:
+// measures this machine's kernels and (under mpirun) its collectives into a hardware file for `tripod plan`.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
