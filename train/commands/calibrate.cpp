@@ -1,5 +1,5 @@
-// `tripod calibrate --out FILE.toml [--device cpu|cuda] [--base H.toml] [--repeats R]`: measures
-// this machine's kernels and (under mpirun) its collectives into a hardware file for `tripod plan`.
+// `tripod calibrate --out FILE.toml [--device cpu|cuda] [--base H.toml] [--model F.toml] [--repeats R]`:
+// measures this machine's kernels and (under mpirun) its collectives into a hardware file for `tripod plan`.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -19,7 +19,8 @@ namespace tripod {
 namespace {
 
 struct CalibrateOptions {
-  std::string out, device = "cpu", base, name;
+  std::string out, device = "cpu", base, name, model;
+  std::vector<int> micro_batches = {1, 2, 4, 8};
   int repeats = 5;
   bool force = false;
 };
@@ -29,7 +30,10 @@ int run_calibrate(const CalibrateOptions& o) {
   init_logging(mpi.rank(), mpi.size(), false);
   Hardware hw;
   std::unique_ptr<Ops> ops;
+  ModelConfig model;
   try {
+    if (!o.model.empty()) model = load_config(o.model).model;
+    for (int b : o.micro_batches) TRIPOD_INPUT_CHECK(b >= 1, "--micro-batches {}: must be positive", b);
     TRIPOD_INPUT_CHECK(o.device == "cpu" || o.device == "cuda", "--device {}: must be cpu or cuda", o.device);
     TRIPOD_INPUT_CHECK(o.force || !std::filesystem::exists(o.out), "--out {} exists (pass --force to replace it)",
                        o.out);
@@ -55,10 +59,11 @@ int run_calibrate(const CalibrateOptions& o) {
   auto world = mpi_world(ops.get(), 600);
   // A (1, n, 1) grid: its world communicator is NCCL's when each rank has its own GPU.
   ParallelContext par = make_parallel_context(*world, RankGrid(1, mpi.size(), 1));
-  CalibrateGrid grid = default_grid(ops->device());
+  CalibrateGrid grid = o.model.empty() ? default_grid(ops->device())
+                                       : model_grid(ops->device(), model, mpi.size(), o.micro_batches);
   grid.repeats = o.repeats;
-  spdlog::info("calibrating {} GEMM shapes, {} attention shapes, elementwise ops{}", grid.gemm_m.size() *
-               grid.gemm_nk.size() * grid.gemm_nk.size(), grid.attention_t.size() * grid.attention_d.size(),
+  spdlog::info("calibrating {} GEMM shapes, {} attention shapes, elementwise ops{}", grid.gemm_shapes.size() +
+               grid.gemm_m.size() * grid.gemm_nk.size() * grid.gemm_nk.size(), grid.attention_t.size() * grid.attention_d.size(),
                mpi.size() > 1 ? fmt::format(", collectives over {} ranks", mpi.size()) : "");
   calibrate(*ops, par.world.get(), grid, hw);
   if (mpi.rank() == 0) {
@@ -86,6 +91,9 @@ CommandFn add_calibrate_command(CLI::App& app) {
   sub->add_option("--device", o->device, "cpu (OpenBLAS, MPI) or cuda (cuBLASLt, cuDNN, NCCL)");
   sub->add_option("--base", o->base, "Hardware file whose unmeasured fields (memory, network) to keep");
   sub->add_option("--name", o->name, "Name written into the file");
+  sub->add_option("--model", o->model, "Measure exactly this config's GEMM and attention shapes (for tp up to the "
+                                       "ranks and each --micro-batches) instead of the default grid");
+  sub->add_option("--micro-batches", o->micro_batches, "Micro-batch sizes for --model (default 1 2 4 8)")->delimiter(',');
   sub->add_option("--repeats", o->repeats, "Timings per point (the median is kept; default 5)");
   sub->add_flag("--force", o->force, "Replace --out if it exists");
   return [o] { return run_calibrate(*o); };
