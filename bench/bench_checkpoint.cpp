@@ -17,7 +17,7 @@
 
 #include "checkpoint/reshard.h"
 #include "core/log.h"
-#include "parallel/comm/mpi_comm.h"
+#include "train/runtime.h"
 #include "train/trainer.h"
 #include "kernels/op.h"
 
@@ -86,9 +86,11 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--repeats")) repeats = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--dir")) dir = argv[i + 1];
   }
-  auto ops = make_ops(Device::CPU);
-  auto world = mpi_world(ops.get(), 600);
-  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1), {});
+  Config one_rank;  // (dp, pp, tp) = (1, 1, 1) on the CPU
+  one_rank.parallel.dp = 1;
+  Runtime rt = make_runtime(one_rank);
+  Ops* ops = rt.ops.get();
+  ParallelContext& par = rt.par;
   Config cfg;
   cfg.model = {.n_layers = layers, .n_heads = 12, .d_model = 768, .ffn_hidden = 0, .seq_len = 1024,
                .max_positions = 0, .vocab_size = 16384};

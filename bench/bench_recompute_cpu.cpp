@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "core/log.h"
-#include "parallel/comm/mpi_comm.h"
+#include "train/runtime.h"
 #include "train/memory_plan.h"
 #include "train/trainer.h"
 #include "kernels/op.h"
@@ -21,9 +21,11 @@ int main(int argc, char** argv) {
   init_logging(0, 1);
   spdlog::set_level(spdlog::level::warn);
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  auto ops = make_ops(Device::CPU);
-  auto world = mpi_world(ops.get(), 600);
-  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1), {});
+  Config one_rank;  // (dp, pp, tp) = (1, 1, 1) on the CPU
+  one_rank.parallel.dp = 1;
+  Runtime rt = make_runtime(one_rank);
+  Ops* ops = rt.ops.get();
+  ParallelContext& par = rt.par;
 
   Config cfg;
   cfg.model = {.n_layers = quick ? 4 : 12, .n_heads = 12, .d_model = 768, .ffn_hidden = 0, .seq_len = 256,

@@ -23,6 +23,7 @@
 #include "parallel/pipeline/svg.h"
 #include "parallel/pipeline/trace.h"
 #include "train/metrics.h"
+#include "train/report_assets.h"
 
 namespace tripod {
 
@@ -543,15 +544,6 @@ struct Timeline {
   std::string svg;
 };
 
-// Removes a scratch folder on every way out.
-struct ScratchDir {
-  fs::path path;
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);  // removes the link, never what it points to
-  }
-};
-
 void replace_all(std::string& s, const std::string& from, const std::string& to) {
   if (from.empty()) return;
   for (size_t pos = s.find(from); pos != std::string::npos; pos = s.find(from, pos + to.size()))
@@ -576,22 +568,10 @@ Timeline read_timeline(const fs::path& run_dir) {
     tl.note = fmt::format("No pipeline timeline: {} holds no rank_<R>.jsonl files yet.", dir.string());
     return tl;
   }
-  // merge_traces() writes trace.json and trace.svg beside the trace folder. Pointed at a scratch
-  // folder whose trace/ links to the run's, it leaves RUN_DIR untouched (a read-only run works).
-  ScratchDir scratch;
-  std::string tmpl = (fs::temp_directory_path() / "tripod_report_XXXXXX").string();
-  TRIPOD_CHECK(::mkdtemp(tmpl.data()) != nullptr, "mkdtemp {}: {}", tmpl, std::strerror(errno));
-  scratch.path = tmpl;
-  fs::create_directory_symlink(fs::absolute(dir), scratch.path / "trace");
-  try {
-    tl.sum = merge_traces(scratch.path.string());
-  } catch (const InputError& e) {
-    std::string msg = e.what();
-    replace_all(msg, (scratch.path / "trace").string(), dir.string());
-    replace_all(msg, scratch.path.string(), run_dir.string());
-    throw InputError(msg);
-  }
-  tl.svg = slurp(scratch.path / "trace.svg");
+  // Read and rendered in memory: RUN_DIR stays untouched (a read-only run works).
+  const MergedTrace merged = merge_rank_traces(read_traces(run_dir.string()));
+  tl.sum = merged.summary;
+  tl.svg = render_gantt_svg(trace_chart(merged));
   // Inline SVG in HTML needs no namespace; without it the page names no URL at all.
   replace_all(tl.svg, " xmlns=\"http://www.w3.org/2000/svg\"", "");
   tl.present = true;
@@ -642,106 +622,209 @@ std::string timeline_html(const Timeline& tl) {
 
 // ---- the page ------------------------------------------------------------------------------
 
-const char* kCss = R"CSS(
-:root{--fg:#1d2330;--mut:#5b6475;--line:#e1e4e9;--bg:#f4f5f7}
-*{box-sizing:border-box}
-body{margin:0;font:14px/1.45 "DejaVu Sans","Segoe UI",Roboto,Helvetica,Arial,sans-serif;color:var(--fg);background:var(--bg)}
-main{max-width:1280px;margin:0 auto;padding:18px 24px 40px}
-header h1{font-size:22px;margin:0 0 2px}
-.sub{color:var(--mut);font-size:13px;word-break:break-all}
-.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap:10px;margin:14px 0}
-.card{background:#fff;border:1px solid var(--line);border-radius:8px;padding:9px 12px}
-.card .k{font-size:11px;text-transform:uppercase;letter-spacing:.05em;color:var(--mut)}
-.card .v{font-size:19px;font-weight:600;margin:1px 0}
-.card .d{font-size:12px;color:var(--mut)}
-.panel{background:#fff;border:1px solid var(--line);border-radius:8px;padding:12px 16px 10px;margin:12px 0}
-.panel h2{font-size:16px;margin:0 0 4px}
-.panel-sub{font-size:12px;color:var(--mut);margin:2px 0 6px}
-.grid2{display:grid;grid-template-columns:1fr 1fr;gap:0 12px}
-.grid2 .panel{margin:6px 0}
-@media (max-width:900px){.grid2{grid-template-columns:1fr}}
-svg.chart,svg.bars{width:100%;height:auto;display:block}
-.legend{font-size:12px;margin:2px 0 4px}
-.legend span{margin-right:16px;white-space:nowrap}
-.sw{display:inline-block;width:18px;height:3px;vertical-align:middle;margin-right:6px;border-radius:2px}
-.box{display:inline-block;width:22px;height:11px;vertical-align:-1px;margin-right:6px;border:1px solid #555}
-.tri{display:inline-block;width:0;height:0;border-left:5px solid transparent;border-right:5px solid transparent;border-bottom:8px solid #d62728;margin-right:6px}
-.readout{font-size:12px;color:var(--mut);min-height:1.5em;font-variant-numeric:tabular-nums}
-.note{background:#fff8e1;border:1px solid #f0d58c;border-radius:6px;padding:8px 10px;color:#5f4a00;margin:6px 0}
-.notes .note{margin:6px 0}
-.trace-svg{overflow-x:auto;margin:6px 0}
-.trace-svg svg{display:block;max-width:100%;height:auto}
-table{border-collapse:collapse;font-size:13px;font-variant-numeric:tabular-nums}
-td,th{padding:3px 12px;border-bottom:1px solid var(--line);text-align:right}
-th{color:var(--mut);font-weight:600}
-td.idle{text-align:left;min-width:190px}
-.ib{display:inline-block;width:110px;height:9px;background:#eef0f3;margin-right:8px;vertical-align:0}
-.ib i{display:block;height:100%}
-details pre{background:#f3f4f6;padding:10px;overflow:auto;font-size:12px;max-height:420px}
-summary{cursor:pointer;color:var(--mut)}
-code{font-size:12px;background:#f0f1f4;padding:0 3px;border-radius:3px}
-footer{color:var(--mut);font-size:12px;margin-top:18px}
-)CSS";
+// The header cards: the grid and config, then where the run stands.
+std::string cards_html(const ConfigView& cfg, const RunMetrics& m) {
+  std::string cards;
+  if (cfg.present) {
+    const int64_t tp = cfg.i("parallel", "tp"), pp = cfg.i("parallel", "pp"), dp = cfg.i("parallel", "dp"),
+                  vp = cfg.i("parallel", "vp", 1);
+    cards += card("Grid", fmt::format("dp {} \u00d7 pp {} \u00d7 tp {}", maybe(dp), maybe(pp), maybe(tp)),
+                  fmt::format("{} ranks; vp {}, {} schedule; sequence parallel {}, distributed optimizer {}; "
+                              "recompute {}",
+                              tp > 0 && pp > 0 && dp > 0 ? std::to_string(tp * pp * dp) : "?", maybe(vp), cfg.s("parallel", "schedule_file").empty() ? cfg.s("parallel", "schedule")
+                                                                                     : "custom",
+                              cfg.b("parallel", "sequence_parallel") ? "on" : "off",
+                              cfg.b("parallel", "distributed_optimizer") ? "on" : "off",
+                              cfg.s("recompute", "mode").empty() ? "none" : cfg.s("recompute", "mode")),
+                  "card-grid");
+    ModelConfig mc;
+    mc.n_layers = static_cast<int>(cfg.i("model", "n_layers", 0));
+    mc.n_heads = static_cast<int>(cfg.i("model", "n_heads", 0));
+    mc.d_model = static_cast<int>(cfg.i("model", "d_model", 0));
+    mc.ffn_hidden = static_cast<int>(cfg.i("model", "ffn_hidden", 0));
+    mc.seq_len = static_cast<int>(cfg.i("model", "seq_len", 0));
+    mc.max_positions = static_cast<int>(cfg.i("model", "max_positions", 0));
+    mc.vocab_size = static_cast<int>(cfg.i("model", "vocab_size", 0));
+    cards += card("Model", mc.d_model > 0 ? format_count(static_cast<double>(mc.num_params(1))) + " parameters" : "?",
+                  fmt::format("{} layers, d_model {}, {} heads, seq {}, vocab {}", mc.n_layers, mc.d_model, mc.n_heads,
+                              mc.seq_len, mc.vocab_size),
+                  "card-model");
+    const int64_t micro = cfg.i("train", "micro_batch_size"), global = cfg.i("train", "global_batch_size");
+    const int64_t per_pipe = micro > 0 && dp > 0 && global > 0 ? global / (micro * dp) : -1;
+    cards += card("Batch", fmt::format("{} \u00d7 {} tokens", maybe(global), mc.seq_len),
+                  fmt::format("micro-batch {}, {} micro-batches per pipeline; lr {:g} ({}, warm-up {})", maybe(micro),
+                              maybe(per_pipe), cfg.d("train", "lr"), cfg.s("train", "decay"),
+                              maybe(cfg.i("train", "warmup_steps"))),
+                  "card-batch");
+  }
+  if (!m.train.empty()) {
+    const TrainRecord& last = m.train.back();
+    double elapsed = 0;
+    for (const auto& r : m.train)
+      if (std::isfinite(r.step_time_s)) elapsed += r.step_time_s;
+    const int64_t steps = cfg.present ? cfg.i("train", "steps") : -1;
+    cards += card("Progress", fmt::format("step {} / {}", last.step, maybe(steps)),
+                  fmt::format("{} logged step(s), {} logged step time{}", m.train.size(),
+                              elapsed < 60 ? fmt::format("{:.3g} s", elapsed) : format_duration(elapsed),
+                              last.consumed_samples >= 0 ? fmt::format(", {} samples", last.consumed_samples) : ""),
+                  "card-progress");
+    double lo = INFINITY;
+    int64_t skipped = 0;
+    for (const auto& r : m.train) {
+      if (std::isfinite(r.loss)) lo = std::min(lo, r.loss);
+      skipped += r.skipped;
+    }
+    cards += card("Train loss", std::isfinite(last.loss) ? fmt::format("{:.4f}", last.loss) : "n/a",
+                  fmt::format("at step {}; lowest {}{}", last.step, std::isfinite(lo) ? fmt::format("{:.4f}", lo) : "n/a",
+                              skipped ? fmt::format("; {} skipped update(s)", skipped) : ""),
+                  "card-loss");
+    // Throughput without the first step, which pays for warm-up, when there are others.
+    std::vector<double> tps, mfu, st;
+    for (size_t k = m.train.size() > 1 ? 1 : 0; k < m.train.size(); ++k) {
+      tps.push_back(m.train[k].tokens_per_s);
+      mfu.push_back(m.train[k].mfu);
+      st.push_back(m.train[k].step_time_s);
+    }
+    const double tps_med = median(tps), mfu_med = median(mfu), st_med = median(st);
+    cards += card("Throughput", std::isfinite(tps_med) ? format_si(tps_med) + " tokens/s" : "n/a",
+                  fmt::format("median{}; step time {}", m.train.size() > 1 ? " after the first step" : "",
+                              std::isfinite(st_med) ? fmt::format("{:.3g} s", st_med) : "n/a"),
+                  "card-throughput");
+    cards += card("MFU", std::isfinite(mfu_med) ? fmt::format("{:.2f}%", 100 * mfu_med) : "n/a",
+                  fmt::format("median; device {}", cfg.present ? cfg.s("train", "device") : "?"), "card-mfu");
+  }
+  if (!m.eval.empty()) {
+    const EvalRecord* best = nullptr;
+    for (const auto& e : m.eval)
+      if (std::isfinite(e.loss) && (!best || e.loss < best->loss)) best = &e;
+    if (best)
+      cards += card("Validation loss", fmt::format("{:.4f}", best->loss),
+                    fmt::format("lowest, {} split at step {}{}", best->split, best->step,
+                                std::isfinite(best->perplexity) ? fmt::format("; perplexity {:.2f}", best->perplexity)
+                                                                : ""),
+                    "card-eval");
+  }
 
-const char* kJs = R"JS(
-(function () {
-  var el = document.getElementById('report-data');
-  var R = el ? JSON.parse(el.textContent) : {charts: {}};
-  function si(v) {
-    var a = Math.abs(v);
-    if (a >= 1e9) return (v / 1e9).toPrecision(4) + 'G';
-    if (a >= 1e6) return (v / 1e6).toPrecision(4) + 'M';
-    if (a >= 1e3) return (v / 1e3).toPrecision(4) + 'k';
-    return v.toPrecision(4);
+  return cards;
+}
+
+struct Columns {
+  std::vector<double> step, loss, lr, gn, tps, mfu;
+  std::vector<int64_t> flagged;  // skipped steps
+};
+
+Columns columns(const RunMetrics& m) {
+  Columns c;
+  for (const auto& r : m.train) {
+    c.step.push_back(static_cast<double>(r.step));
+    c.loss.push_back(r.loss);
+    c.lr.push_back(r.lr);
+    c.gn.push_back(r.grad_norm);
+    c.tps.push_back(r.tokens_per_s);
+    c.mfu.push_back(r.mfu);
+    if (r.skipped) c.flagged.push_back(r.step);
   }
-  var fmts = {
-    plain: function (v) { return Math.abs(v) >= 1e5 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : String(+v.toPrecision(5)); },
-    si: si,
-    pct: function (v) { return (100 * v).toPrecision(3) + '%'; },
-    sci: function (v) { return v.toExponential(3); }
-  };
-  function nearest(xs, x) {
-    var lo = 0, hi = xs.length - 1;
-    if (hi < 0) return -1;
-    while (hi - lo > 1) { var mid = (lo + hi) >> 1; if (xs[mid] <= x) lo = mid; else hi = mid; }
-    return Math.abs(xs[hi] - x) < Math.abs(xs[lo] - x) ? hi : lo;
+  return c;
+}
+
+// Training loss (smoothed too when long) and each split's evaluation loss.
+std::string loss_panel(const RunMetrics& m, bool has_metrics, json& charts) {
+  if (m.train.empty() && m.eval.empty())
+    return "<section class=\"panel\" id=\"panel-loss\"><h2>Loss, throughput and MFU</h2><p class=\"note\">" +
+           esc(has_metrics ? "No metrics yet: metrics.jsonl holds no step records."
+                           : "No metrics yet: metrics.jsonl does not exist (rank 0 writes it at the first "
+                             "logged step).") +
+           "</p></section>\n";
+  const Columns c = columns(m);
+  LineChart lc = make_chart("loss", ValueFormat::Plain, false, "loss (nats/token)", 1200, 340);
+  lc.flagged = c.flagged;
+  if (!m.train.empty()) {
+    const bool smoothed = m.train.size() >= 30;
+    lc.series.push_back(Series{.name = "train", .color = smoothed ? "#6baed6" : "#1f77b4", .x = c.step, .y = c.loss,
+                               .opacity = smoothed ? 0.45 : 1.0, .width = smoothed ? 1.2 : 2.0});
+    if (smoothed)
+      lc.series.push_back(Series{.name = "train (smoothed)", .color = "#08519c", .x = c.step, .y = smooth(c.loss),
+                                 .trend = true, .width = 2.2});
   }
-  var charts = document.querySelectorAll('svg.chart[data-chart]');
-  Array.prototype.forEach.call(charts, function (svg) {
-    var c = R.charts[svg.getAttribute('data-chart')];
-    var cur = svg.querySelector('.cursor');
-    var out = document.getElementById('readout-' + svg.getAttribute('data-chart'));
-    if (!c || !cur || !out) return;
-    var f = fmts[c.fmt] || fmts.plain;
-    svg.addEventListener('mousemove', function (ev) {
-      var m = svg.getScreenCTM();
-      if (!m) return;
-      var p = new DOMPoint(ev.clientX, ev.clientY).matrixTransform(m.inverse());
-      var t = (p.x - c.px[0]) / (c.px[1] - c.px[0]);
-      if (t < -0.03 || t > 1.03) return;
-      var x = c.dom[0] + t * (c.dom[1] - c.dom[0]), best = null;
-      c.series.forEach(function (s) {
-        var i = nearest(s.x, x);
-        if (i >= 0 && (best === null || Math.abs(s.x[i] - x) < Math.abs(best - x))) best = s.x[i];
-      });
-      if (best === null) return;
-      var parts = [];
-      c.series.forEach(function (s) {
-        var i = nearest(s.x, best);
-        if (i >= 0 && s.x[i] === best) parts.push(s.n + ' ' + (s.y[i] === null ? 'n/a' : f(s.y[i])));
-      });
-      var X = c.px[0] + (best - c.dom[0]) / (c.dom[1] - c.dom[0]) * (c.px[1] - c.px[0]);
-      cur.setAttribute('x1', X); cur.setAttribute('x2', X); cur.setAttribute('visibility', 'visible');
-      out.textContent = 'step ' + best + ':  ' + parts.join('   \u00b7   ');
-    });
-    svg.addEventListener('mouseleave', function () {
-      cur.setAttribute('visibility', 'hidden');
-      out.textContent = out.getAttribute('data-hint');
-    });
-  });
-  document.documentElement.setAttribute('data-ready', String(charts.length));
-})();
-)JS";
+  const std::vector<std::string> eval_colors = {"#e6550d", "#31a354", "#756bb1", "#d6616b"};
+  std::map<std::string, Series> splits;
+  for (const auto& e : m.eval) {
+    auto [it, fresh] = splits.try_emplace(e.split);
+    Series& s = it->second;
+    if (fresh) {
+      s.name = e.split == "valid" || e.split == "validation" ? "validation" : e.split;
+      s.color = eval_colors[(splits.size() - 1) % eval_colors.size()];
+      s.markers = true;
+      s.width = 2.2;
+    }
+    s.x.push_back(static_cast<double>(e.step));
+    s.y.push_back(e.loss);
+  }
+  for (auto& [name, s] : splits) lc.series.push_back(std::move(s));
+  return chart_panel("Loss", m.eval.empty() ? "training loss per logged step (the global batch's mean)"
+                                            : "training loss per logged step; evaluation loss at each eval",
+                     lc, charts);
+}
+
+// Throughput and MFU side by side.
+std::string performance_panels(const RunMetrics& m, json& charts) {
+  if (m.train.empty()) return "";
+  const Columns c = columns(m);
+  std::string h = "<div class=\"grid2\">\n";
+  LineChart t = make_chart("throughput", ValueFormat::Si, true, "tokens/s", 600, 250);
+  t.series.push_back(Series{.name = "tokens/s", .color = "#2a9d8f", .x = c.step, .y = c.tps});
+  h += chart_panel("Throughput", "tokens per second of the whole run, per step", t, charts);
+  LineChart u = make_chart("mfu", ValueFormat::Percent, true, "MFU", 600, 250);
+  u.series.push_back(Series{.name = "MFU", .color = "#c2410c", .x = c.step, .y = c.mfu});
+  h += chart_panel("Model FLOPs utilisation", "model FLOPs per second over the devices' peak", u, charts);
+  return h + "</div>\n";
+}
+
+// Learning rate and gradient norm side by side.
+std::string optimizer_panels(const RunMetrics& m, json& charts) {
+  if (m.train.empty()) return "";
+  const Columns c = columns(m);
+  std::string h = "<div class=\"grid2\">\n";
+  LineChart l = make_chart("lr", ValueFormat::Sci, true, "learning rate", 600, 230);
+  l.series.push_back(Series{.name = "lr", .color = "#6d28d9", .x = c.step, .y = c.lr});
+  h += chart_panel("Learning rate", "", l, charts);
+  LineChart g = make_chart("grad_norm", ValueFormat::Plain, true, "grad norm", 600, 230);
+  g.flagged = c.flagged;
+  g.series.push_back(Series{.name = "grad norm", .color = "#475569", .x = c.step, .y = c.gn});
+  h += chart_panel("Gradient norm", "before clipping", g, charts);
+  return h + "</div>\n";
+}
+
+// Peak bytes per category: rank 0's, or every rank's when the records hold them all.
+std::string memory_panel(const RunMetrics& m) {
+  std::string memory = "<section class=\"panel\" id=\"memory\"><h2>Peak memory by category</h2>\n";
+  const auto peak = peak_memory(m);
+  if (peak.empty()) return memory + "<p class=\"note\">No memory figures: no metrics record holds mem_peak_bytes.</p>\n</section>\n";
+  memory += fmt::format("<div class=\"panel-sub\">{}; the highest over the logged steps. Total is the peak of the sum, "
+                        "which can be less than the sum of the categories' peaks.</div>\n",
+                        peak.size() == 1 ? "bytes held by world rank 0 (the rank that writes metrics.jsonl)"
+                                         : fmt::format("bytes held by each of the {} ranks", peak.size()));
+  if (peak.size() > 1) {
+    memory += "<div class=\"legend\">";
+    for (const auto& c : categories_of(peak))
+      memory += fmt::format("<span><i class=\"box\" style=\"background:{}\"></i>{}</span>", category_color(c), esc(c));
+    memory += "</div>\n";
+  }
+  return memory + render_memory_svg(peak) + "</section>\n";
+}
+
+std::string config_panel(const ConfigView& cfg) {
+  if (!cfg.present) return "";
+  return "<section class=\"panel\" id=\"config\"><details><summary>config.toml (resolved)</summary><pre>" +
+         esc(cfg.text) + "</pre></details></section>\n";
+}
+
+std::string notes_html(const std::vector<std::string>& notes) {
+  if (notes.empty()) return "";
+  std::string h = "<div class=\"notes\" id=\"notes\">";
+  for (const auto& n : notes) h += "<p class=\"note\">" + esc(n) + "</p>";
+  return h + "</div>\n";
+}
 
 std::string now_string() {
   std::time_t t = std::time(nullptr);
@@ -844,184 +927,14 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
   info.has_trace = tl.present;
   if (!tl.note.empty()) info.notes.push_back(tl.note);
 
-  // Header cards: the grid and config, then where the run stands.
-  std::string cards;
-  if (cfg.present) {
-    const int64_t tp = cfg.i("parallel", "tp"), pp = cfg.i("parallel", "pp"), dp = cfg.i("parallel", "dp"),
-                  vp = cfg.i("parallel", "vp", 1);
-    cards += card("Grid", fmt::format("dp {} \u00d7 pp {} \u00d7 tp {}", maybe(dp), maybe(pp), maybe(tp)),
-                  fmt::format("{} ranks; vp {}, {} schedule; sequence parallel {}, distributed optimizer {}; "
-                              "recompute {}",
-                              tp > 0 && pp > 0 && dp > 0 ? std::to_string(tp * pp * dp) : "?", maybe(vp), cfg.s("parallel", "schedule_file").empty() ? cfg.s("parallel", "schedule")
-                                                                                     : "custom",
-                              cfg.b("parallel", "sequence_parallel") ? "on" : "off",
-                              cfg.b("parallel", "distributed_optimizer") ? "on" : "off",
-                              cfg.s("recompute", "mode").empty() ? "none" : cfg.s("recompute", "mode")),
-                  "card-grid");
-    ModelConfig mc;
-    mc.n_layers = static_cast<int>(cfg.i("model", "n_layers", 0));
-    mc.n_heads = static_cast<int>(cfg.i("model", "n_heads", 0));
-    mc.d_model = static_cast<int>(cfg.i("model", "d_model", 0));
-    mc.ffn_hidden = static_cast<int>(cfg.i("model", "ffn_hidden", 0));
-    mc.seq_len = static_cast<int>(cfg.i("model", "seq_len", 0));
-    mc.max_positions = static_cast<int>(cfg.i("model", "max_positions", 0));
-    mc.vocab_size = static_cast<int>(cfg.i("model", "vocab_size", 0));
-    cards += card("Model", mc.d_model > 0 ? format_count(static_cast<double>(mc.num_params(1))) + " parameters" : "?",
-                  fmt::format("{} layers, d_model {}, {} heads, seq {}, vocab {}", mc.n_layers, mc.d_model, mc.n_heads,
-                              mc.seq_len, mc.vocab_size),
-                  "card-model");
-    const int64_t micro = cfg.i("train", "micro_batch_size"), global = cfg.i("train", "global_batch_size");
-    const int64_t per_pipe = micro > 0 && dp > 0 && global > 0 ? global / (micro * dp) : -1;
-    cards += card("Batch", fmt::format("{} \u00d7 {} tokens", maybe(global), mc.seq_len),
-                  fmt::format("micro-batch {}, {} micro-batches per pipeline; lr {:g} ({}, warm-up {})", maybe(micro),
-                              maybe(per_pipe), cfg.d("train", "lr"), cfg.s("train", "decay"),
-                              maybe(cfg.i("train", "warmup_steps"))),
-                  "card-batch");
-  }
-  if (!m.train.empty()) {
-    const TrainRecord& last = m.train.back();
-    double elapsed = 0;
-    for (const auto& r : m.train)
-      if (std::isfinite(r.step_time_s)) elapsed += r.step_time_s;
-    const int64_t steps = cfg.present ? cfg.i("train", "steps") : -1;
-    cards += card("Progress", fmt::format("step {} / {}", last.step, maybe(steps)),
-                  fmt::format("{} logged step(s), {} logged step time{}", m.train.size(),
-                              elapsed < 60 ? fmt::format("{:.3g} s", elapsed) : format_duration(elapsed),
-                              last.consumed_samples >= 0 ? fmt::format(", {} samples", last.consumed_samples) : ""),
-                  "card-progress");
-    double lo = INFINITY;
-    int64_t skipped = 0;
-    for (const auto& r : m.train) {
-      if (std::isfinite(r.loss)) lo = std::min(lo, r.loss);
-      skipped += r.skipped;
-    }
-    cards += card("Train loss", std::isfinite(last.loss) ? fmt::format("{:.4f}", last.loss) : "n/a",
-                  fmt::format("at step {}; lowest {}{}", last.step, std::isfinite(lo) ? fmt::format("{:.4f}", lo) : "n/a",
-                              skipped ? fmt::format("; {} skipped update(s)", skipped) : ""),
-                  "card-loss");
-    // Throughput without the first step, which pays for warm-up, when there are others.
-    std::vector<double> tps, mfu, st;
-    for (size_t k = m.train.size() > 1 ? 1 : 0; k < m.train.size(); ++k) {
-      tps.push_back(m.train[k].tokens_per_s);
-      mfu.push_back(m.train[k].mfu);
-      st.push_back(m.train[k].step_time_s);
-    }
-    const double tps_med = median(tps), mfu_med = median(mfu), st_med = median(st);
-    cards += card("Throughput", std::isfinite(tps_med) ? format_si(tps_med) + " tokens/s" : "n/a",
-                  fmt::format("median{}; step time {}", m.train.size() > 1 ? " after the first step" : "",
-                              std::isfinite(st_med) ? fmt::format("{:.3g} s", st_med) : "n/a"),
-                  "card-throughput");
-    cards += card("MFU", std::isfinite(mfu_med) ? fmt::format("{:.2f}%", 100 * mfu_med) : "n/a",
-                  fmt::format("median; device {}", cfg.present ? cfg.s("train", "device") : "?"), "card-mfu");
-  }
-  if (!m.eval.empty()) {
-    const EvalRecord* best = nullptr;
-    for (const auto& e : m.eval)
-      if (std::isfinite(e.loss) && (!best || e.loss < best->loss)) best = &e;
-    if (best)
-      cards += card("Validation loss", fmt::format("{:.4f}", best->loss),
-                    fmt::format("lowest, {} split at step {}{}", best->split, best->step,
-                                std::isfinite(best->perplexity) ? fmt::format("; perplexity {:.2f}", best->perplexity)
-                                                                : ""),
-                    "card-eval");
-  }
-
   // The page's sections, most looked-at first: curves, throughput, timeline, memory, optimizer.
-  std::string body, perf, optim, memory;
   json js;
   js["charts"] = json::object();
   json& charts = js["charts"];
-  if (!m.train.empty() || !m.eval.empty()) {
-    std::vector<double> step, loss, lr, gn, tps, mfu;
-    std::vector<int64_t> flagged;
-    for (const auto& r : m.train) {
-      step.push_back(static_cast<double>(r.step));
-      loss.push_back(r.loss);
-      lr.push_back(r.lr);
-      gn.push_back(r.grad_norm);
-      tps.push_back(r.tokens_per_s);
-      mfu.push_back(r.mfu);
-      if (r.skipped) flagged.push_back(r.step);
-    }
-    LineChart lc = make_chart("loss", ValueFormat::Plain, false, "loss (nats/token)", 1200, 340);
-    lc.flagged = flagged;
-    if (!m.train.empty()) {
-      const bool smoothed = m.train.size() >= 30;
-      lc.series.push_back(Series{.name = "train", .color = smoothed ? "#6baed6" : "#1f77b4", .x = step, .y = loss,
-                                 .opacity = smoothed ? 0.45 : 1.0, .width = smoothed ? 1.2 : 2.0});
-      if (smoothed)
-        lc.series.push_back(Series{.name = "train (smoothed)", .color = "#08519c", .x = step, .y = smooth(loss),
-                                   .trend = true, .width = 2.2});
-    }
-    const std::vector<std::string> eval_colors = {"#e6550d", "#31a354", "#756bb1", "#d6616b"};
-    std::map<std::string, Series> splits;
-    for (const auto& e : m.eval) {
-      auto [it, fresh] = splits.try_emplace(e.split);
-      Series& s = it->second;
-      if (fresh) {
-        s.name = e.split == "valid" || e.split == "validation" ? "validation" : e.split;
-        s.color = eval_colors[(splits.size() - 1) % eval_colors.size()];
-        s.markers = true;
-        s.width = 2.2;
-      }
-      s.x.push_back(static_cast<double>(e.step));
-      s.y.push_back(e.loss);
-    }
-    for (auto& [name, s] : splits) lc.series.push_back(std::move(s));
-    body += chart_panel("Loss", m.eval.empty() ? "training loss per logged step (the global batch's mean)"
-                                               : "training loss per logged step; evaluation loss at each eval",
-                        lc, charts);
-    if (!m.train.empty()) {
-      perf += "<div class=\"grid2\">\n";
-      LineChart t = make_chart("throughput", ValueFormat::Si, true, "tokens/s", 600, 250);
-      t.series.push_back(Series{.name = "tokens/s", .color = "#2a9d8f", .x = step, .y = tps});
-      perf += chart_panel("Throughput", "tokens per second of the whole run, per step", t, charts);
-      LineChart u = make_chart("mfu", ValueFormat::Percent, true, "MFU", 600, 250);
-      u.series.push_back(Series{.name = "MFU", .color = "#c2410c", .x = step, .y = mfu});
-      perf += chart_panel("Model FLOPs utilisation", "model FLOPs per second over the devices' peak", u, charts);
-      perf += "</div>\n";
-      optim += "<div class=\"grid2\">\n";
-      LineChart l = make_chart("lr", ValueFormat::Sci, true, "learning rate", 600, 230);
-      l.series.push_back(Series{.name = "lr", .color = "#6d28d9", .x = step, .y = lr});
-      optim += chart_panel("Learning rate", "", l, charts);
-      LineChart g = make_chart("grad_norm", ValueFormat::Plain, true, "grad norm", 600, 230);
-      g.flagged = flagged;
-      g.series.push_back(Series{.name = "grad norm", .color = "#475569", .x = step, .y = gn});
-      optim += chart_panel("Gradient norm", "before clipping", g, charts);
-      optim += "</div>\n";
-    }
-  } else {
-    body += "<section class=\"panel\" id=\"panel-loss\"><h2>Loss, throughput and MFU</h2><p class=\"note\">" +
-            esc(info.has_metrics ? "No metrics yet: metrics.jsonl holds no step records."
-                                 : "No metrics yet: metrics.jsonl does not exist (rank 0 writes it at the first "
-                                   "logged step).") +
-            "</p></section>\n";
-  }
-
-  memory += "<section class=\"panel\" id=\"memory\"><h2>Peak memory by category</h2>\n";
-  const auto peak = peak_memory(m);
-  if (peak.empty()) {
-    memory += "<p class=\"note\">No memory figures: no metrics record holds mem_peak_bytes.</p>\n";
-  } else {
-    memory += fmt::format("<div class=\"panel-sub\">{}; the highest over the logged steps. Total is the peak of the sum, "
-                        "which can be less than the sum of the categories' peaks.</div>\n",
-                        peak.size() == 1 ? "bytes held by world rank 0 (the rank that writes metrics.jsonl)"
-                                         : fmt::format("bytes held by each of the {} ranks", peak.size()));
-    if (peak.size() > 1) {
-      memory += "<div class=\"legend\">";
-      for (const auto& c : categories_of(peak))
-        memory += fmt::format("<span><i class=\"box\" style=\"background:{}\"></i>{}</span>", category_color(c), esc(c));
-      memory += "</div>\n";
-    }
-    memory += render_memory_svg(peak);
-  }
-  memory += "</section>\n";
-  body += perf + timeline_html(tl) + memory + optim;
-
-  if (cfg.present) {
-    body += "<section class=\"panel\" id=\"config\"><details><summary>config.toml (resolved)</summary><pre>" +
-            esc(cfg.text) + "</pre></details></section>\n";
-  }
+  const std::string cards = cards_html(cfg, m);
+  std::string body = loss_panel(m, info.has_metrics, charts);
+  body += performance_panels(m, charts);
+  body += timeline_html(tl) + memory_panel(m) + optimizer_panels(m, charts) + config_panel(cfg);
   if (m.unfinished_line)
     info.notes.push_back(fmt::format("The last line of {} is unfinished (being written?) and was left out.",
                                      metrics_path.string()));
@@ -1033,12 +946,7 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
                                                                    m.other_records)
                                                      : ""));
 
-  std::string notes;
-  if (!info.notes.empty()) {
-    notes = "<div class=\"notes\" id=\"notes\">";
-    for (const auto& n : info.notes) notes += "<p class=\"note\">" + esc(n) + "</p>";
-    notes += "</div>\n";
-  }
+  const std::string notes = notes_html(info.notes);
 
   std::string data = js.dump();
   replace_all(data, "</", "<\\/");  // the JSON sits inside a <script> element
@@ -1050,9 +958,9 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
       "{}{}</div></header>\n<div class=\"cards\">\n{}</div>\n{}{}"
       "<footer>Self-contained page: everything is inline, nothing is fetched. Values appear on hover.</footer>\n"
       "</main>\n<script type=\"application/json\" id=\"report-data\">{}</script>\n<script>{}</script>\n</body>\n</html>\n",
-      esc(title), kCss, esc(fs::absolute(run_dir).lexically_normal().string()), now_string(), TRIPOD_VERSION,
+      esc(title), report_assets::kCss, esc(fs::absolute(run_dir).lexically_normal().string()), now_string(), TRIPOD_VERSION,
       data_summary(cfg),
-      cards, notes, body, data, kJs);
+      cards, notes, body, data, report_assets::kJs);
   if (info_out) *info_out = info;
   return html;
 }

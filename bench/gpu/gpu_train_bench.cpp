@@ -16,7 +16,7 @@
 
 #include "core/log.h"
 #include "kernels/cuda/cuda_ops.h"
-#include "parallel/comm/mpi_comm.h"
+#include "train/runtime.h"
 #include "train/mpi_session.h"
 #include "train/trainer.h"
 #include "kernels/op.h"
@@ -119,10 +119,12 @@ int bench_main(int argc, char** argv) {
   TRIPOD_INPUT_CHECK(cuda::device_count() > 0, "tripod_gpu_bench needs a CUDA GPU and none is visible");
   init_logging(0, 1);  // on stderr, so stdout is the table
   spdlog::set_level(spdlog::level::warn);
-  auto ops_owner = cuda::make_cuda_ops(0);
-  auto& ops = dynamic_cast<cuda::CudaOps&>(*ops_owner);
-  auto world = mpi_world(&ops, 600);
-  ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1), {});
+  Config one_gpu;  // (dp, pp, tp) = (1, 1, 1) on this rank's GPU
+  one_gpu.train.device = "cuda";
+  one_gpu.parallel.dp = 1;
+  Runtime rt = make_runtime(one_gpu);
+  auto& ops = dynamic_cast<cuda::CudaOps&>(*rt.ops);
+  ParallelContext& par = rt.par;
   const std::string out_dir =
       (std::filesystem::temp_directory_path() / fmt::format("tripod_gpu_bench_{}", getpid())).string();
 

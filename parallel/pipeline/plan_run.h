@@ -21,6 +21,7 @@ struct PlanRun {
   bool finished = true;
 };
 
-PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs, bool find_releases);
+PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs, bool find_releases,
+                 const StageCosts& stages = {});
 
 }  // namespace tripod

@@ -20,7 +20,8 @@ namespace {
 constexpr double kUnset = -1;
 }  // namespace
 
-PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs, bool find_releases) {
+PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs, bool find_releases,
+                 const StageCosts& stages) {
   const int P = s.pp;
   const size_t M = plan.messages.size();
   PlanRun run;
@@ -78,7 +79,9 @@ PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs
         case PlanOpKind::Compute: {
           const Action& a = s.ranks[r][op.index];
           run.start[r][op.index] = now[r];
-          now[r] += a.forward() ? costs.forward : costs.backward;
+          const auto& per_stage = a.forward() ? stages.forward : stages.backward;
+          if (per_stage.empty()) now[r] += a.forward() ? costs.forward : costs.backward;
+          else now[r] += per_stage[s.stage(r, a.chunk)];
           run.end[r][op.index] = now[r];
           break;
         }
@@ -108,11 +111,20 @@ PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs
 Simulation simulate(const Schedule& s, const PipeCosts& costs) { return simulate(s, plan_pipeline(s), costs); }
 
 Simulation simulate(const Schedule& s, const PipePlan& plan, const PipeCosts& costs) {
+  return simulate(s, plan, costs, StageCosts{});
+}
+
+Simulation simulate(const Schedule& s, const PipePlan& plan, const PipeCosts& costs, const StageCosts& stages) {
   TRIPOD_INPUT_CHECK(costs.forward >= 0 && costs.backward >= 0 && costs.comm >= 0 &&
                          std::isfinite(costs.forward + costs.backward + costs.comm),
                      "costs: forward {}, backward {}, communication {} must be finite and >= 0", costs.forward,
                      costs.backward, costs.comm);
-  PlanRun run = run_plan(s, plan, costs, false);
+  for (const auto* v : {&stages.forward, &stages.backward}) {
+    TRIPOD_INPUT_CHECK(v->empty() || static_cast<int>(v->size()) == s.num_stages(),
+                       "costs: {} per-stage times for {} virtual stages", v->size(), s.num_stages());
+    for (double t : *v) TRIPOD_INPUT_CHECK(t >= 0 && std::isfinite(t), "costs: a stage time {} is not finite >= 0", t);
+  }
+  PlanRun run = run_plan(s, plan, costs, false, stages);
   TRIPOD_CHECK(run.finished, "a validated pipeline plan did not finish");
   Simulation sim;
   sim.ranks.resize(s.pp);

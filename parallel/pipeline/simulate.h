@@ -13,6 +13,11 @@ namespace tripod {
 struct PipeCosts {
   double forward = 1, backward = 2, comm = 0;
 };
+// Per-virtual-stage action times (one entry per stage, pp * vp), replacing PipeCosts' forward
+// and backward: the planner's cost model times each chunk, first and last stages included.
+struct StageCosts {
+  std::vector<double> forward, backward;
+};
 
 struct TimedAction {
   Action action;
@@ -44,5 +49,6 @@ struct Simulation {
 // (p-1)/(v*m+p-1) for interleaved 1F1B.
 Simulation simulate(const Schedule& schedule, const PipeCosts& costs);
 Simulation simulate(const Schedule& schedule, const PipePlan& plan, const PipeCosts& costs);
+Simulation simulate(const Schedule& schedule, const PipePlan& plan, const PipeCosts& costs, const StageCosts& stages);
 
 }  // namespace tripod

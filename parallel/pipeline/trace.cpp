@@ -113,19 +113,6 @@ void TraceRecorder::flush() {
 
 namespace {
 
-struct TraceEvent {
-  int64_t step;
-  std::string name, cat;
-  int mb, chunk;
-  double ts, dur;  // us
-};
-
-struct RankTrace {
-  std::string path;
-  json header;
-  std::vector<TraceEvent> events;
-};
-
 // Reads one rank's file, keeping its last session.
 RankTrace read_rank_trace(const fs::path& path) {
   std::ifstream in(path);
@@ -180,7 +167,7 @@ std::string category_fill(const TraceEvent& e) {
 
 }  // namespace
 
-TraceSummary merge_traces(const std::string& run_dir) {
+std::map<int, RankTrace> read_traces(const std::string& run_dir) {
   std::error_code ec;
   TRIPOD_INPUT_CHECK(fs::is_directory(run_dir, ec), "{}: no such run directory", run_dir);
   const fs::path dir = fs::path(run_dir) / "trace";
@@ -197,7 +184,11 @@ TraceSummary merge_traces(const std::string& run_dir) {
   }
   TRIPOD_INPUT_CHECK(!ec, "{}: cannot list ({})", dir.string(), ec.message());
   TRIPOD_INPUT_CHECK(!files.empty(), "{}: no rank_<R>.jsonl trace files", dir.string());
+  return files;
+}
 
+MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
+  TRIPOD_CHECK(!files.empty(), "merge_rank_traces: no trace files");
   // The latest session decides the world; files of ranks beyond it are left from older runs.
   const RankTrace* latest = nullptr;
   for (const auto& [r, t] : files)
@@ -214,7 +205,8 @@ TraceSummary merge_traces(const std::string& run_dir) {
   }
 
   // The schedule, rebuilt from the headers (each holds its pipeline rank's actions).
-  TraceSummary sum;
+  MergedTrace merged;
+  TraceSummary& sum = merged.summary;
   const json& sh = latest->header.at("schedule");
   Schedule sched;
   try {
@@ -302,72 +294,80 @@ TraceSummary merge_traces(const std::string& run_dir) {
     }
   }
 
-  // trace.json: Chrome trace event format, one process per rank.
-  sum.json_path = (fs::path(run_dir) / "trace.json").string();
-  {
-    std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-    bool first = true;
-    auto add = [&](const std::string& ev) {
-      if (!first) out += ",\n";
-      out += ev;
-      first = false;
-    };
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      const RankTrace* t = ranks[i];
-      const auto& rs = sum.ranks[i];
-      add(json({{"ph", "M"}, {"name", "process_name"}, {"pid", rs.rank},
-                {"args", {{"name", fmt::format("rank {} (pp {}, dp {}, tp {})", rs.rank, rs.coords.pp, rs.coords.dp,
-                                               rs.coords.tp)}}}})
-              .dump());
-      add(json({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rs.rank}, {"args", {{"sort_index", rs.rank}}}})
-              .dump());
-      for (const auto& e : t->events)
-        add(fmt::format("{{\"ph\":\"X\",\"name\":{},\"cat\":\"{}\",\"pid\":{},\"tid\":0,\"ts\":{:.3f},\"dur\":{:.3f},"
-                        "\"args\":{{\"step\":{},\"mb\":{},\"chunk\":{}}}}}",
-                        json(e.name).dump(), e.cat, rs.rank, e.ts, e.dur, e.step, e.mb, e.chunk));
-    }
-    out += "\n]}\n";
-    write_text_file(sum.json_path, out);
-  }
+  for (const RankTrace* t : ranks) merged.ranks.push_back(*t);
+  return merged;
+}
 
-  // trace.svg: the last step, every event, times in ms from the step's first event.
-  sum.svg_path = (fs::path(run_dir) / "trace.svg").string();
-  {
-    GanttChart ch;
-    ch.title = fmt::format("tripod trace: {} schedule, pp={} vp={} microbatches={}, step {}", sched.kind, sched.pp,
-                           sched.vp, sched.microbatches, sum.drawn_step);
-    ch.time_unit = "time (ms)";
-    double t0 = 0;
-    bool any = false;
-    for (const RankTrace* t : ranks)
-      for (const auto& e : t->events)
-        if (e.step == sum.drawn_step) {
-          t0 = any ? std::min(t0, e.ts) : e.ts;
-          any = true;
-        }
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      const auto& rs = sum.ranks[i];
-      ch.row_labels.push_back(fmt::format("rank {} (pp {})", rs.rank, rs.coords.pp));
-      ch.row_notes.push_back(rs.ideal_idle >= 0
-                                 ? fmt::format("idle {:.1f}%  (ideal {:.1f}%)", 100 * rs.measured_idle, 100 * rs.ideal_idle)
-                                 : fmt::format("idle {:.1f}%  (ideal n/a)", 100 * rs.measured_idle));
-      for (const auto& e : ranks[i]->events) {
-        if (e.step != sum.drawn_step) continue;
-        ch.boxes.push_back({static_cast<int>(i), (e.ts - t0) / 1e3, (e.ts + e.dur - t0) / 1e3, category_fill(e),
-                            is_compute(e.cat) ? e.name : "",
-                            fmt::format("{} ({}) {:.3f} ms", e.name, e.cat, e.dur / 1e3)});
-      }
-    }
-    ch.footnotes.push_back(fmt::format(
-        "idle = 1 - forward/backward time / the step's pipeline window, mean over {} step(s){}", sum.steps_used,
-        sum.steps > sum.steps_used ? " (the first step left out)" : ""));
-    ch.footnotes.push_back(fmt::format(
-        "ideal = simulated bubble of the same schedule with the measured mean forward {:.3f} ms and backward {:.3f} ms, "
-        "free communication", sum.mean_forward_us / 1e3, sum.mean_backward_us / 1e3));
-    ch.footnotes.push_back("light: forward, dark: backward (hue by micro-batch); grey: send/recv; purple: reduce; "
-                           "orange: optimizer");
-    write_text_file(sum.svg_path, render_gantt_svg(ch));
+std::string render_trace_json(const MergedTrace& merged) {
+  const TraceSummary& sum = merged.summary;
+  std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+  bool first = true;
+  auto add = [&](const std::string& ev) {
+    if (!first) out += ",\n";
+    out += ev;
+    first = false;
+  };
+  for (size_t i = 0; i < merged.ranks.size(); ++i) {
+    const RankTrace& t = merged.ranks[i];
+    const auto& rs = sum.ranks[i];
+    add(json({{"ph", "M"}, {"name", "process_name"}, {"pid", rs.rank},
+              {"args", {{"name", fmt::format("rank {} (pp {}, dp {}, tp {})", rs.rank, rs.coords.pp, rs.coords.dp,
+                                             rs.coords.tp)}}}})
+            .dump());
+    add(json({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rs.rank}, {"args", {{"sort_index", rs.rank}}}})
+            .dump());
+    for (const auto& e : t.events)
+      add(fmt::format("{{\"ph\":\"X\",\"name\":{},\"cat\":\"{}\",\"pid\":{},\"tid\":0,\"ts\":{:.3f},\"dur\":{:.3f},"
+                      "\"args\":{{\"step\":{},\"mb\":{},\"chunk\":{}}}}}",
+                      json(e.name).dump(), e.cat, rs.rank, e.ts, e.dur, e.step, e.mb, e.chunk));
   }
+  return out + "\n]}\n";
+}
+
+GanttChart trace_chart(const MergedTrace& merged) {
+  const TraceSummary& sum = merged.summary;
+  GanttChart ch;
+  ch.title = fmt::format("tripod trace: {} schedule, pp={} vp={} microbatches={}, step {}", sum.kind, sum.pp, sum.vp,
+                         sum.microbatches, sum.drawn_step);
+  ch.time_unit = "time (ms)";
+  double t0 = 0;
+  bool any = false;
+  for (const RankTrace& t : merged.ranks)
+    for (const auto& e : t.events)
+      if (e.step == sum.drawn_step) {
+        t0 = any ? std::min(t0, e.ts) : e.ts;
+        any = true;
+      }
+  for (size_t i = 0; i < merged.ranks.size(); ++i) {
+    const auto& rs = sum.ranks[i];
+    ch.row_labels.push_back(fmt::format("rank {} (pp {})", rs.rank, rs.coords.pp));
+    ch.row_notes.push_back(rs.ideal_idle >= 0
+                               ? fmt::format("idle {:.1f}%  (ideal {:.1f}%)", 100 * rs.measured_idle, 100 * rs.ideal_idle)
+                               : fmt::format("idle {:.1f}%  (ideal n/a)", 100 * rs.measured_idle));
+    for (const auto& e : merged.ranks[i].events) {
+      if (e.step != sum.drawn_step) continue;
+      ch.boxes.push_back({static_cast<int>(i), (e.ts - t0) / 1e3, (e.ts + e.dur - t0) / 1e3, category_fill(e),
+                          is_compute(e.cat) ? e.name : "", fmt::format("{} ({}) {:.3f} ms", e.name, e.cat, e.dur / 1e3)});
+    }
+  }
+  ch.footnotes.push_back(fmt::format(
+      "idle = 1 - forward/backward time / the step's pipeline window, mean over {} step(s){}", sum.steps_used,
+      sum.steps > sum.steps_used ? " (the first step left out)" : ""));
+  ch.footnotes.push_back(fmt::format(
+      "ideal = simulated bubble of the same schedule with the measured mean forward {:.3f} ms and backward {:.3f} ms, "
+      "free communication", sum.mean_forward_us / 1e3, sum.mean_backward_us / 1e3));
+  ch.footnotes.push_back("light: forward, dark: backward (hue by micro-batch); grey: send/recv; purple: reduce; "
+                         "orange: optimizer");
+  return ch;
+}
+
+TraceSummary merge_traces(const std::string& run_dir) {
+  MergedTrace merged = merge_rank_traces(read_traces(run_dir));
+  TraceSummary& sum = merged.summary;
+  sum.json_path = (fs::path(run_dir) / "trace.json").string();
+  sum.svg_path = (fs::path(run_dir) / "trace.svg").string();
+  write_text_file(sum.json_path, render_trace_json(merged));
+  write_text_file(sum.svg_path, render_gantt_svg(trace_chart(merged)));
   return sum;
 }
 

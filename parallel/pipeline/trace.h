@@ -13,15 +13,19 @@
 // rank, so the ranks' clocks line up). A resumed run appends a new session; merge reads the last.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "parallel/grid.h"
 #include "parallel/pipeline/action.h"
+#include "parallel/pipeline/svg.h"
 
 namespace tripod {
 
@@ -122,8 +126,41 @@ struct TraceSummary {
   std::string json_path, svg_path;
 };
 
-// Reads RUN_DIR/trace/rank_*.jsonl and writes RUN_DIR/trace.json and RUN_DIR/trace.svg. Throws
-// InputError naming the directory or file:line at fault.
+// One event of a rank's file.
+struct TraceEvent {
+  int64_t step;
+  std::string name, cat;
+  int mb, chunk;
+  double ts, dur;  // us
+};
+
+// One rank's file: its last session.
+struct RankTrace {
+  std::string path;
+  nlohmann::json header;
+  std::vector<TraceEvent> events;
+};
+
+// The ranks of the latest run and what the merge found in them: summary.ranks[i] describes
+// ranks[i] (world rank order).
+struct MergedTrace {
+  TraceSummary summary;
+  std::vector<RankTrace> ranks;
+};
+
+// Reads RUN_DIR/trace/rank_*.jsonl, by the rank in the file name. InputError naming the directory
+// or file:line at fault.
+std::map<int, RankTrace> read_traces(const std::string& run_dir);
+// Pure: the latest run's ranks (files of ranks beyond its world are older runs'), the schedule
+// rebuilt from the headers, each rank's measured idle and the simulator's ideal. InputError
+// naming the file whose header disagrees.
+MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files);
+// trace.json's text: Chrome trace event format, one process per rank.
+std::string render_trace_json(const MergedTrace& merged);
+// trace.svg's chart: the last step drawn, every event, in ms from the step's first event.
+GanttChart trace_chart(const MergedTrace& merged);
+
+// The writer: read_traces, merge_rank_traces, then RUN_DIR/trace.json and RUN_DIR/trace.svg.
 TraceSummary merge_traces(const std::string& run_dir);
 
 }  // namespace tripod

@@ -143,5 +143,51 @@ TEST_F(EvalGenerateCli, GenerateIsDeterministicAndTheSameAtTpTwo) {
                "tokenizer larger than the model");
 }
 
+TEST_F(EvalGenerateCli, ACheckpointAloneIsEnoughAndEvalFitsItsGridToTheWorld) {
+  auto tok = run_cmd(tripod("data train-tokenizer --input " + std::string(TRIPOD_SOURCE_PATH) +
+                            "/tests/fixtures/data/genesis_1_8.jsonl --vocab-size 400 --model-prefix " +
+                            (dir_ / "tok").string()));
+  ASSERT_EQ(tok.status, 0) << tok.err;
+  const std::string ckpt = (dir_ / "ckpt").string();
+  auto train = run_cmd(tripod("train --config " + cfg_ + " --set train.steps=2 --set checkpoint.dir=" + ckpt +
+                              " --set data.tokenizer=" + (dir_ / "tok.model").string() +
+                              " --set train.output_dir=" + (dir_ / "run").string()));
+  ASSERT_EQ(train.status, 0) << train.err;
+
+  // eval: the checkpoint's config (grid dp = pp = tp = 1) on one rank, and refitted to two.
+  auto one = run_cmd(tripod("eval --load " + ckpt + " --json"));
+  ASSERT_EQ(one.status, 0) << one.err;
+  auto with_config = run_cmd(tripod("eval --config " + cfg_ + " --load " + ckpt + " --json"));
+  ASSERT_EQ(with_config.status, 0) << with_config.err;
+  EXPECT_EQ(one.out, with_config.out);
+  auto two = run_cmd(test::mpirun(2) + tripod("eval --load " + ckpt + " --json"));
+  ASSERT_EQ(two.status, 0) << two.err;
+  EXPECT_NE(two.err.find("eval runs on grid (dp=2, pp=1, tp=1)"), std::string::npos) << two.err;
+  const double loss = nlohmann::json::parse(one.out)["loss"].get<double>();
+  EXPECT_NEAR(nlohmann::json::parse(two.out)["loss"].get<double>(), loss, 1e-6 * loss);
+  EXPECT_EQ(nlohmann::json::parse(two.out)["tokens"], nlohmann::json::parse(one.out)["tokens"]);
+  // A grid given with --set is honoured exactly, so this one does not fit two ranks.
+  expect_error(run_cmd(test::mpirun(2) + tripod("eval --load " + ckpt + " --set parallel.dp=1")), "world size is 2",
+               "explicit grid");
+
+  // generate: the tokenizer comes from the checkpoint's config too.
+  const std::string gen = " --prompt 'And God said' --max-tokens 6 --temperature 0";
+  auto alone = run_cmd(tripod("generate --load " + ckpt + gen));
+  ASSERT_EQ(alone.status, 0) << alone.err;
+  auto given = run_cmd(tripod("generate --config " + cfg_ + " --set data.tokenizer=" + (dir_ / "tok.model").string() +
+                              " --load " + ckpt + gen));
+  ASSERT_EQ(given.status, 0) << given.err;
+  EXPECT_EQ(alone.out, given.out);
+  std::filesystem::rename(dir_ / "tok.model", dir_ / "moved.model");
+  expect_error(run_cmd(tripod("generate --load " + ckpt + gen)), "data.tokenizer = \"" + (dir_ / "tok.model").string(),
+               "a tokenizer that moved");
+  auto moved = run_cmd(tripod("generate --load " + ckpt + " --set data.tokenizer=" + (dir_ / "moved.model").string() + gen));
+  ASSERT_EQ(moved.status, 0) << moved.err;
+  EXPECT_EQ(moved.out, alone.out);
+
+  expect_error(run_cmd(tripod("eval --init-seed 1")), "give --config F.toml, or --load CKPT", "no config at all");
+  expect_error(run_cmd(tripod("eval --load latest")), "--load latest looks in checkpoint.dir", "latest, no config");
+}
+
 }  // namespace
 }  // namespace tripod

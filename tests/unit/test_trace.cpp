@@ -5,6 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
+#include <cmath>
 #include <cstdlib>
 
 #include <filesystem>
@@ -154,6 +157,38 @@ TEST_F(Trace, MergeMeasuresIdleAndComparesWithTheSimulator) {
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("idle 33.3%  (ideal 33.3%)"), std::string::npos);
   EXPECT_NE(svg.find("step 1"), std::string::npos);
+}
+
+TEST_F(Trace, MergingIsPureAndTheWriterWritesWhatTheRenderersReturn) {
+  Schedule s = build_schedule("gpipe", 2, 1, 3);
+  write_simulated_run(dir_, s, 1.0);
+  const std::map<int, RankTrace> files = read_traces(dir_.string());
+  ASSERT_EQ(files.size(), 2u);
+  // Nothing is written until merge_traces: the summary and both renderings come from memory.
+  const MergedTrace merged = merge_rank_traces(files);
+  EXPECT_FALSE(fs::exists(dir_ / "trace.json"));
+  EXPECT_FALSE(fs::exists(dir_ / "trace.svg"));
+  ASSERT_EQ(merged.ranks.size(), 2u);
+  EXPECT_EQ(merged.summary.steps, 2);
+  const std::string json_text = render_trace_json(merged);
+  const GanttChart chart = trace_chart(merged);
+  // The drawn step's boxes start at 0 and its time axis ends where the last event ends: the
+  // optimizer, 10 us after the simulated makespan, for 500 us.
+  const double makespan_ms = simulate(s, PipeCosts{1, 2, 0}).makespan;
+  double first = 1e300, last = 0;
+  for (const GanttBox& b : chart.boxes) {
+    first = std::min(first, b.start);
+    last = std::max(last, b.end);
+  }
+  EXPECT_NEAR(first, 0, 1e-9);
+  EXPECT_NEAR(last, makespan_ms + 0.010 + 0.5 + 0.001, 1e-9);  // from the first receive, 1 us before t = 0
+  const std::string svg = render_gantt_svg(chart);
+  EXPECT_NE(svg.find(fmt::format(">{:g}</text>", std::floor(last))), std::string::npos) << "a tick near the end";
+
+  TraceSummary written = merge_traces(dir_.string());
+  EXPECT_EQ(slurp(dir_ / "trace.json"), json_text);
+  EXPECT_EQ(slurp(dir_ / "trace.svg"), svg);
+  EXPECT_EQ(written.json_path, (dir_ / "trace.json").string());
 }
 
 TEST_F(Trace, MergeReadsTheLastSessionAndIgnoresRanksOfOlderRuns) {
