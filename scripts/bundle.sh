@@ -94,9 +94,12 @@ copy_deps() {
 for f in "$OUT"/bin/* "$OUT"/lib/openmpi3/*.so "$OUT"/lib/pmix/*.so; do copy_deps "$f"; done
 strip --strip-unneeded "$OUT"/lib/*.so* "$OUT"/lib/openmpi3/*.so "$OUT"/lib/pmix/*.so 2>/dev/null || true
 
-# The newest glibc symbol version anything needs (run.sh compares it with the target's).
-objdump -T "$OUT"/bin/* "$OUT"/lib/*.so* "$OUT"/lib/*/*.so 2>/dev/null | grep -o 'GLIBC_[0-9.]*' |
-  sort -uV | tail -1 | sed 's/GLIBC_//' > "$OUT/GLIBC_REQUIRED"
+# The newest glibc symbol version anything needs, and what needs it (run.sh compares it with the
+# target's; Debian 12's libstdc++ and libevent need 2.36).
+glibc_of() { objdump -T "$1" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1; }
+need=$(for f in "$OUT"/bin/* "$OUT"/lib/*.so* "$OUT"/lib/*/*.so; do glibc_of "$f"; done | sort -uV | tail -1)
+echo "$need $(for f in "$OUT"/bin/* "$OUT"/lib/*.so* "$OUT"/lib/*/*.so; do
+  [ "$(glibc_of "$f")" = "$need" ] && basename "$f"; done | tr '\n' ' ')" > "$OUT/GLIBC_REQUIRED"
 
 # Sources the tests and benchmarks read, and the corpus (src/ is their source tree).
 mkdir -p "$OUT/src/tests" "$OUT/src/bench" "$OUT/src/build"

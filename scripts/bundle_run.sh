@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run.sh of a tripod bundle (scripts/bundle.sh writes it): finds the NVIDIA libraries on this
-# machine, prints the GPU, driver, cuDNN and NCCL versions, and runs stages, writing every log into
-# one results folder: run.log (everything), summary.txt (one line per stage, then the tables) and
-# details.tar.gz (each stage's logs, JSON and metrics).
+# machine, prints the GPU, driver, cuDNN and NCCL versions, and runs stages, writing three files
+# into one results folder: run.log (everything), summary.txt (one line per stage, then the curves
+# and tables) and details.tar.gz (each stage's logs, JSON and metrics), the last two after every stage.
 #   run.sh [--dry-run] [--results DIR] [stage ...]
 # Stages, in this order by default (mpi tests train grid bench-tripod bench-torch):
 #   mpi           2 CPU ranks train the tiny config for 3 steps through the bundled mpirun
@@ -31,8 +31,11 @@ done
 [ ${#STAGES[@]} -gt 0 ] || STAGES=(mpi tests train grid bench-tripod bench-torch)
 mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
-D=$RESULTS/details
+# Each stage's files go to a scratch folder, archived into details.tar.gz after every stage: the
+# results folder holds three files only (a device tool may bring back only a few).
+D=$(mktemp -d /tmp/tripod-run.XXXXXX)/details
 mkdir -p "$D"
+trap 'rm -rf "$(dirname "$D")"' EXIT
 exec > >(tee -a "$RESULTS/run.log") 2>&1
 
 # ---- environment -------------------------------------------------------------------------
@@ -114,9 +117,10 @@ echo "GPU, driver, memory: $GPU"
 echo "cuDNN: $(version_of libcudnn.so.9 || true)  NCCL: $(version_of libnccl.so.2 || true)  cuBLAS: $(version_of libcublas.so.13 || true)"
 for lib in "${want[@]}"; do echo "  $lib: ${where[$lib]:-NOT FOUND}"; done
 glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
-need=$(cat "$B/GLIBC_REQUIRED")
+read -r need needers < "$B/GLIBC_REQUIRED"
 if [ "$(printf '%s\n%s\n' "$need" "$glibc" | sort -V | head -1)" != "$need" ]; then
-  echo "error: this machine's glibc $glibc is older than the $need the bundle needs"; exit 1
+  echo "error: this machine's glibc $glibc is older than the $need that $needers need (build the bundle on an older distribution)"
+  exit 1
 fi
 unresolved=$(for f in "$B"/bin/*; do ldd "$f" 2>/dev/null | grep 'not found'; done | sort -u)
 if [ -n "$unresolved" ]; then
@@ -221,12 +225,12 @@ for s in "${STAGES[@]}"; do
     sanitize) sanitize ;;
     profile) profile ;;
   esac
-  [ "$DRY" = 1 ] || write_summary
+  [ "$DRY" = 1 ] && continue
+  write_summary
+  # Checkpoints stay out of the archive.
+  tar -C "$(dirname "$D")" -czf "$RESULTS/details.tar.gz" --exclude='ckpt_*' --exclude='*.h5' details
 done
 [ "$DRY" = 1 ] && { echo "dry run: nothing ran"; exit 0; }
-
-# Checkpoints and other bulky files stay out of the archive.
-tar -C "$RESULTS" -czf "$RESULTS/details.tar.gz" --exclude='ckpt_*' --exclude='*.h5' details && rm -rf "$D"
 echo; cat "$RESULTS/summary.txt"
 grep -q 'FAILED\|TIMED OUT' "$RESULTS/summary.txt" && exit 1
 exit 0

@@ -108,7 +108,8 @@ template <bool LN, int V>
 __global__ void column_partials_kernel(const bf16_t* dy, const bf16_t* x, const float* mean, const float* rstd,
                                        int64_t N, int64_t C, int64_t rows_per_chunk, float* scratch) {
   constexpr int kCols = 32 * V;  // columns per block
-  __shared__ float part[LN ? 2 : 1][kWarps][kCols];
+  __shared__ float part_b[kWarps][kCols];
+  __shared__ float part_w[LN ? kWarps : 1][LN ? kCols : 1];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kCols + lane * V;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
@@ -130,8 +131,8 @@ __global__ void column_partials_kernel(const bf16_t* dy, const bf16_t* x, const 
   }
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    part[0][warp][lane * V + j] = sb[j];
-    if constexpr (LN) part[LN ? 1 : 0][warp][lane * V + j] = sw[j];
+    part_b[warp][lane * V + j] = sb[j];
+    if constexpr (LN) part_w[warp][lane * V + j] = sw[j];
   }
   __syncthreads();
   for (int t = threadIdx.x; t < kCols; t += blockDim.x) {
@@ -139,8 +140,8 @@ __global__ void column_partials_kernel(const bf16_t* dy, const bf16_t* x, const 
     if (col >= C) continue;
     float b = 0, w = 0;
     for (int i = 0; i < kWarps; ++i) {
-      b += part[0][i][t];
-      if constexpr (LN) w += part[LN ? 1 : 0][i][t];
+      b += part_b[i][t];
+      if constexpr (LN) w += part_w[i][t];
     }
     if constexpr (LN) {
       scratch[(blockIdx.y * 2 + 0) * C + col] = w;

@@ -122,10 +122,10 @@ NcclComm::~NcclComm() {
   cudaGetLastError();
 }
 
-void NcclComm::after_compute(const std::string& what) {
+void NcclComm::after_compute(const char* what) {
   cudaError_t err = cudaEventRecord(ready_, ops_.compute_stream());
   if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, ready_, 0);
-  TRIPOD_CUDA_CHECK(err, "{}", what);
+  TRIPOD_CUDA_CHECK(err, "{}", describe(what));
 }
 
 std::string NcclComm::describe(const char* what) const {
@@ -136,7 +136,7 @@ template <class F> std::shared_ptr<NcclComm::Done> NcclComm::enqueue(const char*
   auto done = std::make_shared<Done>();
   done->what = what;
   // The transfer starts after everything queued so far on the compute stream.
-  after_compute(describe(what));
+  after_compute(what);
   launch(stream_);
   TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&done->event, cudaEventDisableTiming), "{}", describe(what));
   TRIPOD_CUDA_CHECK(cudaEventRecord(done->event, stream_), "{}", describe(what));
@@ -202,8 +202,9 @@ void NcclComm::flush() {
   std::vector<PendingP2P> batch;
   batch.swap(pending_);
   const cudaStream_t comm = stream_;
-  const std::string what = describe(fmt::format("a group of {} sends/receives", batch.size()).c_str());
-  after_compute(what);
+  const std::string group = fmt::format("a group of {} sends/receives", batch.size());
+  after_compute(group.c_str());
+  const std::string what = describe(group.c_str());
   TRIPOD_NCCL_CHECK(ncclGroupStart(), "{}", what);
   for (const PendingP2P& p : batch) {
     const auto type = static_cast<ncclDataType_t>(p.dtype);

@@ -79,7 +79,7 @@ class NcclComm final : public Communicator {
   friend class NcclRequest;
 
   // The stream waits for the work queued so far on the compute stream.
-  void after_compute(const std::string& what);
+  void after_compute(const char* what);
   // Runs `launch` (the NCCL calls) on this communicator's stream after the compute stream's queued
   // work; returns the completion, which the watchdog tracks.
   template <class F> std::shared_ptr<Done> enqueue(const char* what, F&& launch);

@@ -6,7 +6,7 @@
 #     and the NVIDIA libraries (driver, CUDA toolkit, cuDNN, NCCL) that run.sh finds on the target;
 #   - run.sh --dry-run finds the NVIDIA libraries here and lists the stages;
 #   - run.sh's mpi stage trains 2 CPU ranks through the bundled mpirun without opening any file of
-#     this machine's Open MPI or PMIx installation;
+#     this machine's Open MPI or PMIx installation, and leaves run.log, summary.txt, details.tar.gz;
 #   - the archive is small (under 60 MB: the device tool carries 64 MiB).
 # BUNDLE_BUILD overrides the build folder (default build-bundle in the source tree).
 set -euo pipefail
@@ -52,7 +52,9 @@ strace -f -qq -e trace=open,openat,execve -o "$T/strace" "$OUT/run.sh" --results
 grep -q 'mpi  *ok' "$T/mpi/summary.txt" || fail "no mpi ok in summary.txt: $(cat "$T/mpi/summary.txt")"
 leaks=$(grep -E '= [0-9]+$' "$T/strace" | grep -oE '"/(usr/lib/x86_64-linux-gnu/(openmpi|pmix2|libmpi|libopen-|libpmix)|usr/share/(openmpi|pmix)|etc/openmpi)[^"]*"' | sort -u | head || true)
 [ -z "$leaks" ] || fail "the bundled mpirun read the system's Open MPI files:"$'\n'"$leaks"
-[ -s "$T/mpi/details.tar.gz" ] && [ -s "$T/mpi/run.log" ] || fail "run.sh wrote no details.tar.gz / run.log"
+[ "$(ls "$T/mpi" | tr '\n' ' ')" = "details.tar.gz run.log summary.txt " ] ||
+  fail "the results folder should hold details.tar.gz run.log summary.txt, not: $(ls "$T/mpi")"
+tar -tzf "$T/mpi/details.tar.gz" | grep -q 'details/mpi-run/metrics.jsonl' || fail "details.tar.gz lacks the mpi run's metrics"
 
 size=$(stat -c %s "$T/tripod-bundle.tar.gz")
 unpacked=$(du -sb "$OUT" | cut -f1)

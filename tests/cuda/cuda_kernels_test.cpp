@@ -188,7 +188,8 @@ TEST_F(CudaOpsTest, EmbeddingForwardBackward) {
 // ---- LayerNorm ----------------------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, LayerNormForwardBackward) {
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 8}, {7, 32}, {64, 768}, {33, 100}, {300, 1024}}) {
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 8}, {7, 32}, {64, 768}, {33, 100}, {300, 1024},
+                        {2500, 776}}) {  // (many rows per column chunk; a partial last column block)
     Tensor x = randn({N, C}, 20, 1.f, 0.5f), w = randn({C}, 21, 0.1f, 1.f), b = randn({C}, 22, 0.1f);
     Tensor y = host({N, C}), mean = host({N}), rstd = host({N});
     cpu_->layernorm_forward(x, w, b, y, mean, rstd);
@@ -215,7 +216,8 @@ TEST_F(CudaOpsTest, LayerNormForwardBackward) {
 struct LinearCase {
   int64_t N, I, O;
 };
-constexpr LinearCase kLinearCases[] = {{1, 8, 8}, {17, 24, 40}, {128, 768, 2304}, {64, 96, 50}, {5, 13, 7}};
+constexpr LinearCase kLinearCases[] = {{1, 8, 8},   {17, 24, 40}, {128, 768, 2304},
+                                       {64, 96, 50}, {5, 13, 7},   {2000, 64, 776}};
 
 TEST_F(CudaOpsTest, LinearForward) {
   for (auto [N, I, O] : kLinearCases) {
