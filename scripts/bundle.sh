@@ -30,6 +30,11 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$OUT" ] || { echo "error: no output folder given (scripts/bundle.sh [--archive F] OUT)" >&2; exit 2; }
 case $ARCHIVE in ''|*.tar.gz) ;; *) echo "error: --archive $ARCHIVE must end in .tar.gz" >&2; exit 2 ;; esac
+# OUT is replaced: only a folder that is empty, absent or an earlier bundle.
+if [ -d "$OUT" ] && [ -n "$(ls -A "$OUT")" ] && ! [ -f "$OUT/run.sh" -a -f "$OUT/GLIBC_REQUIRED" ]; then
+  echo "error: $OUT exists and is not a bundle; name a new folder (it is replaced)" >&2; exit 2
+fi
+[ ! -e "$OUT" ] || [ -d "$OUT" ] || { echo "error: $OUT exists and is not a folder" >&2; exit 2; }
 
 TARGETS="tripod tripod_gpu_bench cuda_kernels_test cuda_model_test cuda_comm_test cuda_grid_test cuda_cli_test cuda_train_test"
 if [ "$NO_BUILD" = 0 ]; then
@@ -38,8 +43,8 @@ if [ "$NO_BUILD" = 0 ]; then
   launcher=()
   command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
   # Portable code for the target's CPU (x86-64-v3: AVX2/FMA), no build-tree RPATH (only
-  # $ORIGIN/../lib, as DT_RPATH so it also serves the libraries' own dependencies), and test
-  # discovery at ctest time (the test binaries cannot run without a GPU's libraries everywhere).
+  # $ORIGIN/../lib, as DT_RPATH so it also serves the dependencies of libraries without a RUNPATH
+  # of their own), and test discovery at ctest time, not at build time.
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTRIPOD_CUDA=ON -DTRIPOD_NATIVE=OFF \
     -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib' \
     -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \

@@ -39,11 +39,13 @@ trap 'rm -rf "$(dirname "$D")"' EXIT
 exec > >(tee -a "$RESULTS/run.log") 2>&1
 
 # ---- environment -------------------------------------------------------------------------
-# The NVIDIA libraries: the toolkit's folders, then PyTorch's wheels (site-packages/nvidia/*/lib).
+# The NVIDIA libraries: TRIPOD_CUDA_LIBS, the library path given, the toolkit's folders, then
+# PyTorch's wheels (site-packages/nvidia/*/lib), then the loader's cache.
 want=(libcuda.so.1 libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2)
 dirs=()
 IFS=: read -r -a extra <<< "${TRIPOD_CUDA_LIBS:-}"
-dirs+=("${extra[@]}" "${CUDA_HOME:-/usr/local/cuda}/lib64" "${CUDA_HOME:-/usr/local/cuda}/lib"
+IFS=: read -r -a inherited <<< "${LD_LIBRARY_PATH:-}"
+dirs+=("${extra[@]}" "${inherited[@]}" "${CUDA_HOME:-/usr/local/cuda}/lib64" "${CUDA_HOME:-/usr/local/cuda}/lib"
        /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
 if command -v python3 >/dev/null; then
   while read -r d; do dirs+=("$d"); done < <(python3 - <<'EOF' 2>/dev/null
@@ -157,33 +159,33 @@ gpu_tests() {
     np=1
     case $t in cuda_comm_test) np=2 ;; cuda_grid_test) np=4 ;; esac
     if [ $np -gt 1 ]; then
-      run "$t" 600 "${MPIRUN[@]}" -np $np "$B/bin/$t" --gtest_output="xml:$D/$t.xml"
+      run "$t" 240 "${MPIRUN[@]}" -np $np "$B/bin/$t" --gtest_output="xml:$D/$t.xml"
     else
-      run "$t" 600 "$B/bin/$t" --gtest_output="xml:$D/$t.xml"
+      run "$t" 240 "$B/bin/$t" --gtest_output="xml:$D/$t.xml"
     fi
     [ "$DRY" = 1 ] || SUMMARY[-1]+="  $(gtest_counts "$t")"
   done
 }
 train_test() {  # one test of cuda_train_test; it keeps its runs and curve under details/
-  run "$1" 600 env TRIPOD_TEST_KEEP="$D/$1" "$B/bin/cuda_train_test" --gtest_filter="$2" --gtest_output="xml:$D/$1.xml"
+  run "$1" 300 env TRIPOD_TEST_KEEP="$D/$1" "$B/bin/cuda_train_test" --gtest_filter="$2" --gtest_output="xml:$D/$1.xml"
   [ "$DRY" = 1 ] || SUMMARY[-1]+="  $(gtest_counts "$1")"
 }
 bench_tripod() {
-  run bench-tripod 600 "$B/bin/tripod_gpu_bench" --json "$D/bench_tripod.json" ${BENCH_ARGS:-}
+  run bench-tripod 420 "$B/bin/tripod_gpu_bench" --json "$D/bench_tripod.json" ${BENCH_ARGS:-}
 }
 bench_torch() {
   if ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     SUMMARY+=("$(printf '%-26s %s' bench-torch 'skipped: no python3 with CUDA PyTorch')"); return 0
   fi
   local match=(); [ -f "$D/bench_tripod.json" ] && match=(--match "$D/bench_tripod.json")
-  run bench-torch 600 python3 "$B/src/bench/gpu/torch_baseline.py" "${match[@]}" --json "$D/bench_torch.json" ${TORCH_ARGS:-}
+  run bench-torch 480 python3 "$B/src/bench/gpu/torch_baseline.py" "${match[@]}" --json "$D/bench_torch.json" ${TORCH_ARGS:-}
 }
 sanitize() {
   local cs
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
   if [ -z "$cs" ]; then SUMMARY+=("$(printf '%-26s %s' sanitize 'skipped: no compute-sanitizer')"); return 0; fi
-  run sanitize-kernels 600 "$cs" --tool memcheck --error-exitcode 3 "$B/bin/cuda_kernels_test"
-  run sanitize-train 600 "$cs" --tool memcheck --error-exitcode 3 "$B/bin/tripod" train \
+  run sanitize-kernels 280 "$cs" --tool memcheck --error-exitcode 3 "$B/bin/cuda_kernels_test"
+  run sanitize-train 120 "$cs" --tool memcheck --error-exitcode 3 "$B/bin/tripod" train \
     --config "$B/src/configs/tiny.toml" --set train.device=cuda --set train.steps=3 --set train.log_interval=1 \
     --set train.output_dir="$D/sanitize-train-run"
 }
@@ -192,7 +194,7 @@ profile() {
   ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
   if [ -z "$ncu" ]; then SUMMARY+=("$(printf '%-26s %s' profile 'skipped: no ncu')"); return 0; fi
   # Two 124M steps at micro-batch 8 (about 1000 kernels each), every kernel timed on its own.
-  run profile 600 "$ncu" --csv --launch-count 3000 \
+  run profile 180 "$ncu" --csv --launch-count 3000 \
     --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
     "$B/bin/tripod_gpu_bench" --model 124M --micro-batch 8 --steps 1 --warmup 1 --no-split
   [ "$DRY" = 1 ] || python3 "$B/src/bench/gpu/summary.py" --ncu "$D/profile.log" > "$D/profile_top.txt" || true
@@ -215,7 +217,7 @@ write_summary() {
 
 for s in "${STAGES[@]}"; do
   case $s in
-    mpi) run mpi 300 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$B/bin/tripod" train \
+    mpi) run mpi 120 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$B/bin/tripod" train \
            --config "$B/src/configs/tiny.toml" --set train.steps=3 --set train.log_interval=1 --set train.output_dir="$D/mpi-run" ;;
     tests) gpu_tests ;;
     train) train_test train 'CudaTrain.FiftyStepsFollowTheCpuCurve:CudaTrain.CheckpointsMoveBetweenDevices' ;;

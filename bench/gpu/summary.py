@@ -32,6 +32,8 @@ def bench_table(tripod, torch=None):
         if t:
             ratio = m["tokens_per_s"] / t["tokens_per_s"]
             notes.append(f"ratio {'ok' if ratio >= RATIO_TARGET else 'below'} ({RATIO_TARGET}x)")
+            if not t.get("compiled", True):
+                notes.append("torch ran eager (torch.compile failed)")
             row += (f" {t['micro_batch']:>7} {t['tokens_per_s']:>12.0f} {100 * t['mfu']:>5.1f}% {t['peak_gib']:>9.2f} "
                     f"{ratio:>5.2f}x")
         else:

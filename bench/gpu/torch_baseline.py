@@ -140,7 +140,6 @@ def main():
     if not torch.cuda.is_available():
         print("error: torch_baseline.py needs a CUDA GPU and PyTorch sees none", file=sys.stderr)
         return 2
-    torch.backends.cuda.matmul.allow_tf32 = True
     name = torch.cuda.get_device_name(0)
     peak, batches = peak_flops(name), {}
     if a.match:
@@ -151,7 +150,8 @@ def main():
     out = {"bench": "torch", "gpu": name, "peak_tflops": peak / 1e12, "seq_len": SEQ, "torch": torch.__version__,
            "models": []}
     print(f"GPU 0: {name}, PyTorch {torch.__version__}, MFU against {peak / 1e12:.0f} TFLOP/s dense bf16")
-    print(f"{'model':>6} {'params':>8} {'B':>5} {'tokens/s':>11} {'MFU':>6} {'step ms':>9} {'peak GiB':>10} {'warmup s':>9}")
+    print(f"{'model':>6} {'params':>8} {'B':>5} {'tokens/s':>11} {'MFU':>6} {'step ms':>9} {'peak GiB':>10} "
+          f"{'warmup s':>9}  compiled")
     for shape in SHAPES:
         if a.model not in ("all", shape):
             continue
@@ -159,7 +159,17 @@ def main():
         r = None
         for b in cands:
             try:
-                r = run(shape, b, a.steps, a.warmup, not a.no_compile, peak)
+                try:
+                    r = run(shape, b, a.steps, a.warmup, not a.no_compile, peak)
+                except torch.cuda.OutOfMemoryError:
+                    raise
+                except Exception as e:  # a compiler failure: the eager model still gives a baseline
+                    if a.no_compile:
+                        raise
+                    print(f"{shape}: torch.compile failed ({type(e).__name__}: {e}); measuring eager",
+                          file=sys.stderr)
+                    torch.cuda.empty_cache()
+                    r = run(shape, b, a.steps, a.warmup, False, peak)
                 break
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
@@ -169,7 +179,8 @@ def main():
             continue
         out["models"].append(r)
         print(f"{shape:>6} {r['params'] / 1e6:>7.1f}M {r['micro_batch']:>5} {r['tokens_per_s']:>11.0f} "
-              f"{100 * r['mfu']:>5.1f}% {r['step_ms']:>9.1f} {r['peak_gib']:>10.2f} {r['warmup_s']:>9.1f}", flush=True)
+              f"{100 * r['mfu']:>5.1f}% {r['step_ms']:>9.1f} {r['peak_gib']:>10.2f} {r['warmup_s']:>9.1f}  "
+              f"{r['compiled']}", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(out, f, indent=2)
