@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   commands.push_back(add_eval_command(app));
   commands.push_back(add_generate_command(app));
   commands.push_back(add_ckpt_command(app));
+  commands.push_back(add_plan_command(app));
+  commands.push_back(add_calibrate_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
