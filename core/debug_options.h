@@ -1,5 +1,6 @@
 // The TRIPOD_* environment variables: debugging switches and test hooks, read once at start-up
-// (read_debug_options) into one typed value that is passed down. Nothing else reads them.
+// (read_debug_options, in make_runtime) into one typed value that is passed down. Not here:
+// TRIPOD_PEAK_TFLOPS, a measurement setting read where a GPU's peak is looked up (kernels/op.h).
 #pragma once
 
 #include <cstdint>
