@@ -452,6 +452,8 @@ std::string config_to_toml(const Config& cfg) {
                                           {"num_layers", c.recompute.num_layers}}},
                 {"data", write_fields(fields(c.data))},
                 {"checkpoint", write_fields(fields(c.checkpoint))}};
+  // A library run without a run directory (output_dir "") records none, so that the text parses back.
+  if (c.train.output_dir.empty()) t["train"].as_table()->erase("output_dir");
   std::stringstream ss;
   ss << t << "\n";
   return ss.str();
