@@ -277,12 +277,13 @@ nlohmann::json llama_hf_config(const ModelConfig& m) {
           {"torch_dtype", "float32"}};
 }
 
-// The model a checkpoint was trained with (its resolved config).
+// The model a checkpoint was trained with (metadata.json's "model"; checkpoints of versions
+// before the architecture keys are GPT-2's).
 ModelConfig checkpoint_model(const CheckpointReader& r) {
   const nlohmann::json& m = r.metadata();
-  TRIPOD_INPUT_CHECK(m.contains("config_toml") && m["config_toml"].is_string(),
-                     "checkpoint {}: metadata.json has no config_toml (the model's configuration)", r.dir());
-  return parse_config(m["config_toml"].get<std::string>(), r.dir() + "/metadata.json").model;
+  TRIPOD_INPUT_CHECK(m.contains("model") && m["model"].is_object(),
+                     "checkpoint {}: metadata.json has no \"model\" object", r.dir());
+  return model_from_json(m["model"], r.dir() + "/metadata.json");
 }
 
 // Whole tensor `name` of the checkpoint (values, or master weights when saved).
