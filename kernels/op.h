@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <span>
+#include <string_view>
 
 #include "core/tensor.h"
 
@@ -173,5 +174,11 @@ std::unique_ptr<Ops> make_ops(Device device, int device_index = 0);
 void select_cpu_blas_kernels(char** argv);
 // Number of CUDA devices usable by this build (0 without CUDA or without a GPU).
 int cuda_device_count();
+
+// The dense bf16 tensor-core peak FLOP/s of a GPU from its name (cudaDeviceProp::name, e.g.
+// "NVIDIA H100 80GB HBM3"), from NVIDIA's datasheets: 989e12 for H100 SXM and H200, 756e12 for
+// H100 PCIe, 312e12 for A100, ... The environment's TRIPOD_PEAK_TFLOPS overrides it; 0 for a
+// name the table does not know.
+double gpu_peak_flops(std::string_view name);
 
 }  // namespace tripod

@@ -441,10 +441,24 @@ AttentionRunner::Plan* AttentionRunner::plan_for(const Shape& s) {
   return plans_.emplace(s, std::move(plan)).first->second.get();
 }
 
+bool AttentionRunner::executed(int status, const Shape& s) {
+  if (status == CUDNN_STATUS_SUCCESS) return true;
+  const std::string why = cudnn_error(static_cast<cudnnStatus_t>(status));
+  cudaGetLastError();  // a launch error that is not sticky must not reach the next check
+  TRIPOD_CHECK(mode_ != Mode::Cudnn, "attention {} B={} T={} H={} D={}: cuDNN failed to execute its plan "
+               "(TRIPOD_ATTENTION=cudnn): {}", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);
+  spdlog::warn("attention {} B={} T={} H={} D={}: cuDNN failed to execute its plan ({}); this shape uses the slower "
+               "reference kernels from now on", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);
+  plans_[s].reset();
+  return false;
+}
+
 namespace {
 
-void execute(CudaOps& ops, cudnnHandle_t handle, const AttentionRunner::Plan& plan, std::span<const int64_t> uids,
-             std::span<void* const> ptrs, const std::string& what) {
+// Runs a plan; the status of the execution itself is returned (an engine may still refuse a shape
+// here), everything before it throws.
+cudnnStatus_t execute(CudaOps& ops, cudnnHandle_t handle, const AttentionRunner::Plan& plan,
+                      std::span<const int64_t> uids, std::span<void* const> ptrs, const std::string& what) {
   Tensor workspace;
   void* ws = nullptr;
   if (plan.workspace > 0) {
@@ -462,7 +476,7 @@ void execute(CudaOps& ops, cudnnHandle_t handle, const AttentionRunner::Plan& pl
       cudnnBackendSetAttribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws),
       "{}: variant pack", what);
   TRIPOD_CUDNN_CHECK(cudnnBackendFinalize(pack.get()), "{}: variant pack", what);
-  TRIPOD_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan, pack.get()), "{}", what);
+  return cudnnBackendExecute(handle, plan.plan, pack.get());
 }
 
 void* mut(const void* p) { return const_cast<void*>(p); }
@@ -482,9 +496,11 @@ void AttentionRunner::forward(const Tensor& qkv, Tensor& out, Tensor& lse) {
     const std::array<int64_t, 7> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
     const std::array<void*, 7> ptrs{mut(q), mut(q + H * D), mut(q + (H + Hkv) * D), out.raw(), lse.raw(), &scale,
                                     &lowest};
-    execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str()));
-    last_impl_ = "cudnn";
-    return;
+    if (executed(execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str())),
+                 {B, T, H, Hkv, D, false})) {
+      last_impl_ = "cudnn";
+      return;
+    }
   }
   TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
                k::kMaxRefHeadDim);
@@ -518,9 +534,11 @@ void AttentionRunner::backward(const Tensor& dout, const Tensor& qkv, const Tens
     const std::array<void*, 14> ptrs{mut(q),         mut(q + ko), mut(q + vo), mut(out.raw()), mut(dout.raw()),
                                      mut(lse.raw()), &scale,      &lowest,     &one,           dq,
                                      dq + ko,        dq + vo,     softmax_sum.raw(), dq_accum.raw()};
-    execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str()));
-    last_impl_ = "cudnn";
-    return;
+    if (executed(execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str())),
+                 {B, T, H, Hkv, D, true})) {
+      last_impl_ = "cudnn";
+      return;
+    }
   }
   TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
                k::kMaxRefHeadDim);

@@ -3,7 +3,7 @@
 // shapes cuDNN has no engine for, or when asked for.
 //
 // TRIPOD_ATTENTION = auto (default: cuDNN, the reference kernels with a warning when cuDNN
-// declines a shape) | cudnn (cuDNN or fail) | reference.
+// declines a shape, at planning or at its first execution) | cudnn (cuDNN or fail) | reference.
 #pragma once
 
 #include <compare>
@@ -44,6 +44,9 @@ class AttentionRunner {
   };
   // The cached plan for a shape, built on first use; null when cuDNN declined it (Auto mode).
   Plan* plan_for(const Shape& s);
+  // True when a plan's execution succeeded (a cudnnStatus_t); otherwise the shape falls back to
+  // the reference kernels for good, with a warning (an error under TRIPOD_ATTENTION=cudnn).
+  bool executed(int status, const Shape& s);
 
   CudaOps& ops_;
   cudnnContext* handle_ = nullptr;

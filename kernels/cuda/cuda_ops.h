@@ -2,9 +2,9 @@
 // GEMMs on cuBLASLt (bias and GELU fused in epilogues), causal attention through cuDNN's fused
 // scaled-dot-product attention, own kernels for the rest. One instance per rank and GPU.
 //
-// Streams: every op runs on the compute stream, in issue order. NCCL transfers run on the
-// communication stream, which waits for the compute stream before each transfer and is waited for
-// by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute. The host
+// Streams: every op runs on the compute stream, in issue order. NCCL transfers run on each
+// communicator's own stream, which waits for the compute stream before each transfer and is
+// waited for by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute. The host
 // waits for the GPU only where a number is asked for on the host (sum, sum_squares, copies to
 // host memory) and in synchronize().
 //
@@ -17,6 +17,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/allocators.h"
@@ -55,8 +56,9 @@ class CudaOps final : public Ops {
   DType compute_dtype() const override { return DType::BF16; }
   Allocator& allocator() override { return device_alloc_; }
   Allocator& host_allocator() override { return pinned_alloc_; }
-  // H100 SXM dense bf16, DESIGN.md's MFU denominator.
-  double peak_flops() override { return 989e12; }
+  // This GPU's dense bf16 peak from its name (gpu_peak_flops; 989 TFLOP/s, H100 SXM, with a
+  // warning when the name is unknown), DESIGN.md's MFU denominator.
+  double peak_flops() override { return peak_flops_; }
   void synchronize() override;
 
   void fill(Tensor& t, float value) override;
@@ -111,8 +113,8 @@ class CudaOps final : public Ops {
 
   // ---- for the communicators and benchmarks ---------------------------------------------------
   int device_index() const { return device_; }
+  const std::string& device_name() const { return device_name_; }
   cudaStream_t compute_stream() const { return compute_; }
-  cudaStream_t comm_stream() const { return comm_; }
   // Which attention implementation ran last: "cudnn" or "reference" (see attention.cpp).
   const char* attention_impl() const;
 
@@ -148,7 +150,9 @@ class CudaOps final : public Ops {
   void reap_uploads();
 
   int device_ = 0;
-  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  std::string device_name_;
+  double peak_flops_ = 0;
+  cudaStream_t compute_ = nullptr;
   DeviceAllocator device_alloc_;
   PinnedAllocator pinned_alloc_;
   std::unique_ptr<GemmRunner> gemm_;
