@@ -26,9 +26,9 @@ class AttentionRunner {
   AttentionRunner(const AttentionRunner&) = delete;
   AttentionRunner& operator=(const AttentionRunner&) = delete;
 
-  // qkv (B, T, 3, H, D) -> out (B, T, H, D), lse (B, H, T) f32.
+  // qkv (B, T, H + 2 Hkv, D) -> out (B, T, H, D), lse (B, H, T) f32.
   void forward(const Tensor& qkv, Tensor& out, Tensor& lse);
-  // dout (B, T, H, D) -> dqkv (B, T, 3, H, D).
+  // dout (B, T, H, D) -> dqkv (B, T, H + 2 Hkv, D).
   void backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv);
   // "cudnn" or "reference": what the last call ran.
   const char* last_impl() const { return last_impl_; }
@@ -38,7 +38,7 @@ class AttentionRunner {
  private:
   enum class Mode { Auto, Cudnn, Reference };
   struct Shape {
-    int64_t B, T, H, D;
+    int64_t B, T, H, Hkv, D;
     bool backward;
     auto operator<=>(const Shape&) const = default;
   };

@@ -74,10 +74,16 @@ class CudaOps final : public Ops {
   void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte, Tensor& dwpe,
                           int64_t T) override;
 
-  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Tensor& mean,
+  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                           Tensor& dx, Tensor& dw, Tensor& db) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
+                        Tensor& dw) override;
+  void rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) override;
+  void swiglu_forward(const Tensor& gu, Tensor& y) override;
+  void swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) override;
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override;
   void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre, Tensor& y) override;
@@ -92,7 +98,8 @@ class CudaOps final : public Ops {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& probs, Tensor& dqkv) override;
-  // One warp per (b, h, new token) over the cache (attention_ref.cu), bf16 in, f32 softmax.
+  // One warp per (b, query head, new token) over its group's cache (attention_ref.cu), bf16 in,
+  // f32 softmax.
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) override;
 
   void xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
