@@ -4,9 +4,9 @@
 //
 // Streams: every op runs on the compute stream, in issue order. NCCL transfers run on each
 // communicator's own stream, which waits for the compute stream before each transfer and is
-// waited for by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute. The host
-// waits for the GPU only where a number is asked for on the host (sum, sum_squares, copies to
-// host memory) and in synchronize().
+// waited for by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute.
+// The host waits for the GPU only where a number is asked for on the host (sum, sum_squares,
+// copies to host memory) and in synchronize().
 //
 // Debug switches (DebugOptions): the attention kernels (attention_runner.h) and per-op-family GPU
 // time (cuda_timing, see take_times()).
