@@ -21,8 +21,8 @@ Placement place(const ParallelConfig& p, int g) {
 }
 
 struct LayerShape {
-  int64_t B, T, N, Ns, C, F, H, D, t, V, a;
-  bool sp;
+  int64_t B, T, N, Ns, C, F, H, Hkv, D, t, V, a;
+  bool sp, swiglu;
 };
 
 LayerShape shape_of(const Config& cfg, const Hardware& hw) {
@@ -37,7 +37,9 @@ LayerShape shape_of(const Config& cfg, const Hardware& hw) {
   s.C = m.d_model;
   s.F = m.ffn();
   s.H = m.n_heads;
+  s.Hkv = m.kv_heads();
   s.D = m.head_dim();
+  s.swiglu = m.mlp == "swiglu";
   s.t = t;
   s.V = m.padded_vocab(t);
   s.a = hw.act_bytes();
@@ -63,8 +65,11 @@ struct LayerTimes {
 
 LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra) {
   LayerTimes l;
-  const int64_t Cl = s.C / s.t, Fl = s.F / s.t;
-  const int64_t gemms[4][3] = {{s.N, 3 * Cl, s.C}, {s.N, s.C, Cl}, {s.N, Fl, s.C}, {s.N, s.C, Fl}};
+  // q, k, v of H and Hkv heads as one GEMM; the output projection; the MLP's up (gate and up
+  // as one GEMM for SwiGLU) and down projections. Every head count and width is split over tp.
+  const int64_t Ql = s.H / s.t * s.D, KVl = s.Hkv / s.t * s.D, Fl = s.F / s.t;
+  const int64_t gemms[4][3] = {
+      {s.N, Ql + 2 * KVl, s.C}, {s.N, s.C, Ql}, {s.N, (s.swiglu ? 2 : 1) * Fl, s.C}, {s.N, s.C, Fl}};
   for (const auto& g : gemms) {
     l.fwd += hw.gemm_time(g[0], g[1], g[2], false);
     l.bwd += hw.gemm_time(g[0], g[1], g[2], true);
@@ -76,7 +81,7 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra) {
   for (bool b : {false, true}) {
     double e = 2 * hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
                2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b) +
-               hw.elementwise_time(Elementwise::Gelu, s.N * Fl, b);
+               hw.elementwise_time(Elementwise::Gelu, s.N * Fl * (s.swiglu ? 3 : 2) / 2, b);  // SwiGLU reads 2F
     (b ? l.bwd : l.fwd) += e;
   }
   // Two regions (attention, MLP) per layer, in each direction.
