@@ -84,7 +84,7 @@ int64_t overlap_count(const PieceGeom& a, const PieceGeom& b) {
 std::string iter_dir_name(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
 
 int64_t parse_iter_dir_name(const std::string& name) {
-  if (name.size() < 12 || name.rfind("iter_", 0) != 0) return -1;
+  if (name.size() < 12 || name.size() > 5 + 18 || name.rfind("iter_", 0) != 0) return -1;  // 18 digits fit int64
   int64_t v = 0;
   for (size_t i = 5; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;

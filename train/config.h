@@ -3,6 +3,8 @@
 // valid. Checks that need the world size (the grid) are in validate_layout().
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -59,6 +61,7 @@ struct CheckpointConfig {
   int keep = 0;       // 0: keep all
   std::string load;   // a checkpoint directory, or "latest" (in dir)
   bool async = false;
+  bool overwrite = false;  // let a fresh run write into a directory holding another run's checkpoints
 };
 
 struct Config {
@@ -74,6 +77,9 @@ struct Config {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Parses TOML text (`origin` names it in errors).
 Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides = {});
+// Every [model] key (resolved: ffn_hidden and max_positions filled in) as one JSON object, what a
+// checkpoint records as "model" and what a load compares it with.
+nlohmann::json model_record(const ModelConfig& model);
 // The resolved configuration as TOML (every key, defaults filled in).
 std::string config_to_toml(const Config& cfg);
 // Checks that need the world size; fills parallel.dp and train.global_batch_size when derived.

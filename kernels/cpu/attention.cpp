@@ -47,7 +47,9 @@ void causal_softmax(float* S, int64_t T, const float* saved_lse, float* lse) {
 }  // namespace
 
 void CpuOps::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) {
-  auto [B, T, H, D] = dims_of(qkv);
+  // Plain variables, not a structured binding: clang before 16 cannot use those in OpenMP regions.
+  const Dims dims = dims_of(qkv);
+  const int64_t B = dims.B, T = dims.T, H = dims.H, D = dims.D;
   TRIPOD_CHECK(out.numel() == B * T * H * D && lse.numel() == B * H * T, "attention out {} lse {}", out.str(),
                lse.str());
   TRIPOD_CHECK(!probs.defined() || probs.numel() == B * H * T * T, "attention probs {}", probs.str());
@@ -75,7 +77,9 @@ void CpuOps::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tens
 
 void CpuOps::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                 const Tensor& probs, Tensor& dqkv) {
-  auto [B, T, H, D] = dims_of(qkv);
+  // Plain variables, not a structured binding: clang before 16 cannot use those in OpenMP regions.
+  const Dims dims = dims_of(qkv);
+  const int64_t B = dims.B, T = dims.T, H = dims.H, D = dims.D;
   TRIPOD_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == out.numel(), "attention backward dqkv {} dout {}",
                dqkv.str(), dout.str());
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -138,7 +142,8 @@ namespace tripod::cpu {
 // so one head's keys are contiguous rows and a query's scores are a matrix-vector product.
 // Example: H = 2, T_max = 8, D = 4: batch 0, head 1, position 3 starts at (1*8 + 3)*4 = 44.
 void CpuOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) {
-  auto [B, n, H, D] = dims_of(qkv);
+  const Dims dims = dims_of(qkv);
+  const int64_t B = dims.B, n = dims.T, H = dims.H, D = dims.D;
   TRIPOD_CHECK(k_cache.dim() == 4 && k_cache.size(0) == B && k_cache.size(1) == H && k_cache.size(3) == D &&
                    v_cache.shape() == k_cache.shape(),
                "attention_decode: caches {} and {} must be (B, H, T_max, D) = ({}, {}, T_max, {})", k_cache.str(),

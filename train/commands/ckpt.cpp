@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <charconv>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -255,8 +256,14 @@ int run_import(const CkptOptions& o) {
   TRIPOD_INPUT_CHECK(mc.n_layers > 0, "{} has no transformer.h.0.* tensors", o.dir);
   mc.ffn_hidden = static_cast<int>(need("transformer.h.0.mlp.c_fc.bias").shape.at(0));
   mc.n_heads = o.n_heads;
-  if (mc.n_heads == 0 && f.metadata.count("n_heads")) mc.n_heads = std::stoi(f.metadata["n_heads"]);
-  if (mc.n_heads == 0 && f.metadata.count("n_head")) mc.n_heads = std::stoi(f.metadata["n_head"]);
+  for (const char* key : {"n_heads", "n_head"}) {
+    auto it = f.metadata.find(key);
+    if (mc.n_heads != 0 || it == f.metadata.end()) continue;
+    const std::string& v = it->second;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), mc.n_heads);
+    TRIPOD_INPUT_CHECK(ec == std::errc() && end == v.data() + v.size() && mc.n_heads > 0,
+                       "{}: __metadata__ {} = \"{}\" is not a positive integer (or give --n-heads)", o.dir, key, v);
+  }
   TRIPOD_INPUT_CHECK(mc.n_heads > 0 && mc.d_model % mc.n_heads == 0,
                      "--n-heads must be given (the file does not record it) and divide d_model = {}", mc.d_model);
   if (by_name.count("lm_head.weight")) {
@@ -319,9 +326,7 @@ int run_import(const CkptOptions& o) {
       {"consumed_samples", 0},
       {"has_optimizer", false},
       {"config_toml", config_to_toml(cfg)},
-      {"model", {{"n_layers", mc.n_layers}, {"n_heads", mc.n_heads}, {"d_model", mc.d_model},
-                 {"ffn_hidden", mc.ffn()}, {"seq_len", mc.seq_len}, {"max_positions", mc.positions()},
-                 {"vocab_size", mc.vocab_size}}},
+      {"model", model_record(mc)},
       {"grid", {{"dp", 1}, {"pp", 1}, {"tp", 1}, {"vp", 1}, {"world_size", 1}, {"distributed_optimizer", false}}},
       {"source", fmt::format("converted from {}", fs::absolute(o.dir).string())},
   };

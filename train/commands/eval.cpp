@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
@@ -20,7 +21,7 @@ struct EvalOptions {
   std::string config, split = "valid";
   std::vector<std::string> sets;
   WeightOptions weights;
-  int64_t samples = 0;  // 0: train.eval_steps global batches
+  std::optional<int64_t> samples;  // absent: train.eval_steps global batches
   bool json = false, verbose = false;
 };
 
@@ -36,10 +37,10 @@ int run_eval(const EvalOptions& o) {
     cfg = load_config(o.config, o.sets);
     check_weight_options(o.weights);
     split = parse_eval_split(o.split, "--split");
-    TRIPOD_INPUT_CHECK(o.samples >= 0, "--samples {}: give a positive number of samples (or leave it out for "
-                       "train.eval_steps = {} global batches)", o.samples, cfg.train.eval_steps);
+    TRIPOD_INPUT_CHECK(!o.samples || *o.samples >= 1, "--samples {}: give a positive number of samples (or leave it "
+                       "out for train.eval_steps = {} global batches)", o.samples.value_or(0), cfg.train.eval_steps);
     validate_layout(cfg, mpi.size());
-    samples = o.samples > 0 ? o.samples : cfg.train.eval_steps * cfg.train.global_batch_size;
+    samples = o.samples.value_or(cfg.train.eval_steps * cfg.train.global_batch_size);
     ops = make_rank_ops(cfg);
   } catch (const InputError& e) {
     exit_on_bad_input(mpi, e);

@@ -4,6 +4,8 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/load.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/reshard.h"
 #include "core/error.h"
 
@@ -30,6 +32,11 @@ void load_weights(const WeightOptions& w, const Config& cfg, ParamRegistry& reg,
   std::string dir, error;
   try {
     dir = resolve_checkpoint(w.load, cfg.checkpoint.dir);
+    {
+      CheckpointReader reader(dir);
+      if (reader.metadata().contains("model"))
+        check_model_record(reader.metadata()["model"], model_record(cfg.model), dir);
+    }
     load_param_values(dir, reg, ops);
   } catch (const InputError& e) {
     error = e.what();
