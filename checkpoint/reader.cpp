@@ -25,6 +25,8 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   } catch (const nlohmann::json::parse_error& e) {
     throw InputError(fmt::format("checkpoint file {} is not valid JSON (at byte {}; damaged?)", meta_path.string(),
                                  e.byte));
+  } catch (const nlohmann::json::exception&) {
+    throw InputError(fmt::format("checkpoint file {} holds a number out of range (damaged?)", meta_path.string()));
   }
   validate_metadata(meta_, meta_path.string());
   for (const auto& f : meta_["files"]) {

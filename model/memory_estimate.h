@@ -8,7 +8,7 @@
 
 #include "model/config.h"
 #include "model/gpt.h"
-#include "parallel/pipeline/simulate.h"
+#include "parallel/pipeline/plan.h"
 
 namespace tripod {
 

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "model/config.h"
 
 namespace tripod {
@@ -77,11 +79,11 @@ struct Config {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // Parses TOML text (`origin` names it in errors).
 Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides = {});
-// Every [model] key (resolved: ffn_hidden and max_positions filled in) as one JSON object, what a
-// checkpoint records as "model" and what a load compares it with.
-nlohmann::json model_record(const ModelConfig& model);
 // The resolved configuration as TOML (every key, defaults filled in).
 std::string config_to_toml(const Config& cfg);
+// Every [model] key with its resolved value (ffn_hidden and max_positions filled in), as JSON:
+// what a checkpoint records as "model" and what a load compares it with, key by key.
+nlohmann::json model_to_json(const ModelConfig& m);
 // Checks that need the world size; fills parallel.dp and train.global_batch_size when derived.
 void validate_layout(Config& cfg, int world_size);
 

@@ -62,6 +62,8 @@ int main(int argc, char** argv) {
   commands.push_back(add_eval_command(app));
   commands.push_back(add_generate_command(app));
   commands.push_back(add_ckpt_command(app));
+  commands.push_back(add_plan_command(app));
+  commands.push_back(add_calibrate_command(app));
   // CLI11 calls a word that is no subcommand a missing subcommand: name the word instead.
   CLI::App* at = &app;
   for (int i = 1; i < argc && argv[i][0] != '-' && !at->get_subcommands({}).empty(); ++i) {

@@ -12,6 +12,11 @@
 namespace tripod {
 
 RankMemory plan_rank_memory(const Config& cfg, int rank) {
+  Schedule schedule = make_schedule(cfg);
+  return plan_rank_memory(cfg, rank, schedule, plan_pipeline(schedule));
+}
+
+RankMemory plan_rank_memory(const Config& cfg, int rank, const Schedule& schedule, const PipePlan& plan) {
   const ParallelConfig& pc = cfg.parallel;
   const bool cuda = cfg.train.device == "cuda";
   const int64_t act_bytes = cuda ? 2 : 4;
@@ -56,8 +61,6 @@ RankMemory plan_rank_memory(const Config& cfg, int rank) {
     targets |= c.has_head;
   }
   const int64_t N = shape.B * shape.T;
-  Schedule schedule = make_schedule(cfg);
-  PipePlan plan = plan_pipeline(schedule);
   m.activations = activation_peak(schedule, plan, par.coords.pp, bytes, (tokens ? N * 4 : 0) + (targets ? N * 4 : 0));
   return m;
 }

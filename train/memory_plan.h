@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "parallel/grid.h"
+#include "parallel/pipeline/simulate.h"
 #include "train/config.h"
 
 namespace tripod {
@@ -22,6 +23,8 @@ struct RankMemory {
 // `cfg` must have passed validate_layout(). The compute dtype and whether attention keeps its
 // probabilities follow train.device (CPU: f32, kept; CUDA: bf16, recomputed by the fused kernel).
 RankMemory plan_rank_memory(const Config& cfg, int rank);
+// The same with the config's schedule and its plan already built (the planner reuses them).
+RankMemory plan_rank_memory(const Config& cfg, int rank, const Schedule& schedule, const PipePlan& plan);
 std::vector<RankMemory> plan_memory(const Config& cfg);
 // A table of the ranks' estimates (one row per distinct (pp, tp) position; DP replicas agree
 // except under the distributed optimizer, where the largest shard is shown).

@@ -375,7 +375,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       {"global_batch_size", tc.global_batch_size},
       {"config_toml", config_to_toml(cfg_)},
       {"run_id", run_id_},
-      {"model", model_record(cfg_.model)},
+      {"model", model_to_json(cfg_.model)},
       {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"world_size", par_.grid.world_size()},
                 {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", executor_->schedule().kind}}},
       {"has_optimizer", true},
@@ -432,7 +432,7 @@ void Trainer::load_checkpoint_state() {
   {
     CheckpointReader reader(dir);  // metadata.json validated: checksum, every field's type and range
     const nlohmann::json& meta = reader.metadata();
-    if (meta.contains("model")) check_model_record(meta["model"], model_record(cfg_.model), dir);
+    if (meta.contains("model")) check_model_record(meta["model"], model_to_json(cfg_.model), dir);
     if (meta.value("has_optimizer", false) && meta.contains("global_batch_size"))
       TRIPOD_INPUT_CHECK(meta["global_batch_size"].get<int64_t>() == cfg_.train.global_batch_size,
                          "checkpoint {} was trained with train.global_batch_size = {}, this run has {}: the data "

@@ -1,7 +1,7 @@
 // Runs one pipeline rank's actions for a training step: posts the receives and sends of
 // activations (forward) and gradients (backward) between neighbouring virtual stages through the
 // pipeline communicator, keeps the tensors in flight per action, and calls the model through
-// callbacks. It runs exactly the plan the simulator checked (parallel/pipeline/simulate.h has the
+// callbacks. It runs exactly the plan the simulator checked (parallel/pipeline/plan.h has the
 // rules), so every schedule the validator accepts runs without deadlock.
 #pragma once
 
@@ -11,7 +11,7 @@
 
 #include "core/tensor.h"
 #include "parallel/comm/communicator.h"
-#include "parallel/pipeline/simulate.h"
+#include "parallel/pipeline/plan.h"
 #include "parallel/pipeline/trace.h"
 
 namespace tripod {

@@ -1,5 +1,5 @@
 // Pipeline schedules built by pure functions (GPipe, 1F1B, interleaved 1F1B) or loaded from a
-// CSV file. Nothing here computes or communicates; parallel/pipeline/simulate.h checks them.
+// CSV file. Nothing here computes or communicates; parallel/pipeline/plan.h checks them.
 #pragma once
 
 #include <string>

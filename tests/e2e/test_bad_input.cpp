@@ -70,6 +70,11 @@ synthetic = true
          " --set checkpoint.dir=" + q(fx / "ck") + " --set checkpoint.interval=1");
     must("train --config " + q(fx / "data.toml") + " --set train.output_dir=" + q(dir / "runs/fixture_data"));
     must("ckpt convert " + q(fx / "ck") + " --to safetensors " + q(fx / "model.safetensors"));
+    // A Llama-family checkpoint and its Hugging Face folder (config.json + model.safetensors).
+    write_file(fx / "llama.toml", "[model]\narch = \"llama\"\n" + base.substr(base.find('\n') + 1));
+    must("train --config " + q(fx / "llama.toml") + " --set train.output_dir=" + q(dir / "runs/fixture_llama") +
+         " --set checkpoint.dir=" + q(fx / "ckl"));
+    must("ckpt convert " + q(fx / "ckl") + " --to safetensors " + q(fx / "llama_hf"));
   }
   static void TearDownTestSuite() {
     std::printf("bad-input battery: %d cases\n", cases);
@@ -128,6 +133,16 @@ synthetic = true
     fs::path p = fx / "cases" / (name + ".safetensors");
     std::ofstream(p, std::ios::binary) << out;
     return p;
+  }
+  // A copy of the Llama folder as fx/cases/NAME with its config.json changed by `edit`.
+  static fs::path edited_hf_config(const std::string& name, const std::function<void(json&)>& edit) {
+    const fs::path d = fx / "cases" / name;
+    fs::create_directories(d);
+    fs::copy(fx / "llama_hf", d, fs::copy_options::recursive);
+    json c = json::parse(slurp(d / "config.json"));
+    edit(c);
+    write_file(d / "config.json", c.dump(2));
+    return d;
   }
   static fs::path file(const std::string& name, const std::string& text) {
     fs::create_directories(fx / "cases");
@@ -347,6 +362,32 @@ TEST_F(BadInput, Battery) {
   refused(import(edited_safetensors("heads", [](json& h) { h["__metadata__"]["n_heads"] = "two"; })), "n_heads");
   refused(import(edited_safetensors("missing", [](json& h) { h.erase(kWte); })), "wte");
   refused(import(dir / "absent.safetensors"), "absent.safetensors");
+  // Hugging Face Llama folders: config.json's fields by type and range.
+  for (auto [name, key, edit] : std::vector<std::tuple<std::string, std::string, std::function<void(json&)>>>{
+           {"hf_type", "model_type", [](json& c) { c["model_type"] = 3; }},
+           {"hf_arch", "model_type", [](json& c) { c["model_type"] = "mamba"; }},
+           {"hf_hidden", "hidden_size", [](json& c) { c["hidden_size"] = "16"; }},
+           {"hf_hidden_real", "hidden_size", [](json& c) { c["hidden_size"] = 16.5; }},
+           {"hf_heads", "num_attention_heads", [](json& c) { c["num_attention_heads"] = 0; }},
+           {"hf_kv", "num_key_value_heads", [](json& c) { c["num_key_value_heads"] = 3; }},
+           {"hf_layers", "num_hidden_layers", [](json& c) { c["num_hidden_layers"] = 1e12; }},
+           {"hf_tie", "tie_word_embeddings", [](json& c) { c["tie_word_embeddings"] = "yes"; }},
+           {"hf_bias", "attention_bias", [](json& c) { c["attention_bias"] = 1; }},
+           {"hf_act", "hidden_act", [](json& c) { c["hidden_act"] = json::array(); }},
+           {"hf_eps", "rms_norm_eps", [](json& c) { c["rms_norm_eps"] = -1; }}})
+    refused(import(edited_hf_config(name, edit)), key);
+  {
+    const fs::path d = edited_hf_config("hf_json", [](json&) {});
+    write_file(d / "config.json", "{\"model_type\": ");
+    refused(import(d), "config.json");
+  }
+  // A Llama checkpoint loaded with another model: every recorded key is compared.
+  refused(train("--set checkpoint.load=" + q(fx / "ckl") + " --set model.n_kv_heads=1", "llama.toml"),
+          "model.n_kv_heads");
+  refused(train("--set checkpoint.load=" + q(fx / "ckl") + " --set model.rope_theta=500000.0", "llama.toml"),
+          "model.rope_theta");
+  refused(train("--set checkpoint.load=" + q(fx / "ckl") + " --set model.norm_eps=1e-3", "llama.toml"),
+          "model.norm_eps");
 
   // ---- faults ------------------------------------------------------------------------------------
   refused(train(""), "TRIPOD_INJECT_NAN", 1, "TRIPOD_INJECT_NAN=loss@zero");

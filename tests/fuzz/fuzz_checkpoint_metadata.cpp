@@ -27,7 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& f : meta["files"]) (void)(f["name"].get<std::string>().size() + f["bytes"].get<int64_t>());
     for (const char* k : {"dp", "pp", "tp"}) (void)meta["grid"][k].get<int>();
     ModelConfig m{.n_layers = 2, .n_heads = 2, .d_model = 8, .seq_len = 8, .vocab_size = 64};
-    if (meta.contains("model")) check_model_record(meta["model"], model_record(m), "ckpt");
+    if (meta.contains("model")) check_model_record(meta["model"], model_to_json(m), "ckpt");
     CheckpointReader r(dir.string());
     (void)r.iteration();
   });

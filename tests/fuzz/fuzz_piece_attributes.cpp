@@ -5,6 +5,7 @@
 #include <fuzzer/FuzzedDataProvider.h>
 #include <hdf5.h>
 
+#include <limits>
 #include <vector>
 
 #include "checkpoint/crc32c.h"
@@ -75,7 +76,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     s.geom.box_offset = pick(in);
     s.geom.box_size = pick(in);
     s.geom.flat_begin = pick(in);
-    s.geom.flat_end = in.ConsumeBool() ? s.geom.flat_begin + static_cast<int64_t>(n) : pick(in);
+    const bool fits = s.geom.flat_begin <= std::numeric_limits<int64_t>::max() - static_cast<int64_t>(n);
+    s.geom.flat_end = in.ConsumeBool() && fits ? s.geom.flat_begin + static_cast<int64_t>(n) : pick(in);
     s.crc = in.ConsumeBool() ? crc32c(values.data(), n * 4) : in.ConsumeIntegral<uint32_t>();
     attr_str(d, "name", s.name);
     attr_str(d, "kind", in.ConsumeBool() ? group.substr(1) : in.ConsumeRandomLengthString(8));

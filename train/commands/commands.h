@@ -18,5 +18,7 @@ CommandFn add_report_command(CLI::App& app);
 CommandFn add_eval_command(CLI::App& app);
 CommandFn add_generate_command(CLI::App& app);
 CommandFn add_ckpt_command(CLI::App& app);
+CommandFn add_plan_command(CLI::App& app);
+CommandFn add_calibrate_command(CLI::App& app);
 
 }  // namespace tripod

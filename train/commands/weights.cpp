@@ -35,7 +35,7 @@ void load_weights(const WeightOptions& w, const Config& cfg, ParamRegistry& reg,
     {
       CheckpointReader reader(dir);
       if (reader.metadata().contains("model"))
-        check_model_record(reader.metadata()["model"], model_record(cfg.model), dir);
+        check_model_record(reader.metadata()["model"], model_to_json(cfg.model), dir);
     }
     load_param_values(dir, reg, ops);
   } catch (const InputError& e) {

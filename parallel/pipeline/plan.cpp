@@ -1,0 +1,275 @@
+// Schedule validation and the per-rank plan of point-to-point operations; see plan.h for the
+// communication rules.
+#include "parallel/pipeline/plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "parallel/pipeline/plan_run.h"
+#include "parallel/pipeline/schedules.h"
+
+namespace tripod {
+
+namespace {
+
+// Position of each (kind, chunk, micro-batch) in one rank's list, -1 where absent.
+struct PositionTable {
+  int vp = 1, m = 1;
+  std::vector<int> pos;
+  PositionTable(int vp_, int m_) : vp(vp_), m(m_), pos(2 * static_cast<size_t>(vp_) * m_, -1) {}
+  int& at(const Action& a) { return pos[(static_cast<size_t>(a.forward() ? 0 : 1) * vp + a.chunk) * m + a.mb]; }
+  int get(const Action& a) const { return pos[(static_cast<size_t>(a.forward() ? 0 : 1) * vp + a.chunk) * m + a.mb]; }
+};
+
+const char* payload(bool grad) { return grad ? "gradient" : "activation"; }
+
+// Checks each rank's list on its own: ranges, duplicates, missing actions, and the dependencies
+// whose two ends are on this rank. Returns the position tables.
+std::vector<PositionTable> check_lists(const Schedule& s) {
+  TRIPOD_INPUT_CHECK(s.pp >= 1 && s.vp >= 1 && s.microbatches >= 1,
+                     "schedule: pp = {}, vp = {}, microbatches = {}: each must be at least 1", s.pp, s.vp,
+                     s.microbatches);
+  TRIPOD_INPUT_CHECK(static_cast<int>(s.ranks.size()) == s.pp, "schedule: {} rank lists for pp = {}",
+                     s.ranks.size(), s.pp);
+  TRIPOD_INPUT_CHECK(static_cast<long long>(s.pp) * s.vp * s.microbatches <= kMaxSchedulePairs,
+                     "schedule: pp = {} x vp = {} x microbatches = {} is too large (at most {} pairs)", s.pp, s.vp,
+                     s.microbatches, kMaxSchedulePairs);
+  std::vector<PositionTable> tables;
+  for (int r = 0; r < s.pp; ++r) {
+    PositionTable t(s.vp, s.microbatches);
+    const auto& list = s.ranks[r];
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      const Action& a = list[i];
+      TRIPOD_INPUT_CHECK(a.mb < s.microbatches, "{}: {}: micro-batch {} is out of range (microbatches = {})",
+                         s.where(r), a.str(), a.mb, s.microbatches);
+      TRIPOD_INPUT_CHECK(a.chunk < s.vp, "{}: {}: chunk {} is out of range (vp = {} chunks per rank)", s.where(r),
+                         a.str(), a.chunk, s.vp);
+      TRIPOD_INPUT_CHECK(t.at(a) < 0, "{}: {} appears twice (positions {} and {})", s.where(r), a.str(),
+                         t.at(a) + 1, i + 1);
+      t.at(a) = i;
+    }
+    for (int c = 0; c < s.vp; ++c)
+      for (int mb = 0; mb < s.microbatches; ++mb) {
+        if (s.forward_only)
+          TRIPOD_INPUT_CHECK(t.get(B(mb, c)) < 0, "{}: {} in a forward-only schedule (it runs forwards only)",
+                             s.where(r), B(mb, c).str());
+        for (Action a : {F(mb, c), B(mb, c)}) {
+          if (s.forward_only && !a.forward()) continue;
+          TRIPOD_INPUT_CHECK(t.get(a) >= 0,
+                             "{}: {} is missing (every rank runs F and B of each of the {} micro-batches on each of "
+                             "its {} chunks)",
+                             s.where(r), a.str(), s.microbatches, s.vp);
+        }
+      }
+    tables.push_back(std::move(t));
+  }
+  // Dependencies within one rank, checked in list order so the first broken one is named.
+  const int S = s.num_stages();
+  for (int r = 0; r < s.pp; ++r) {
+    const auto& list = s.ranks[r];
+    const auto& t = tables[r];
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      const Action& a = list[i];
+      const int st = s.stage(r, a.chunk);
+      if (a.forward()) {
+        if (st > 0 && s.rank_of_stage(st - 1) == r) {
+          Action need = F(a.mb, s.chunk_of_stage(st - 1));
+          TRIPOD_INPUT_CHECK(t.get(need) < i, "{}: {} before {} (virtual stage {} takes the output of stage {})",
+                             s.where(r), a.str(), need.str(), st, st - 1);
+        }
+      } else {
+        Action fwd = F(a.mb, a.chunk);
+        TRIPOD_INPUT_CHECK(t.get(fwd) < i, "{}: {} before {}", s.where(r), a.str(), fwd.str());
+        if (st + 1 < S && s.rank_of_stage(st + 1) == r) {
+          Action need = B(a.mb, s.chunk_of_stage(st + 1));
+          TRIPOD_INPUT_CHECK(t.get(need) < i,
+                             "{}: {} before {} (virtual stage {} needs the gradient from stage {})", s.where(r),
+                             a.str(), need.str(), st, st + 1);
+        }
+      }
+    }
+  }
+  return tables;
+}
+
+// The messages between ranks, and each action's incoming / outgoing message.
+void add_messages(const Schedule& s, const std::vector<PositionTable>& tables, PipePlan& plan) {
+  const int S = s.num_stages();
+  plan.recv_msg.assign(s.pp, {});
+  plan.send_msg.assign(s.pp, {});
+  plan.last_backward.assign(s.pp, std::vector<int>(s.vp, -1));
+  for (int r = 0; r < s.pp; ++r) {
+    plan.recv_msg[r].assign(s.ranks[r].size(), -1);
+    plan.send_msg[r].assign(s.ranks[r].size(), -1);
+  }
+  for (int r = 0; r < s.pp; ++r) {
+    const auto& list = s.ranks[r];
+    for (int i = 0; i < static_cast<int>(list.size()); ++i) {
+      const Action& a = list[i];
+      const int st = s.stage(r, a.chunk);
+      if (!a.forward()) plan.last_backward[r][a.chunk] = i;
+      const int to_stage = a.forward() ? st + 1 : st - 1;
+      if (to_stage < 0 || to_stage >= S) continue;
+      const int to_rank = s.rank_of_stage(to_stage);
+      if (to_rank == r) continue;  // handed over in memory
+      PipeMessage msg;
+      msg.src_rank = r;
+      msg.dst_rank = to_rank;
+      msg.src_index = i;
+      msg.src = a;
+      msg.dst = a.forward() ? F(a.mb, s.chunk_of_stage(to_stage)) : B(a.mb, s.chunk_of_stage(to_stage));
+      msg.dst_index = tables[to_rank].get(msg.dst);
+      msg.grad = !a.forward();
+      // MPI guarantees tags up to 32767; with the order checked below a repeated tag still matches.
+      msg.tag = static_cast<int>(((static_cast<long long>(a.mb) * S + to_stage) * 2 + (msg.grad ? 1 : 0)) % 32768);
+      const int id = static_cast<int>(plan.messages.size());
+      plan.messages.push_back(msg);
+      plan.send_msg[r][i] = id;
+      plan.recv_msg[to_rank][msg.dst_index] = id;
+    }
+  }
+}
+
+// Messages between two ranks are matched in sending order: each receiver must consume them in
+// that order.
+void check_message_order(const Schedule& s, const PipePlan& plan) {
+  // Last message seen per (sender, receiver) pair, in sending order (pairs are neighbours only,
+  // so a map keeps this linear in the number of ranks).
+  std::unordered_map<long long, int> last;
+  for (int r = 0; r < s.pp; ++r) {
+    for (int id : plan.send_msg[r]) {
+      if (id < 0) continue;
+      const PipeMessage& y = plan.messages[id];
+      auto [it, fresh] = last.try_emplace(static_cast<long long>(y.src_rank) * s.pp + y.dst_rank, id);
+      int& prev = it->second;
+      if (!fresh) {
+        const PipeMessage& x = plan.messages[prev];
+        TRIPOD_INPUT_CHECK(x.dst_index < y.dst_index,
+                           "{}: sends the {} of {} to rank {} before the {} of {}, but {} runs {} (which takes the "
+                           "second) before {} (which takes the first); messages between two ranks are matched in "
+                           "the order they are sent, so each rank must consume them in that order",
+                           s.where(y.src_rank), payload(x.grad), x.src.str(), y.dst_rank, payload(y.grad),
+                           y.src.str(), s.where(y.dst_rank), y.dst.str(), x.dst.str());
+      }
+      prev = id;
+    }
+  }
+}
+
+// The plan before send waits are placed: every send is waited on after the last action.
+void add_ops(const Schedule& s, PipePlan& plan) {
+  plan.ranks.assign(s.pp, {});
+  for (int r = 0; r < s.pp; ++r) {
+    auto& ops = plan.ranks[r];
+    const int n = static_cast<int>(s.ranks[r].size());
+    if (n > 0 && plan.recv_msg[r][0] >= 0) ops.push_back({PlanOpKind::PostRecv, plan.recv_msg[r][0]});
+    for (int i = 0; i < n; ++i) {
+      if (plan.recv_msg[r][i] >= 0) ops.push_back({PlanOpKind::WaitRecv, plan.recv_msg[r][i]});
+      if (i + 1 < n && plan.recv_msg[r][i + 1] >= 0) ops.push_back({PlanOpKind::PostRecv, plan.recv_msg[r][i + 1]});
+      ops.push_back({PlanOpKind::Compute, i});
+      if (plan.send_msg[r][i] >= 0) ops.push_back({PlanOpKind::PostSend, plan.send_msg[r][i]});
+    }
+    for (int i = 0; i < n; ++i)
+      if (plan.send_msg[r][i] >= 0) ops.push_back({PlanOpKind::WaitSend, plan.send_msg[r][i]});
+  }
+}
+
+// Names the cycle of ranks waiting on each other when the run could not finish.
+[[noreturn]] void report_deadlock(const Schedule& s, const PipePlan& plan, const PlanRun& run) {
+  auto stuck_recv = [&](int r) -> int {
+    if (run.pc[r] >= plan.ranks[r].size()) return -1;
+    const PlanOp& op = plan.ranks[r][run.pc[r]];
+    return op.kind == PlanOpKind::WaitRecv ? op.index : -1;
+  };
+  int start = -1;
+  for (int r = 0; r < s.pp && start < 0; ++r)
+    if (stuck_recv(r) >= 0) start = r;
+  TRIPOD_CHECK(start >= 0, "pipeline plan stuck with no rank waiting for a message");
+  // Follow "waits for a message from" until a rank repeats: that rank starts the cycle.
+  std::vector<int> seen(s.pp, 0);
+  int r = start;
+  while (!seen[r]) {
+    seen[r] = 1;
+    int x = stuck_recv(r);
+    TRIPOD_CHECK(x >= 0, "pipeline plan: rank {} is stuck but not in a receive", r);
+    r = plan.messages[x].src_rank;
+  }
+  std::string cycle;
+  const int first = r;
+  do {
+    const PipeMessage& msg = plan.messages[stuck_recv(r)];
+    // What the producer is itself stuck at: the action after its position in the plan.
+    const PipeMessage& next = plan.messages[stuck_recv(msg.src_rank)];
+    cycle += fmt::format("{}{} waits before {} for the {} of {} from rank {}, which rank {} runs after {}",
+                         cycle.empty() ? "" : "; ", s.where(r), msg.dst.str(), payload(msg.grad), msg.src.str(),
+                         msg.src_rank, msg.src_rank, next.dst.str());
+    r = msg.src_rank;
+  } while (r != first);
+  throw InputError(fmt::format("schedule deadlocks: {}", cycle));
+}
+
+}  // namespace
+
+PipePlan plan_pipeline(const Schedule& s) {
+  auto tables = check_lists(s);
+  PipePlan plan;
+  add_messages(s, tables, plan);
+  check_message_order(s, plan);
+  add_ops(s, plan);
+  PlanRun run = run_plan(s, plan, PipeCosts{}, /*find_releases=*/true);
+  if (!run.finished) report_deadlock(s, plan, run);
+  // Move each send wait up to just after the receive wait that proves it was consumed.
+  for (int r = 0; r < s.pp; ++r) {
+    const auto& old = plan.ranks[r];
+    const auto& rel = run.releases[r];
+    std::vector<char> moved(plan.messages.size(), 0);
+    for (const auto& [pos, id] : rel) moved[id] = 1;
+    std::vector<PlanOp> ops;
+    ops.reserve(old.size());
+    size_t k = 0;
+    for (size_t i = 0; i < old.size(); ++i) {
+      if (old[i].kind == PlanOpKind::WaitSend && moved[old[i].index]) continue;
+      ops.push_back(old[i]);
+      for (; k < rel.size() && rel[k].first == i; ++k) ops.push_back({PlanOpKind::WaitSend, rel[k].second});
+    }
+    plan.ranks[r] = std::move(ops);
+  }
+  return plan;
+}
+
+int plan_peak_buffers(const PipePlan& plan, const Schedule& s, int rank) {
+  // Buffers: +1 per posted receive, -1 when its action consumes it; a forward handing over in
+  // memory holds its output until the next chunk's forward; a backward likewise; a sent result
+  // is held until its send wait.
+  const int S = s.num_stages();
+  int held = 0, peak = 0;
+  for (const PlanOp& op : plan.ranks[rank]) {
+    switch (op.kind) {
+      case PlanOpKind::PostRecv: ++held; break;
+      case PlanOpKind::WaitSend: --held; break;
+      case PlanOpKind::Compute: {
+        const Action& a = s.ranks[rank][op.index];
+        const int st = s.stage(rank, a.chunk);
+        // Consumes its input (received or handed over), if it has one.
+        const bool has_input = a.forward() ? st > 0 : st + 1 < S;
+        if (has_input) --held;
+        const bool has_output = a.forward() ? st + 1 < S : st > 0;
+        if (has_output) ++held;  // handed over in memory, or sent and held until its wait
+        break;
+      }
+      case PlanOpKind::WaitRecv:
+      case PlanOpKind::PostSend: break;
+    }
+    peak = std::max(peak, held);
+  }
+  TRIPOD_CHECK(held == 0, "plan of rank {} leaves {} buffers held", rank, held);
+  return peak;
+}
+
+}  // namespace tripod

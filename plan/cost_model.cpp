@@ -1,0 +1,252 @@
+// Action times from layer shapes, the simulated schedule, DP reduction, optimizer and memory.
+#include "plan/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/gpt.h"
+#include "train/trainer.h"
+
+namespace tripod {
+
+namespace {
+
+// Where the ranks of each axis sit: tp fastest, then dp, then pp; nodes of g consecutive ranks.
+struct Placement {
+  bool tp_intra, dp_intra, pp_intra;
+};
+Placement place(const ParallelConfig& p, int g) {
+  return {p.tp <= g, p.tp * p.dp <= g, p.tp * p.dp * p.pp <= g};
+}
+
+struct LayerShape {
+  int64_t B, T, N, Ns, C, F, H, D, t, V, a;
+  bool sp;
+};
+
+LayerShape shape_of(const Config& cfg, const Hardware& hw) {
+  const ModelConfig& m = cfg.model;
+  const int t = cfg.parallel.tp;
+  const bool sp = cfg.parallel.sequence_parallel && t > 1;
+  LayerShape s{};
+  s.B = cfg.train.micro_batch_size;
+  s.T = m.seq_len;
+  s.N = s.B * s.T;
+  s.Ns = sp ? s.N / t : s.N;
+  s.C = m.d_model;
+  s.F = m.ffn();
+  s.H = m.n_heads;
+  s.D = m.head_dim();
+  s.t = t;
+  s.V = m.padded_vocab(t);
+  s.a = hw.act_bytes();
+  s.sp = sp;
+  return s;
+}
+
+// The TP collectives entering and leaving one region (the conjugate pairs of
+// parallel/tensor_parallel/mappings): an all-reduce of the full activation, or under sequence
+// parallelism an all-gather on entry and a reduce-scatter on exit.
+double tp_region(const LayerShape& s, const Hardware& hw, bool intra) {
+  if (s.t == 1) return 0;
+  const int64_t bytes = s.N * s.C * s.a;
+  if (s.sp)
+    return hw.collective_time(Collective::AllGather, s.t, bytes, intra) +
+           hw.collective_time(Collective::ReduceScatter, s.t, bytes, intra);
+  return hw.collective_time(Collective::AllReduce, s.t, bytes, intra);
+}
+
+struct LayerTimes {
+  double fwd = 0, bwd = 0, comm = 0, attn_fwd = 0;  // comm: per direction
+};
+
+LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra) {
+  LayerTimes l;
+  const int64_t Cl = s.C / s.t, Fl = s.F / s.t;
+  const int64_t gemms[4][3] = {{s.N, 3 * Cl, s.C}, {s.N, s.C, Cl}, {s.N, Fl, s.C}, {s.N, s.C, Fl}};
+  for (const auto& g : gemms) {
+    l.fwd += hw.gemm_time(g[0], g[1], g[2], false);
+    l.bwd += hw.gemm_time(g[0], g[1], g[2], true);
+  }
+  const int64_t pairs = s.B * (s.H / s.t);
+  l.attn_fwd = hw.attention_time(pairs, s.T, s.D, false);
+  l.fwd += l.attn_fwd;
+  l.bwd += hw.attention_time(pairs, s.T, s.D, true);
+  for (bool b : {false, true}) {
+    double e = 2 * hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
+               2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b) +
+               hw.elementwise_time(Elementwise::Gelu, s.N * Fl, b);
+    (b ? l.bwd : l.fwd) += e;
+  }
+  // Two regions (attention, MLP) per layer, in each direction.
+  l.comm = 2 * tp_region(s, hw, intra);
+  return l;
+}
+
+}  // namespace
+
+std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
+  const ParallelConfig& p = cfg.parallel;
+  const LayerShape s = shape_of(cfg, hw);
+  const Placement pl = place(p, hw.gpus_per_node);
+  const LayerTimes layer = layer_times(s, hw, pl.tp_intra);
+  const std::vector<int> counts = layers_per_stage(cfg.model.n_layers, p.pp, p.vp, p.layers_per_stage);
+  const int stages = static_cast<int>(counts.size());
+  std::vector<ChunkTimes> out(stages);
+  for (int v = 0; v < stages; ++v) {
+    ChunkTimes& c = out[v];
+    for (int i = 0; i < counts[v]; ++i) {
+      const RecomputeMode mode =
+          cfg.recompute.mode != RecomputeMode::None && cfg.recompute.applies_to(i) ? cfg.recompute.mode
+                                                                                      : RecomputeMode::None;
+      c.forward += layer.fwd + layer.comm;
+      c.forward_comm += layer.comm;
+      c.backward += layer.bwd + layer.comm;
+      c.backward_comm += layer.comm;
+      if (mode == RecomputeMode::Full) {  // the layer's whole forward again, collectives included
+        c.backward += layer.fwd + layer.comm;
+        c.backward_comm += layer.comm;
+      } else if (mode == RecomputeMode::Selective) {
+        c.backward += layer.attn_fwd;
+      }
+    }
+    const int64_t bytes = s.N * s.C * s.a;
+    if (v == 0) {  // embedding: the vocabulary-parallel lookup, summed (or scattered) over TP
+      c.forward += hw.elementwise_time(Elementwise::Embedding, s.N * s.C, false);
+      c.backward += hw.elementwise_time(Elementwise::Embedding, s.N * s.C, true);
+      const double comm = s.t == 1 ? 0
+                          : s.sp   ? hw.collective_time(Collective::ReduceScatter, s.t, bytes, pl.tp_intra)
+                                   : hw.collective_time(Collective::AllReduce, s.t, bytes, pl.tp_intra);
+      const double comm_b = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
+      c.forward += comm;
+      c.forward_comm += comm;
+      c.backward += comm_b;
+      c.backward_comm += comm_b;
+    }
+    if (v == stages - 1) {  // ln_f, the tied head's GEMM, the vocabulary-parallel cross-entropy
+      const int64_t Vl = s.V / s.t;
+      c.forward += hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, false) +
+                   hw.gemm_time(s.N, Vl, s.C, false) + hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, false);
+      c.backward += hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, true) + hw.gemm_time(s.N, Vl, s.C, true) +
+                    hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, true);
+      if (s.t > 1) {
+        const double stats = hw.collective_time(Collective::AllGather, s.t, s.N * 3 * 4 * s.t, pl.tp_intra);
+        const double in = tp_region(s, hw, pl.tp_intra);  // input entering the head, gradient leaving
+        c.forward += stats + in;
+        c.forward_comm += stats + in;
+        c.backward += in;
+        c.backward_comm += in;
+      }
+    }
+  }
+  return out;
+}
+
+StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
+  const ParallelConfig& p = cfg.parallel;
+  const LayerShape s = shape_of(cfg, hw);
+  const Placement pl = place(p, hw.gpus_per_node);
+  StepPrediction out;
+  out.stages = stage_times(cfg, hw);
+
+  // The schedule with these times; stage-to-stage messages carry one (sliced) activation.
+  Schedule schedule = make_schedule(cfg);
+  PipePlan plan = plan_pipeline(schedule);
+  PipeCosts costs;
+  StageCosts stages;
+  for (const ChunkTimes& c : out.stages) {
+    stages.forward.push_back(c.forward);
+    stages.backward.push_back(c.backward);
+  }
+  out.p2p_s = p.pp > 1 ? hw.collective_time(Collective::SendRecv, 2, s.Ns * s.C * s.a, pl.pp_intra) : 0;
+  costs.comm = out.p2p_s;
+  const Simulation sim = simulate(schedule, plan, costs, stages);
+  out.pipeline_s = sim.makespan;
+  out.bubble = sim.bubble;
+
+  // Memory, and the gradient bytes each stage reduces: the first and last pipeline stage hold the
+  // embedding and the head, the others fewer parameters; stage 0 holds the most activations.
+  RankGrid grid(p.tp, p.dp, p.pp);
+  std::vector<int> pp_ranks = {0};
+  if (p.pp > 1) pp_ranks.push_back(p.pp - 1);
+  if (p.pp > 2) pp_ranks.push_back(1);
+  double step_end = 0;
+  const double bucket = std::max(1.0, p.bucket_mb * 1024 * 1024);
+  for (int q : pp_ranks) {
+    RankMemory m = plan_rank_memory(cfg, grid.rank({.tp = 0, .dp = 0, .pp = q}), schedule, plan);
+    if (m.total() > out.memory.total()) out.memory = m;
+    // DP reduction of this rank's f32 gradients in buckets, started as the final backward of
+    // each chunk makes them final (the last backward of the first chunk to finish).
+    const RankSimulation& rs = sim.ranks[q];
+    const double end = rs.timeline.back().end;
+    double reduce = 0, last_bucket = 0;
+    if (p.dp > 1) {
+      const double grads = static_cast<double>(m.grads);
+      const int nb = static_cast<int>(std::ceil(grads / bucket));
+      const int64_t per = static_cast<int64_t>(grads / nb);
+      last_bucket = p.distributed_optimizer ? hw.collective_time(Collective::ReduceScatter, p.dp, per, pl.dp_intra)
+                                            : hw.collective_time(Collective::AllReduce, p.dp, per, pl.dp_intra);
+      reduce = nb * last_bucket;
+    }
+    double window_start = end;
+    std::vector<char> seen(p.vp, 0);
+    for (auto it = rs.timeline.rbegin(); it != rs.timeline.rend(); ++it)
+      if (!it->action.forward() && !seen[it->action.chunk]) {
+        seen[it->action.chunk] = 1;
+        window_start = std::min(window_start, it->start);
+      }
+    double done = hw.overlap_dp ? std::max(end + last_bucket, window_start + reduce) : end + reduce;
+    // The tied embedding's two copies (first and last stage) sum their gradients first.
+    if (p.pp > 1 && (q == 0 || q == p.pp - 1)) {
+      const int64_t table = s.V / s.t * s.C * 4;
+      done += hw.collective_time(Collective::AllReduce, 2, table, pl.pp_intra);
+    }
+    step_end = std::max(step_end, done);
+    out.dp_exposed_s = std::max(out.dp_exposed_s, done - end);
+  }
+
+  // Optimizer: zeroing and the grad-norm pass over the gradients, one world all-reduce, AdamW
+  // over the owned elements, and the distributed optimizer's all-gather of the new values.
+  const int64_t flat = out.memory.grads / 4;
+  const int64_t owned = out.memory.optimizer / (hw.bf16() ? 12 : 8);
+  out.optimizer_s = 2 * hw.elementwise_time(Elementwise::Add, flat, false) / 3 +
+                    hw.collective_time(Collective::AllReduce, grid.world_size(), 16, grid.world_size() <= hw.gpus_per_node) +
+                    hw.elementwise_time(Elementwise::AdamW, owned, false);
+  double gather = 0;
+  if (p.distributed_optimizer && p.dp > 1)
+    gather = hw.collective_time(Collective::AllGather, p.dp, out.memory.params, pl.dp_intra);
+  out.optimizer_s += gather;
+  out.step_time_s = step_end + out.optimizer_s;
+
+  // Exposed communication: the TP collectives inside the busiest rank's actions, the DP and
+  // embedding reductions past its backward, and the optimizer's all-gather.
+  double tp_comm = 0;
+  for (int r = 0; r < p.pp; ++r) {
+    double sum = 0;
+    for (const TimedAction& ta : sim.ranks[r].timeline) {
+      const ChunkTimes& c = out.stages[schedule.stage(r, ta.action.chunk)];
+      sum += ta.action.forward() ? c.forward_comm : c.backward_comm;
+    }
+    tp_comm = std::max(tp_comm, sum);
+  }
+  out.exposed_comm = (tp_comm + out.dp_exposed_s + gather) / out.step_time_s;
+
+  const double tokens = static_cast<double>(cfg.train.global_batch_size) * cfg.model.seq_len;
+  out.tokens_per_s = tokens / out.step_time_s;
+  const double flops = cfg.model.flops_per_token(p.tp) * out.tokens_per_s / grid.world_size();
+  out.model_tflops_per_gpu = flops / 1e12;
+  out.mfu = flops / hw.peak_flops;
+
+  // Overheads beyond the plan: one layer's activation gradients during its backward (qkv,
+  // attention output, both MLP halves, three residual-width tensors; the head's logits are
+  // differentiated in place), the DP buckets in flight (one reducing, one filling) and the
+  // hardware's reserved memory.
+  const int64_t Cl = s.C / s.t, Fl = s.F / s.t;
+  out.workspace_bytes = (s.N * (3 * Cl + Cl + 2 * Fl) + 3 * s.Ns * s.C) * s.a;
+  out.comm_bytes = p.dp > 1 ? static_cast<int64_t>(2 * bucket) : 0;
+  out.reserved_bytes = static_cast<int64_t>(hw.reserved_memory);
+  return out;
+}
+
+}  // namespace tripod

@@ -1,0 +1,91 @@
+// A machine as the planner sees it: datasheet rates (configs/hardware/*.toml) and, when
+// `tripod calibrate` measured them, tables of kernel and collective times that replace the
+// datasheet figures wherever they cover a shape. Times are seconds, sizes bytes, rates per second.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tripod {
+
+// One link class (inside a node, or between nodes), per GPU and direction.
+struct Link {
+  double bandwidth = 0;  // bytes/s
+  double latency = 0;    // seconds per message (or per ring step)
+};
+
+// A measured GEMM y (m, n) = x (m, k) w (n, k)^T: forward, and its two backward GEMMs together
+// (dx = dy w and dw = dy^T x, with the bias gradient).
+struct GemmPoint {
+  int64_t m = 0, n = 0, k = 0;
+  double forward_s = 0, backward_s = 0;
+};
+
+// Causal attention of one (sequence, head) pair of length t and head dimension d.
+struct AttentionPoint {
+  int64_t t = 0, d = 0;
+  double forward_s = 0, backward_s = 0;
+};
+
+// Memory-bound op families, timed per element: forward and backward of each.
+enum class Elementwise { LayerNorm, Gelu, Add, CrossEntropy, Embedding, AdamW, Count };
+const char* elementwise_name(Elementwise e);
+struct ElementwiseRate {
+  double forward_s = 0, backward_s = 0;  // seconds per element; 0: not measured
+};
+
+enum class Collective { AllReduce, AllGather, ReduceScatter, SendRecv, Count };
+const char* collective_name(Collective c);
+// One measured collective over `ranks` ranks of one node; bytes: the full tensor (all-reduce,
+// the gathered output of all-gather, the input of reduce-scatter, the message of send/recv).
+struct CollectivePoint {
+  Collective op = Collective::AllReduce;
+  int ranks = 2;
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
+struct Hardware {
+  std::string name;
+  std::string device = "cuda";      // what tripod computes on: "cuda" (bf16) or "cpu" (f32)
+  double peak_flops = 0;            // dense, in the compute dtype (bf16 on GPUs, f32 on CPUs)
+  double peak_flops_f32 = 0;        // dense f32 (informative on GPUs)
+  double memory_bandwidth = 0;      // bytes/s
+  double memory_capacity = 0;       // bytes per device
+  double reserved_memory = 0;       // bytes not available to tripod: CUDA context, library workspaces
+  int gpus_per_node = 1;
+  Link intra, inter;
+  // When no GEMM table covers a shape: peak * gemm_efficiency * d / (d + gemm_half_dim), d the
+  // smallest of (m, n, k): thin GEMMs run further below peak.
+  double gemm_efficiency = 0.8, gemm_half_dim = 128;
+  double attention_efficiency = 0.5;  // fraction of peak reached by fused attention
+  double memory_efficiency = 0.8;     // fraction of memory_bandwidth reached by elementwise kernels
+  double collective_efficiency = 0.8; // fraction of link bandwidth reached by collectives
+  // Whether bucketed DP reductions run while the backward computes (NCCL on its own stream:
+  // yes; MPI on CPUs progresses only inside MPI calls: no).
+  bool overlap_dp = true;
+
+  std::vector<GemmPoint> gemm;
+  std::vector<AttentionPoint> attention;
+  ElementwiseRate elementwise[static_cast<int>(Elementwise::Count)];
+  std::vector<CollectivePoint> collectives;
+
+  bool bf16() const { return device == "cuda"; }
+  int64_t act_bytes() const { return bf16() ? 2 : 4; }
+
+  // Kernel times. gemm_time: forward (backward = false) or both backward GEMMs.
+  double gemm_time(int64_t m, int64_t n, int64_t k, bool backward) const;
+  double attention_time(int64_t pairs, int64_t t, int64_t d, bool backward) const;
+  double elementwise_time(Elementwise e, int64_t elements, bool backward) const;
+  // A collective over `ranks` ranks (inside one node when `intra_node`).
+  double collective_time(Collective op, int ranks, int64_t bytes, bool intra_node) const;
+};
+
+// Reads a hardware file. Unknown keys or sections, missing required keys and impossible values
+// are InputErrors naming the file and key.
+Hardware load_hardware(const std::string& path);
+Hardware parse_hardware(const std::string& text, const std::string& origin);
+std::string hardware_to_toml(const Hardware& hw);
+
+}  // namespace tripod

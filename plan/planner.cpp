@@ -1,0 +1,162 @@
+// Enumerating layouts, keeping those that fit, ranking them by predicted step time.
+#include "plan/planner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace tripod {
+
+namespace {
+
+std::vector<int> divisors(int n, int at_most) {
+  std::vector<int> out;
+  for (int d = 1; d <= std::min(n, at_most); ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+template <class T>
+std::vector<T> pick(const std::optional<T>& fixed, std::vector<T> all) {
+  if (fixed) return {*fixed};
+  return all;
+}
+
+const char* mode_name(RecomputeMode m) {
+  static const char* names[] = {"none", "selective", "full"};
+  return names[static_cast<int>(m)];
+}
+
+}  // namespace
+
+LayoutFilter parse_layout_filter(const std::string& text) {
+  LayoutFilter f;
+  std::stringstream ss(text);
+  std::string item;
+  auto integer = [](const std::string& k, const std::string& v) {
+    size_t used = 0;
+    int x = 0;
+    try {
+      x = std::stoi(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TRIPOD_INPUT_CHECK(used == v.size() && !v.empty() && x >= 1, "--layout {}={}: must be a positive integer", k, v);
+    return x;
+  };
+  auto boolean = [](const std::string& k, const std::string& v) {
+    TRIPOD_INPUT_CHECK(v == "true" || v == "false", "--layout {}={}: must be true or false", k, v);
+    return v == "true";
+  };
+  while (std::getline(ss, item, ',')) {
+    auto eq = item.find('=');
+    TRIPOD_INPUT_CHECK(eq != std::string::npos, "--layout '{}': expected key=value (keys: tp, pp, vp, mbs, recompute, "
+                       "sp, distopt)", item);
+    std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    if (k == "tp") f.tp = integer(k, v);
+    else if (k == "pp") f.pp = integer(k, v);
+    else if (k == "vp") f.vp = integer(k, v);
+    else if (k == "mbs") f.micro_batch = integer(k, v);
+    else if (k == "sp") f.sequence_parallel = boolean(k, v);
+    else if (k == "distopt") f.distributed_optimizer = boolean(k, v);
+    else if (k == "recompute") {
+      TRIPOD_INPUT_CHECK(v == "none" || v == "selective" || v == "full",
+                         "--layout recompute={}: must be none, selective or full", v);
+      f.recompute = v == "none" ? RecomputeMode::None : v == "selective" ? RecomputeMode::Selective : RecomputeMode::Full;
+    } else {
+      throw InputError(fmt::format("--layout: unknown knob '{}' (valid: tp, pp, vp, mbs, recompute, sp, distopt)", k));
+    }
+  }
+  return f;
+}
+
+PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const LayoutFilter& fixed,
+                        int max_micro_batch) {
+  const int g = hw.gpus_per_node;
+  TRIPOD_INPUT_CHECK(gpus >= 1, "--gpus {}: must be at least 1", gpus);
+  TRIPOD_INPUT_CHECK(gpus <= g || gpus % g == 0,
+                     "--gpus {} is not a multiple of the {} GPUs per node of {} (device.gpus_per_node): use whole "
+                     "nodes, or at most one node",
+                     gpus, g, hw.name);
+  const int B = base.train.global_batch_size;
+  TRIPOD_INPUT_CHECK(B >= 1, "the global batch is not set: give --global-batch or train.global_batch_size");
+  const ModelConfig& m = base.model;
+
+  PlanResult result;
+  bool batch_divides = false;
+  for (int tp : pick(fixed.tp, divisors(std::min(gpus, g), g))) {
+    if (m.n_heads % tp != 0 || gpus % tp != 0) continue;
+    for (int pp : pick(fixed.pp, divisors(gpus / tp, m.n_layers))) {
+      if ((gpus / tp) % pp != 0) continue;
+      const int dp = gpus / (tp * pp);
+      if (B % dp != 0) continue;
+      batch_divides = true;
+      std::vector<int> vps = {1};
+      for (int v = 2; pp > 1 && v * pp <= m.n_layers; ++v)
+        if (m.n_layers % (v * pp) == 0) vps.push_back(v);
+      for (int vp : pick(fixed.vp, vps))
+        for (int mbs : pick(fixed.micro_batch, divisors(B / dp, max_micro_batch)))
+          for (RecomputeMode rc : pick(fixed.recompute, {RecomputeMode::None, RecomputeMode::Selective,
+                                                         RecomputeMode::Full}))
+            for (bool sp : pick(fixed.sequence_parallel, tp > 1 ? std::vector<bool>{false, true}
+                                                                 : std::vector<bool>{false}))
+              for (bool dop : pick(fixed.distributed_optimizer, dp > 1 ? std::vector<bool>{false, true}
+                                                                        : std::vector<bool>{false})) {
+                Config cfg = base;
+                cfg.train.device = hw.device;
+                ParallelConfig& p = cfg.parallel;
+                p.tp = tp;
+                p.pp = pp;
+                p.vp = vp;
+                p.dp = dp;
+                p.schedule = vp > 1 ? "interleaved" : "1f1b";
+                p.schedule_file.clear();
+                p.layers_per_stage.clear();
+                p.sequence_parallel = sp;
+                p.distributed_optimizer = dop;
+                cfg.train.micro_batch_size = mbs;
+                cfg.recompute.mode = rc;
+                cfg.recompute.num_layers = -1;
+                PlannedLayout l{cfg, {}};
+                try {
+                  validate_layout(l.cfg, gpus);
+                  l.pred = predict_step(l.cfg, hw);
+                } catch (const InputError&) {
+                  continue;  // a layout tripod refuses (uneven stages, schedule constraints)
+                }
+                ++result.valid;
+                if (!result.smallest || l.pred.memory_bytes() < result.smallest->pred.memory_bytes())
+                  result.smallest = l;
+                if (static_cast<double>(l.pred.memory_bytes()) <= hw.memory_capacity)
+                  result.layouts.push_back(std::move(l));
+              }
+    }
+  }
+  TRIPOD_INPUT_CHECK(batch_divides,
+                     "global batch {}: no layout on {} GPUs divides it (it must be a multiple of dp = GPUs / (tp * "
+                     "pp) for some tp dividing model.n_heads = {} and pp; change --global-batch or --gpus)",
+                     B, gpus, m.n_heads);
+  TRIPOD_INPUT_CHECK(result.valid > 0,
+                     "no layout of model ({} layers, {} heads) on {} GPUs with global batch {} is valid for tripod{}",
+                     m.n_layers, m.n_heads, gpus, B, "; relax --layout");
+  std::stable_sort(result.layouts.begin(), result.layouts.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
+    if (a.pred.step_time_s != b.pred.step_time_s) return a.pred.step_time_s < b.pred.step_time_s;
+    return a.pred.memory_bytes() < b.pred.memory_bytes();
+  });
+  return result;
+}
+
+std::string layout_toml(const Config& cfg) {
+  const ParallelConfig& p = cfg.parallel;
+  return fmt::format(
+      "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\nschedule = \"{}\"\nsequence_parallel = {}\n"
+      "distributed_optimizer = {}\n\n[train]\nmicro_batch_size = {}\nglobal_batch_size = {}\n\n[recompute]\n"
+      "mode = \"{}\"\n",
+      p.tp, p.pp, p.vp, p.dp, p.schedule, p.sequence_parallel, p.distributed_optimizer, cfg.train.micro_batch_size,
+      cfg.train.global_batch_size, mode_name(cfg.recompute.mode));
+}
+
+}  // namespace tripod

@@ -1,0 +1,45 @@
+// The layout search of `tripod plan`: every (tp, pp, vp, dp, micro-batch, recompute, sequence
+// parallelism, distributed optimizer) that tripod accepts for a model on a number of GPUs, the
+// ones whose memory fits the device, ranked by the cost model's predicted step time.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plan/cost_model.h"
+#include "plan/hardware.h"
+#include "train/config.h"
+
+namespace tripod {
+
+// Knobs fixed by `--layout` (the rest are searched).
+struct LayoutFilter {
+  std::optional<int> tp, pp, vp, micro_batch;
+  std::optional<RecomputeMode> recompute;
+  std::optional<bool> sequence_parallel, distributed_optimizer;
+};
+// "tp=8,pp=4,vp=2,mbs=1,recompute=full,sp=true,distopt=false"; InputError naming the bad item.
+LayoutFilter parse_layout_filter(const std::string& text);
+
+struct PlannedLayout {
+  Config cfg;  // validated for the GPUs: parallel.*, train.micro_batch_size, recompute.mode set
+  StepPrediction pred;
+};
+
+struct PlanResult {
+  std::vector<PlannedLayout> layouts;  // those that fit, fastest first
+  int valid = 0;                       // layouts tripod accepts, fitting or not
+  std::optional<PlannedLayout> smallest;  // the least memory among all valid layouts
+};
+
+// Every layout of `base.model` (with base.train.global_batch_size sequences per step) on `gpus`
+// devices of `hw`. InputError when the GPUs are not whole nodes, or no layout divides the global
+// batch (or matches `fixed`).
+PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const LayoutFilter& fixed = {},
+                        int max_micro_batch = 32);
+
+// The layout as the config sections to paste: [parallel], [train] micro/global batch, [recompute].
+std::string layout_toml(const Config& cfg);
+
+}  // namespace tripod

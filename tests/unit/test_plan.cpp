@@ -1,0 +1,368 @@
+// The planner: hardware files (strict keys), the cost model on hand-computable cases (one GEMM,
+// a ring all-reduce, a 1F1B pipeline of equal stages), the layout search (every layout it emits
+// validates; nothing that fits is missed), and `tripod plan` / `tripod calibrate` on the command
+// line (one JSON object; bad input as one "error:" line and exit 2).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
+
+#include "cli_util.h"
+#include "core/error.h"
+#include "parallel/pipeline/schedules.h"
+#include "plan/planner.h"
+#include "train/trainer.h"
+
+namespace tripod {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kGiB = 1024.0 * 1024 * 1024;
+
+const char* kHardware = R"(
+[device]
+name = "test"
+kind = "cuda"
+peak_tflops = 100
+memory_gib = 1
+memory_bandwidth_gbs = 1000
+gpus_per_node = 4
+[intra_node]
+bandwidth_gbs = 100
+latency_us = 10
+[inter_node]
+bandwidth_gbs = 10
+latency_us = 20
+[efficiency]
+gemm = 0.5
+gemm_half_dim = 100
+collective = 1
+)";
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.n_layers = 4;
+  m.n_heads = 4;
+  m.d_model = 64;
+  m.seq_len = 32;
+  m.vocab_size = 256;
+  return m;
+}
+
+TEST(Hardware, SingleGemmFromTheEfficiencyCurve) {
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  // 2 * 1000 * 400 * 300 FLOPs at 100 TFLOP/s * 0.5 * 300 / (300 + 100).
+  const double expect = 2.0 * 1000 * 400 * 300 / (100e12 * 0.5 * 0.75);
+  EXPECT_NEAR(hw.gemm_time(1000, 400, 300, false), expect, 1e-9 * expect);
+  EXPECT_NEAR(hw.gemm_time(1000, 400, 300, true), 2 * expect, 1e-9 * expect);
+  // A measured shape gets its own time; a shape between two measured ones a rate between theirs.
+  hw.gemm = {{256, 256, 256, 1e-3, 3e-3}, {1024, 256, 256, 2e-3, 5e-3}};
+  EXPECT_DOUBLE_EQ(hw.gemm_time(256, 256, 256, false), 1e-3);
+  EXPECT_DOUBLE_EQ(hw.gemm_time(1024, 256, 256, true), 5e-3);
+  const double rate = 2.0 * 512 * 256 * 256 / hw.gemm_time(512, 256, 256, false);
+  EXPECT_GT(rate, 2.0 * 256 * 256 * 256 / 1e-3);
+  EXPECT_LT(rate, 2.0 * 1024 * 256 * 256 / 2e-3);
+}
+
+TEST(Hardware, RingAllReduceAndMeasuredCollectives) {
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  // Ring all-reduce of 1 GB over 4 ranks inside a node: 2 (n-1)/n bytes over 100 GB/s, and
+  // 2 (n-1) latencies of 10 us.
+  EXPECT_NEAR(hw.collective_time(Collective::AllReduce, 4, 1'000'000'000, true), 0.015 + 60e-6, 1e-12);
+  // Across nodes: 10 GB/s, 20 us.
+  EXPECT_NEAR(hw.collective_time(Collective::AllGather, 4, 1'000'000'000, false), 0.075 + 60e-6, 1e-12);
+  EXPECT_NEAR(hw.collective_time(Collective::SendRecv, 2, 1'000'000, true), 1e-5 + 1e-5, 1e-15);
+  EXPECT_EQ(hw.collective_time(Collective::AllReduce, 1, 1000, true), 0);
+  // Measured points: interpolated between sizes, scaled by bandwidth beyond the largest.
+  hw.collectives = {{Collective::AllReduce, 4, 1000, 1e-3}, {Collective::AllReduce, 4, 3000, 3e-3}};
+  EXPECT_NEAR(hw.collective_time(Collective::AllReduce, 4, 2000, true), 2e-3, 1e-15);
+  EXPECT_NEAR(hw.collective_time(Collective::AllReduce, 4, 6000, true), 6e-3, 1e-15);
+}
+
+TEST(Hardware, FileRoundTripsAndRefusesBadKeys) {
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  hw.gemm = {{256, 128, 64, 1e-4, 2e-4}};
+  hw.attention = {{128, 64, 1e-5, 3e-5}};
+  hw.collectives = {{Collective::ReduceScatter, 2, 4096, 5e-5}};
+  hw.elementwise[static_cast<int>(Elementwise::Gelu)] = {1e-9, 2e-9};
+  Hardware back = parse_hardware(hardware_to_toml(hw), "round.toml");
+  EXPECT_EQ(back.gpus_per_node, 4);
+  EXPECT_DOUBLE_EQ(back.gemm_time(256, 128, 64, true), 2e-4);
+  EXPECT_DOUBLE_EQ(back.attention_time(3, 128, 64, false), 3e-5);
+  EXPECT_DOUBLE_EQ(back.elementwise_time(Elementwise::Gelu, 10, true), 2e-8);
+  EXPECT_DOUBLE_EQ(back.collective_time(Collective::ReduceScatter, 2, 4096, true), 5e-5);
+
+  auto error_of = [](const std::string& text) {
+    try {
+      parse_hardware(text, "bad.toml");
+    } catch (const InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  std::string base = kHardware;
+  {
+    std::string e = error_of(base + "[device2]\nx = 1\n");
+    EXPECT_NE(e.find("unknown section [device2]"), std::string::npos) << e;
+    std::string t = base;
+    t.replace(t.find("gpus_per_node"), 0, "peak_tflop = 3\n");
+    e = error_of(t);
+    EXPECT_NE(e.find("unknown key peak_tflop"), std::string::npos) << e;
+    t = base;
+    t.replace(t.find("memory_gib = 1"), 14, "");
+    e = error_of(t);
+    EXPECT_NE(e.find("missing memory_gib"), std::string::npos) << e;
+    t = base;
+    t.replace(t.find("gemm = 0.5"), 10, "gemm = 1.5");
+    e = error_of(t);
+    EXPECT_NE(e.find("[efficiency]"), std::string::npos) << e;
+  }
+}
+
+TEST(CostModel, OneF1BWithEqualStagesGivesTheClosedFormBubble) {
+  // Equal stage times through the planner's per-stage path: bubble (p-1)/(m+p-1), makespan
+  // (m+p-1)(f+b).
+  for (int p : {2, 4, 8})
+    for (int m : {p, 3 * p, 16}) {
+      Schedule s = build_schedule("1f1b", p, 1, m);
+      StageCosts stages{std::vector<double>(p, 0.3), std::vector<double>(p, 0.7)};
+      Simulation sim = simulate(s, plan_pipeline(s), PipeCosts{}, stages);
+      EXPECT_NEAR(sim.bubble, double(p - 1) / (m + p - 1), 1e-12) << p << " " << m;
+      EXPECT_NEAR(sim.makespan, (m + p - 1) * 1.0, 1e-9);
+    }
+}
+
+TEST(CostModel, StepTimeAddsUpOnOneDevice) {
+  // One rank: the step is every micro-batch's forward and backward plus the optimizer.
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  Config cfg;
+  cfg.model = small_model();
+  cfg.train.micro_batch_size = 2;
+  cfg.train.global_batch_size = 8;
+  cfg.train.device = "cuda";
+  validate_layout(cfg, 1);
+  StepPrediction p = predict_step(cfg, hw);
+  ASSERT_EQ(p.stages.size(), 1u);
+  EXPECT_NEAR(p.pipeline_s, 4 * (p.stages[0].forward + p.stages[0].backward), 1e-15);
+  EXPECT_NEAR(p.step_time_s, p.pipeline_s + p.optimizer_s, 1e-15);
+  EXPECT_EQ(p.bubble, 0);
+  // Full recomputation adds exactly one forward of every layer to the backward.
+  Config full = cfg;
+  full.recompute.mode = RecomputeMode::Full;
+  StepPrediction q = predict_step(full, hw);
+  EXPECT_GT(q.stages[0].backward, p.stages[0].backward);
+  EXPECT_LT(q.memory.activations, p.memory.activations);
+  EXPECT_EQ(q.memory.params, p.memory.params);
+}
+
+struct Key {
+  int tp, pp, vp, mbs, rc;
+  bool sp, dopt;
+  auto operator<=>(const Key&) const = default;
+};
+Key key_of(const Config& c) {
+  return {c.parallel.tp, c.parallel.pp, c.parallel.vp, c.train.micro_batch_size,
+          static_cast<int>(c.recompute.mode), c.parallel.sequence_parallel, c.parallel.distributed_optimizer};
+}
+
+TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  Config base;
+  base.model = small_model();
+  base.train.global_batch_size = 8;
+  const int gpus = 4;
+  // A capacity between the smallest and the largest layout, so some fit and some do not.
+  PlanResult all = plan_layouts(base, hw, gpus);
+  ASSERT_GT(all.layouts.size(), 10u);
+  int64_t lo = all.layouts.front().pred.memory_bytes(), hi = lo;
+  for (const auto& l : all.layouts) {
+    lo = std::min(lo, l.pred.memory_bytes());
+    hi = std::max(hi, l.pred.memory_bytes());
+  }
+  hw.memory_capacity = double(lo + hi) / 2;
+  PlanResult r = plan_layouts(base, hw, gpus);
+  ASSERT_FALSE(r.layouts.empty());
+  ASSERT_LT(r.layouts.size(), all.layouts.size());
+  std::set<Key> emitted;
+  for (size_t i = 0; i < r.layouts.size(); ++i) {
+    const PlannedLayout& l = r.layouts[i];
+    if (i > 0) {
+      EXPECT_LE(r.layouts[i - 1].pred.step_time_s, l.pred.step_time_s);
+    }
+    EXPECT_LE(l.pred.memory_bytes(), hw.memory_capacity);
+    // The snippet, pasted into a config, is a config tripod accepts for the GPUs.
+    Config pasted = parse_config(layout_toml(l.cfg) + "[model]\nn_layers = 4\nn_heads = 4\nd_model = 64\n"
+                                 "seq_len = 32\nvocab_size = 256\n[data]\nsynthetic = true\n",
+                                 "snippet", {"train.steps=1"});
+    EXPECT_NO_THROW(validate_layout(pasted, gpus));
+    EXPECT_EQ(key_of(pasted), key_of(l.cfg));
+    emitted.insert(key_of(l.cfg));
+  }
+  EXPECT_EQ(emitted.size(), r.layouts.size());
+  // Brute force over every knob value: each layout tripod accepts (tp inside a node) that fits
+  // must have been emitted.
+  int fitting = 0;
+  for (int tp = 1; tp <= gpus; ++tp)
+    for (int pp = 1; pp <= gpus; ++pp)
+      for (int vp = 1; vp <= 4; ++vp)
+        for (int mbs = 1; mbs <= 8; ++mbs)
+          for (int rc = 0; rc < 3; ++rc)
+            for (bool sp : {false, true})
+              for (bool dopt : {false, true}) {
+                if (gpus % (tp * pp) != 0) continue;
+                Config c = base;
+                c.train.device = hw.device;
+                c.parallel.tp = tp;
+                c.parallel.pp = pp;
+                c.parallel.vp = vp;
+                c.parallel.dp = gpus / (tp * pp);
+                c.parallel.schedule = vp > 1 ? "interleaved" : "1f1b";
+                c.parallel.sequence_parallel = sp;
+                c.parallel.distributed_optimizer = dopt;
+                c.train.micro_batch_size = mbs;
+                c.recompute.mode = static_cast<RecomputeMode>(rc);
+                try {
+                  validate_layout(c, gpus);
+                  (void)make_schedule(c);
+                } catch (const InputError&) {
+                  continue;
+                }
+                // sp without tp and distopt without dp change nothing: the search leaves them out.
+                if ((sp && tp == 1) || (dopt && c.parallel.dp == 1)) continue;
+                if (static_cast<double>(predict_step(c, hw).memory_bytes()) > hw.memory_capacity) continue;
+                ++fitting;
+                EXPECT_TRUE(emitted.count(key_of(c))) << "missed tp=" << tp << " pp=" << pp << " vp=" << vp
+                                                      << " mbs=" << mbs << " rc=" << rc << " sp=" << sp
+                                                      << " dopt=" << dopt;
+              }
+  EXPECT_EQ(fitting, static_cast<int>(r.layouts.size()));
+}
+
+TEST(Planner, FixedKnobsAndBadInput) {
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  Config base;
+  base.model = small_model();
+  base.train.global_batch_size = 8;
+  PlanResult r = plan_layouts(base, hw, 4, parse_layout_filter("tp=2,recompute=full,sp=true"));
+  ASSERT_FALSE(r.layouts.empty());
+  for (const auto& l : r.layouts) {
+    EXPECT_EQ(l.cfg.parallel.tp, 2);
+    EXPECT_EQ(l.cfg.recompute.mode, RecomputeMode::Full);
+    EXPECT_TRUE(l.cfg.parallel.sequence_parallel);
+  }
+  EXPECT_THROW(parse_layout_filter("tp=two"), InputError);
+  EXPECT_THROW(parse_layout_filter("zz=1"), InputError);
+  EXPECT_THROW(parse_layout_filter("recompute=most"), InputError);
+  // 6 GPUs on nodes of 4.
+  EXPECT_THROW(plan_layouts(base, hw, 6), InputError);
+  // One layer (pp = 1) and tp <= 4: dp >= 2 on 8 GPUs, and 3 sequences divide over no dp.
+  base.model.n_layers = 1;
+  base.train.global_batch_size = 3;
+  try {
+    plan_layouts(base, hw, 8);
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("global batch 3"), std::string::npos) << e.what();
+  }
+}
+
+// ---- the command line --------------------------------------------------------------------
+
+class PlanCli : public ::testing::Test {
+ protected:
+  void SetUp() override { dir_ = test::scratch_dir("plan_cli"); }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+    return (dir_ / name).string();
+  }
+  test::CmdResult plan(const std::string& args) { return test::run_cmd(test::tripod_bin() + " plan " + args); }
+  fs::path dir_;
+};
+
+const char* kModel = "[model]\nn_layers = 8\nn_heads = 8\nd_model = 512\nseq_len = 256\nvocab_size = 1000\n"
+                     "[train]\nsteps = 1\nglobal_batch_size = 32\n[data]\nsynthetic = true\n";
+
+TEST_F(PlanCli, JsonListsLayoutsBestFirst) {
+  auto r = plan("--config " + write("m.toml", kModel) + " --hardware " TRIPOD_SOURCE_PATH
+                "/configs/hardware/h100_sxm.toml --gpus 16 --top 5 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["layouts"].size(), 5u);
+  double prev = 0;
+  for (const auto& l : j["layouts"]) {
+    for (const char* k : {"tp", "pp", "vp", "dp", "micro_batch", "recompute", "sequence_parallel",
+                          "distributed_optimizer", "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu",
+                          "memory_bytes_per_gpu", "bubble", "exposed_comm"})
+      EXPECT_TRUE(l.contains(k)) << k;
+    EXPECT_EQ(l["tp"].get<int>() * l["pp"].get<int>() * l["dp"].get<int>(), 16);
+    EXPECT_GE(l["step_time_s"].get<double>(), prev);
+    prev = l["step_time_s"].get<double>();
+    EXPECT_LE(l["memory_bytes_per_gpu"].get<double>(), 79.6 * kGiB);
+  }
+  // The table and the snippet without --json; a fixed knob is kept.
+  r = plan("--config " + write("m.toml", kModel) + " --hardware " TRIPOD_SOURCE_PATH
+           "/configs/hardware/a100_80gb_sxm.toml --gpus 8 --layout pp=2,recompute=full");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("[parallel]\ntp = "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("pp = 2\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("mode = \"full\""), std::string::npos) << r.out;
+}
+
+TEST_F(PlanCli, BadInputIsOneErrorLineAndExit2) {
+  const std::string model = write("m.toml", kModel);
+  const std::string h100 = TRIPOD_SOURCE_PATH "/configs/hardware/h100_sxm.toml";
+  std::string bad_hw = test::slurp(h100);
+  bad_hw.replace(bad_hw.find("gpus_per_node"), 0, "gpus_per_nodes = 8\n");
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {"--config " + model + " --hardware " + write("bad.toml", bad_hw) + " --gpus 8", "unknown key gpus_per_nodes"},
+      {"--config " + model + " --hardware " + h100 + " --gpus 12", "--gpus 12 is not a multiple of the 8 GPUs"},
+      {"--config " + model + " --hardware " + h100 + " --gpus 16 --global-batch 3 --layout pp=1", "global batch 3"},
+      {"--config " + model + " --hardware " + h100 + " --gpus 8 --layout tp=3", "no layout"},
+      {"--config " + model + " --hardware " + dir_.string() + "/none.toml --gpus 8", "none.toml"},
+  };
+  for (const Case& c : cases) {
+    auto r = plan(c.args);
+    EXPECT_EQ(r.status, 2) << c.args << "\n" << r.err;
+    EXPECT_EQ(test::count_lines_starting(r.err, "error:"), 1) << r.err;
+    EXPECT_NE(r.err.find(c.needle), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  // A model too large for the GPUs: the smallest memory it would need.
+  auto r = plan("--config " + write("big.toml", "[model]\nn_layers = 96\nn_heads = 96\nd_model = 12288\nseq_len = "
+                                                "2048\nvocab_size = 50257\n[train]\nsteps = 1\nglobal_batch_size = 8\n"
+                                                "[data]\nsynthetic = true\n") +
+                " --hardware " + h100 + " --gpus 8");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("the smallest needs"), std::string::npos) << r.err;
+}
+
+TEST_F(PlanCli, CalibrateWritesAFilePlanReads) {
+  const std::string out = (dir_ / "cpu.toml").string();
+  const std::string model = write("m.toml", kModel);
+  auto r = test::run_cmd("OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 " + test::tripod_bin() + " calibrate --out " + out +
+                         " --repeats 1 --model " + model + " --micro-batches 1,2");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Hardware hw = load_hardware(out);
+  EXPECT_EQ(hw.device, "cpu");
+  EXPECT_EQ(hw.gemm.size(), 10u);  // the layer's four GEMMs and the head's, at 256 and 512 tokens
+  ASSERT_EQ(hw.attention.size(), 1u);
+  EXPECT_EQ(hw.attention[0].t, 256);
+  EXPECT_GT(hw.peak_flops, 0);
+  r = plan("--config " + model + " --hardware " + out + " --gpus 1 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  // An existing file is not replaced without --force.
+  r = test::run_cmd(test::tripod_bin() + " calibrate --out " + out);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(test::count_lines_starting(r.err, "error:"), 1) << r.err;
+}
+
+}  // namespace
+}  // namespace tripod

@@ -1,0 +1,102 @@
+// `tripod calibrate --out FILE.toml [--device cpu|cuda] [--base H.toml] [--model F.toml] [--repeats R]`:
+// measures this machine's kernels and (under mpirun) its collectives into a hardware file for `tripod plan`.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/log.h"
+#include "parallel/comm/mpi_comm.h"
+#include "parallel/context.h"
+#include "plan/calibrate.h"
+#include "train/commands/commands.h"
+#include "train/mpi_session.h"
+
+namespace tripod {
+
+namespace {
+
+struct CalibrateOptions {
+  std::string out, device = "cpu", base, name, model;
+  std::vector<int> micro_batches = {1, 2, 4, 8};
+  int repeats = 5;
+  bool force = false;
+};
+
+int run_calibrate(const CalibrateOptions& o) {
+  MpiSession mpi;
+  init_logging(mpi.rank(), mpi.size(), false);
+  Hardware hw;
+  std::unique_ptr<Ops> ops;
+  ModelConfig model;
+  try {
+    if (!o.model.empty()) model = load_config(o.model).model;
+    for (int b : o.micro_batches) TRIPOD_INPUT_CHECK(b >= 1, "--micro-batches {}: must be positive", b);
+    TRIPOD_INPUT_CHECK(o.device == "cpu" || o.device == "cuda", "--device {}: must be cpu or cuda", o.device);
+    TRIPOD_INPUT_CHECK(o.force || !std::filesystem::exists(o.out), "--out {} exists (pass --force to replace it)",
+                       o.out);
+    TRIPOD_INPUT_CHECK(o.repeats >= 1, "--repeats {}: must be at least 1", o.repeats);
+    TRIPOD_INPUT_CHECK(o.device == "cpu" || !o.base.empty(),
+                       "--device cuda needs --base (a datasheet file such as configs/hardware/h100_sxm.toml) for "
+                       "what calibration does not measure: memory, the inter-node network");
+    if (!o.base.empty()) {
+      hw = load_hardware(o.base);
+    } else {
+      // A CPU "node": the ranks of this run share its memory and cores.
+      hw.memory_capacity = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / mpi.size();
+      hw.gpus_per_node = mpi.size();
+      hw.overlap_dp = false;  // MPI progresses non-blocking collectives only inside MPI calls
+    }
+    hw.name = o.name.empty() ? fmt::format("calibrated {} ({} ranks)", o.device, mpi.size()) : o.name;
+    Config cfg;
+    cfg.train.device = o.device;
+    ops = make_rank_ops(cfg);
+  } catch (const InputError& e) {
+    exit_on_bad_input(mpi, e);
+  }
+  auto world = mpi_world(ops.get(), 600);
+  // A (1, n, 1) grid: its world communicator is NCCL's when each rank has its own GPU.
+  ParallelContext par = make_parallel_context(*world, RankGrid(1, mpi.size(), 1));
+  CalibrateGrid grid = o.model.empty() ? default_grid(ops->device())
+                                       : model_grid(ops->device(), model, mpi.size(), o.micro_batches);
+  grid.repeats = o.repeats;
+  spdlog::info("calibrating {} GEMM shapes, {} attention shapes, elementwise ops{}", grid.gemm_shapes.size() +
+               grid.gemm_m.size() * grid.gemm_nk.size() * grid.gemm_nk.size(), grid.attention_t.size() * grid.attention_d.size(),
+               mpi.size() > 1 ? fmt::format(", collectives over {} ranks", mpi.size()) : "");
+  calibrate(*ops, par.world.get(), grid, hw);
+  if (mpi.rank() == 0) {
+    const std::string tmp = o.out + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << "# written by tripod calibrate: medians of " << o.repeats << " timings per point\n" << hardware_to_toml(hw);
+      TRIPOD_CHECK(f.good(), "cannot write {}", tmp);
+    }
+    std::filesystem::rename(tmp, o.out);
+    fmt::print("{}: peak {:.1f} GFLOP/s, elementwise {:.1f} GB/s, {} GEMM, {} attention, {} collective points\n", o.out,
+               hw.peak_flops / 1e9, hw.memory_bandwidth / 1e9, hw.gemm.size(), hw.attention.size(),
+               hw.collectives.size());
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandFn add_calibrate_command(CLI::App& app) {
+  auto o = std::make_shared<CalibrateOptions>();
+  CLI::App* sub = app.add_subcommand("calibrate", "Measure this machine's GEMM, attention, elementwise and "
+                                                  "(under mpirun) collective speeds into a hardware file");
+  sub->add_option("--out", o->out, "Hardware file to write (TOML)")->required();
+  sub->add_option("--device", o->device, "cpu (OpenBLAS, MPI) or cuda (cuBLASLt, cuDNN, NCCL)");
+  sub->add_option("--base", o->base, "Hardware file whose unmeasured fields (memory, network) to keep");
+  sub->add_option("--name", o->name, "Name written into the file");
+  sub->add_option("--model", o->model, "Measure exactly this config's GEMM and attention shapes (for tp up to the "
+                                       "ranks and each --micro-batches) instead of the default grid");
+  sub->add_option("--micro-batches", o->micro_batches, "Micro-batch sizes for --model (default 1 2 4 8)")->delimiter(',');
+  sub->add_option("--repeats", o->repeats, "Timings per point (the median is kept; default 5)");
+  sub->add_flag("--force", o->force, "Replace --out if it exists");
+  return [o] { return run_calibrate(*o); };
+}
+
+}  // namespace tripod
