@@ -84,6 +84,9 @@ std::string config_to_toml(const Config& cfg);
 // Every [model] key with its resolved value (ffn_hidden and max_positions filled in), as JSON:
 // what a checkpoint records as "model" and what a load compares it with, key by key.
 nlohmann::json model_to_json(const ModelConfig& m);
+// The inverse: keys absent from `j` keep their defaults (GPT-2's architecture). InputError naming
+// `origin` and the key when a value has the wrong type.
+ModelConfig model_from_json(const nlohmann::json& j, const std::string& origin);
 // Checks that need the world size; fills parallel.dp and train.global_batch_size when derived.
 void validate_layout(Config& cfg, int world_size);
 

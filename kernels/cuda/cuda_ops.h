@@ -4,9 +4,9 @@
 //
 // Streams: every op runs on the compute stream, in issue order. NCCL transfers run on each
 // communicator's own stream, which waits for the compute stream before each transfer and is
-// waited for by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute. The host
-// waits for the GPU only where a number is asked for on the host (sum, sum_squares, copies to
-// host memory) and in synchronize().
+// waited for by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute.
+// The host waits for the GPU only where a number is asked for on the host (sum, sum_squares,
+// copies to host memory) and in synchronize().
 //
 // Environment: TRIPOD_ATTENTION = auto | cudnn | reference (attention_runner.h),
 // TRIPOD_CUDA_TIMING=1 (per-op-family GPU time, see take_times()).

@@ -83,8 +83,8 @@ NcclComm::NcclComm(std::unique_ptr<MpiComm> twin, cuda::CudaOps& ops, std::vecto
   TRIPOD_CUDA_CHECK(cudaSetDevice(ops_.device_index()), "'{}' communicator", name());
   int least = 0, greatest = 0;
   TRIPOD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "'{}' communicator", name());
-  TRIPOD_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest), "stream of the '{}' communicator",
-                    name());
+  TRIPOD_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest),
+                    "stream of the '{}' communicator", name());
   TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "'{}' communicator", name());
   ncclUniqueId id{};
   if (twin_->rank() == 0) TRIPOD_NCCL_CHECK(ncclGetUniqueId(&id), "'{}' communicator", name());
