@@ -5,6 +5,7 @@
 #include <hdf5.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <bit>
@@ -36,6 +37,20 @@ void fsync_path(const std::string& path) {
 }
 
 namespace {
+
+// Why writing under `path` failed, when the failing call was HDF5's (which keeps errno but not
+// its meaning): errno when it names an I/O cause, else what the file system says now.
+std::string io_cause(int err, const std::string& path) {
+  for (int e : {ENOSPC, EDQUOT, EROFS, EACCES, EPERM, EIO, EFBIG, ENOENT})
+    if (err == e) return std::strerror(err);
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  struct statvfs fs{};
+  if (::statvfs(dir.empty() ? "." : dir.c_str(), &fs) == 0) {
+    if (fs.f_flag & ST_RDONLY) return std::strerror(EROFS);
+    if (fs.f_bavail == 0) return std::strerror(ENOSPC);
+  }
+  return err ? std::strerror(err) : "cause unknown";
+}
 
 // RAII for HDF5 handles.
 struct Hid {
@@ -116,6 +131,16 @@ bool read_str(hid_t obj, const char* name, std::string& out) {
   return true;
 }
 
+// The checksum of a piece's attributes (all but itself): a damaged attribute that still makes a
+// possible geometry would otherwise place the data elsewhere.
+uint32_t attributes_crc(const ShardSpec& s) {
+  const PieceGeom& g = s.geom;
+  const std::string text = fmt::format("{}|{}|{}|{}|{}|{}|{}|{}|{:08x}", s.name, state_kind_name(s.kind),
+                                       shape_str(g.global_shape), g.shard_dim, g.box_offset, g.box_size,
+                                       g.flat_begin, g.flat_end, s.crc);
+  return crc32c(text.data(), text.size());
+}
+
 // Where dataset d's `n` floats start in the file when they lie there as plain little-endian f32
 // (contiguous layout, no filters, allocated); -1 otherwise.
 int64_t raw_offset(hid_t d, int64_t n) {
@@ -134,8 +159,9 @@ int64_t raw_offset(hid_t d, int64_t n) {
 
 H5Writer::H5Writer(const std::string& path) : path_(path) {
   quiet_hdf5();
+  errno = 0;
   file_ = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (file_ < 0) TRIPOD_FAIL("cannot create checkpoint file {}", path);
+  if (file_ < 0) TRIPOD_FAIL("cannot create checkpoint file {}: {}", path, io_cause(errno, path));
 }
 
 H5Writer::~H5Writer() {
@@ -163,10 +189,10 @@ void H5Writer::write(const ShardSpec& spec, const float* data) {
   Hid dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
   H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);  // every element is written right away
   Hid d(H5Dcreate2(file_, ds.c_str(), H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), H5Dclose);
-  TRIPOD_CHECK(d.id >= 0, "creating dataset {} in {}", ds, path_);
-  if (g.numel() > 0)
-    TRIPOD_CHECK(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0, "writing {} to {}", ds,
-                 path_);
+  if (d.id < 0) TRIPOD_FAIL("creating dataset {} in checkpoint file {}: {}", ds, path_, io_cause(errno, path_));
+  errno = 0;
+  if (g.numel() > 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0)
+    TRIPOD_FAIL("writing dataset {} to checkpoint file {}: {}", ds, path_, io_cause(errno, path_));
   attr_str(d, "name", spec.name);
   attr_str(d, "kind", kind);
   attr_str(d, "dtype", "f32");
@@ -180,13 +206,15 @@ void H5Writer::write(const ShardSpec& spec, const float* data) {
   attr_i64(d, "flat_begin", g.flat_begin);
   attr_i64(d, "flat_end", g.flat_end);
   attr_u32(d, "crc32c", spec.crc);
+  attr_u32(d, "attributes_crc32c", attributes_crc(spec));
 }
 
 int64_t H5Writer::close() {
   if (file_ >= 0) {
+    errno = 0;
     herr_t rc = H5Fclose(file_);
     file_ = -1;
-    TRIPOD_CHECK(rc >= 0, "closing checkpoint file {}", path_);
+    if (rc < 0) TRIPOD_FAIL("writing checkpoint file {} (closing it): {}", path_, io_cause(errno, path_));
   }
   fsync_path(path_);
   return static_cast<int64_t>(std::filesystem::file_size(path_));
@@ -260,6 +288,11 @@ std::vector<StoredPiece> H5Reader::index() {
         throw InputError(fmt::format("checkpoint file {}: dataset {} has kind '{}' and dtype '{}' (expected {} and f32)",
                                      path_, p.dataset, kind_s, dtype, state_kind_name(kind)));
       p.spec.kind = kind;
+      uint32_t attrs_crc = 0;  // absent in checkpoints of format 1
+      if (H5Aexists(d, "attributes_crc32c") > 0 &&
+          (!read_u32(d, "attributes_crc32c", attrs_crc) || attrs_crc != attributes_crc(p.spec)))
+        throw InputError(fmt::format("checkpoint file {}: dataset {} ({}): its attributes fail their checksum "
+                                     "(attributes_crc32c): the file is damaged", path_, p.dataset, p.spec.name));
       std::string bad = g.check();
       if (!bad.empty())
         throw InputError(fmt::format("checkpoint file {}: dataset {} ({}) has an impossible geometry: {}", path_,

@@ -3,7 +3,8 @@
 //   name (string), kind (string), dtype ("f32"), global_shape (int64[]), shard_dim (int64),
 //   box_offset, box_size (int64: the TP slice along the box dim), global_offset (int64[]: the
 //   global index of the box's first element), flat_begin, flat_end (int64: the elements of the
-//   box this piece holds, row-major), crc32c (uint32 of the data).
+//   box this piece holds, row-major), crc32c (uint32 of the data), attributes_crc32c (uint32 of
+//   the other attributes; absent in checkpoints of format 1).
 // A whole box is stored with the box's shape; a flat piece of one as a 1-D dataset.
 // HDF5 is not thread-safe in this build: one thread at a time may use these classes.
 #pragma once

@@ -6,7 +6,7 @@
 #include <future>
 
 #include "checkpoint/crc32c.h"
-
+#include "checkpoint/metadata.h"
 #include "checkpoint/writer.h"
 #include "core/error.h"
 
@@ -22,25 +22,19 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   std::ifstream in(meta_path);
   try {
     meta_ = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("checkpoint file {} is not valid JSON: {}", meta_path.string(), e.what()));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(fmt::format("checkpoint file {} is not valid JSON (at byte {}; damaged?)", meta_path.string(),
+                                 e.byte));
+  } catch (const nlohmann::json::exception&) {
+    throw InputError(fmt::format("checkpoint file {} holds a number out of range (damaged?)", meta_path.string()));
   }
-  TRIPOD_INPUT_CHECK(meta_.is_object() && meta_.value("format", "") == "tripod-checkpoint" &&
-                         meta_.contains("format_version") && meta_["format_version"].is_number_integer() &&
-                         meta_.contains("files") && meta_["files"].is_array() && meta_.contains("iteration"),
-                     "checkpoint file {} is not a tripod checkpoint's metadata", meta_path.string());
-  const int version = meta_["format_version"].get<int>();
-  TRIPOD_INPUT_CHECK(version <= kCheckpointFormatVersion && version >= 1,
-                     "checkpoint {} has format version {}, which this tripod ({}) cannot read (it reads versions 1 to "
-                     "{}; written by a newer tripod?)",
-                     dir, version, meta_.value("tripod_version", "?"), kCheckpointFormatVersion);
+  validate_metadata(meta_, meta_path.string());
   for (const auto& f : meta_["files"]) {
-    const std::string name = f.value("name", "");
-    const fs::path p = fs::path(dir) / name;
-    TRIPOD_INPUT_CHECK(!name.empty() && fs::exists(p), "checkpoint file {} is missing (listed in {})", p.string(),
+    const fs::path p = fs::path(dir) / f["name"].get<std::string>();
+    TRIPOD_INPUT_CHECK(fs::is_regular_file(p), "checkpoint file {} is missing (listed in {})", p.string(),
                        meta_path.string());
     const auto size = static_cast<int64_t>(fs::file_size(p));
-    const int64_t want = f.value("bytes", int64_t{-1});
+    const int64_t want = f["bytes"].get<int64_t>();
     TRIPOD_INPUT_CHECK(size == want, "checkpoint file {} has {} bytes but {} were written (truncated or damaged)",
                        p.string(), size, want);
   }

@@ -162,7 +162,9 @@ void throw_if_any_failed(const std::string& error, Communicator& world) {
   flag.data<float>()[0] = error.empty() ? 0.f : static_cast<float>(world.size() - world.rank());
   world.all_reduce(flag, ReduceOp::Max);
   const int failing = flag.data<float>()[0] == 0.f ? -1 : world.size() - static_cast<int>(flag.data<float>()[0]);
-  if (failing >= 0) throw InputError(failing == world.rank() ? error : "");
+  using Scope = InputError::Scope;
+  if (failing == world.rank()) throw InputError(error, failing == 0 ? Scope::Shared : Scope::Rank);
+  if (failing >= 0) throw InputError::reported_elsewhere();
 }
 
 LoadResult load_checkpoint(const std::string& ckpt_dir, ParamRegistry& reg, Ops& ops,
@@ -230,10 +232,8 @@ LoadResult load_checkpoint(const std::string& ckpt_dir, ParamRegistry& reg, Ops&
     world.all_reduce(pr, ReduceOp::Max);
     for (size_t i = 0; i < present.size(); ++i)
       if (present[i] == 0.f)
-        throw InputError(world.rank() == 0 ? fmt::format("checkpoint {} has tensor {}, which this model does not have "
-                                                         "(a checkpoint of another model shape?)",
-                                                         ckpt_dir, ckpt_names[i])
-                                           : "");
+        throw InputError(fmt::format("checkpoint {} has tensor {}, which this model does not have (a checkpoint "
+                                     "of another model shape?)", ckpt_dir, ckpt_names[i]));
   }
   apply(ops, staged);
   if (!res.optimizer_loaded && world.rank() == 0)

@@ -74,6 +74,8 @@ float half_to_float(uint16_t h) {
 }  // namespace
 
 SafetensorsFile read_safetensors(const std::string& path) {
+  std::error_code ec;
+  TRIPOD_INPUT_CHECK(fs::is_regular_file(path, ec), "safetensors file {} is missing or not a file", path);
   std::ifstream in(path, std::ios::binary);
   TRIPOD_INPUT_CHECK(in.good(), "safetensors file {} cannot be read (missing or not readable)", path);
   const uint64_t size = fs::file_size(path);
@@ -89,8 +91,10 @@ SafetensorsFile read_safetensors(const std::string& path) {
   nlohmann::ordered_json header;
   try {
     header = nlohmann::ordered_json::parse(h);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: the safetensors header is not valid JSON: {}", path, e.what()));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(fmt::format("{}: the safetensors header is not valid JSON (at byte {})", path, e.byte));
+  } catch (const nlohmann::json::exception&) {  // a number out of range (fuzzing found it)
+    throw InputError(fmt::format("{}: the safetensors header holds a number out of range", path));
   }
   TRIPOD_INPUT_CHECK(header.is_object(), "{}: the safetensors header is not a JSON object", path);
   const uint64_t data_size = size - 8 - len;
@@ -106,13 +110,31 @@ SafetensorsFile read_safetensors(const std::string& path) {
                        "{}: tensor {} lacks dtype, shape or data_offsets", path, name);
     NamedTensor t;
     t.name = name;
-    const std::string dt = e["dtype"].get<std::string>();
-    for (auto& d : e["shape"]) t.shape.push_back(d.get<int64_t>());
-    const uint64_t b = e["data_offsets"][0].get<uint64_t>(), end = e["data_offsets"][1].get<uint64_t>();
-    const int64_t n = shape_numel(t.shape);
+    const auto& dtype = e["dtype"];
+    const auto& shape = e["shape"];
+    const auto& offsets = e["data_offsets"];
+    TRIPOD_INPUT_CHECK(dtype.is_string(), "{}: tensor {} has dtype {}, not a string such as \"F32\"", path, name,
+                       dtype.dump());
+    const std::string dt = dtype.get<std::string>();
     const uint64_t elem = dt == "F32" ? 4 : (dt == "F16" || dt == "BF16") ? 2 : 0;
     TRIPOD_INPUT_CHECK(elem > 0, "{}: tensor {} has dtype {} (tripod reads F32, F16 and BF16)", path, name, dt);
-    TRIPOD_INPUT_CHECK(b <= end && end <= data_size && end - b == static_cast<uint64_t>(n) * elem,
+    TRIPOD_INPUT_CHECK(shape.is_array() && shape.size() <= 8, "{}: tensor {} has shape {}, not a list of at most 8 "
+                       "sizes", path, name, shape.dump());
+    uint64_t n = 1;  // elements, kept below the data size so that nothing overflows
+    for (auto& d : shape) {
+      TRIPOD_INPUT_CHECK(d.is_number_unsigned(), "{}: tensor {} has shape {}: sizes must be integers >= 0", path,
+                         name, shape.dump());
+      const uint64_t v = d.get<uint64_t>();
+      TRIPOD_INPUT_CHECK(v <= data_size && (v == 0 || n <= data_size / v), "{}: tensor {} has shape {}, larger than "
+                         "the file's {} data bytes", path, name, shape.dump(), data_size);
+      n *= v;
+      t.shape.push_back(static_cast<int64_t>(v));
+    }
+    TRIPOD_INPUT_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                           offsets[1].is_number_unsigned(),
+                       "{}: tensor {} has data_offsets {}, not [begin, end] (integers >= 0)", path, name, offsets.dump());
+    const uint64_t b = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+    TRIPOD_INPUT_CHECK(b <= end && end <= data_size && end - b == n * elem,
                        "{}: tensor {} has data_offsets [{}, {}) that do not fit its shape {} and dtype {} within the "
                        "file's {} data bytes (truncated?)", path, name, b, end, shape_str(t.shape), dt, data_size);
     std::vector<unsigned char> raw(end - b);
@@ -120,7 +142,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
     in.read(reinterpret_cast<char*>(raw.data()), static_cast<std::streamsize>(raw.size()));
     TRIPOD_INPUT_CHECK(in.good(), "{}: tensor {} cannot be read (truncated?)", path, name);
     t.data.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
+    for (uint64_t i = 0; i < n; ++i) {
       if (elem == 4) {
         std::memcpy(&t.data[i], raw.data() + 4 * i, 4);
       } else {
@@ -145,8 +167,10 @@ nlohmann::json read_json(const fs::path& path) {
   TRIPOD_INPUT_CHECK(in.good(), "{} cannot be read (missing or not readable)", path.string());
   try {
     return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{} is not valid JSON: {}", path.string(), e.what()));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(fmt::format("{} is not valid JSON (at byte {})", path.string(), e.byte));
+  } catch (const nlohmann::json::exception&) {
+    throw InputError(fmt::format("{} holds a number out of range", path.string()));
   }
 }
 

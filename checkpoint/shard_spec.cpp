@@ -46,13 +46,19 @@ Shape PieceGeom::box_shape() const {
 
 std::string PieceGeom::check() const {
   if (global_shape.empty()) return "an empty global shape";
-  for (int64_t d : global_shape)
+  int64_t numel = 1;  // at most 2^53, so that no product of dims below overflows (fuzzing found it)
+  for (int64_t d : global_shape) {
     if (d <= 0) return fmt::format("global shape {} has a non-positive dimension", shape_str(global_shape));
+    if (numel > (int64_t{1} << 53) / d)
+      return fmt::format("global shape {} has too many elements", shape_str(global_shape));
+    numel *= d;
+  }
   if (shard_dim >= static_cast<int>(global_shape.size()) || shard_dim < -1)
     return fmt::format("shard_dim {} for global shape {}", shard_dim, shape_str(global_shape));
   if (shard_dim < 0 && (box_offset != 0 || box_size != global_shape[0]))
     return fmt::format("a replicated tensor with box [{}, +{})", box_offset, box_size);
-  if (box_offset < 0 || box_size < 0 || box_offset + box_size > global_shape[box_dim()])
+  if (box_offset < 0 || box_size < 0 || box_offset > global_shape[box_dim()] ||
+      box_size > global_shape[box_dim()] - box_offset)
     return fmt::format("box [{}, +{}) outside dim {} of {}", box_offset, box_size, box_dim(), shape_str(global_shape));
   if (flat_begin < 0 || flat_end < flat_begin || flat_end > box_numel())
     return fmt::format("flat range [{}, {}) outside the box of {} elements", flat_begin, flat_end, box_numel());
@@ -84,7 +90,7 @@ int64_t overlap_count(const PieceGeom& a, const PieceGeom& b) {
 std::string iter_dir_name(int64_t iteration) { return fmt::format("iter_{:07d}", iteration); }
 
 int64_t parse_iter_dir_name(const std::string& name) {
-  if (name.size() < 12 || name.rfind("iter_", 0) != 0) return -1;
+  if (name.size() < 12 || name.size() > 5 + 18 || name.rfind("iter_", 0) != 0) return -1;  // 18 digits fit int64
   int64_t v = 0;
   for (size_t i = 5; i < name.size(); ++i) {
     if (name[i] < '0' || name[i] > '9') return -1;

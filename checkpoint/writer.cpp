@@ -3,14 +3,20 @@
 
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
+#include <stdio.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
 #include "checkpoint/crc32c.h"
 #include "checkpoint/hdf5_file.h"
+#include "checkpoint/metadata.h"
 #include "checkpoint/reshard.h"
 #include "core/error.h"
 #include "core/version.h"
@@ -90,6 +96,43 @@ int64_t write_snapshot(Snapshot& snap, const std::string& dir, int sleep_after_f
   return w.close();
 }
 
+std::vector<std::pair<int64_t, std::string>> committed_checkpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const int64_t it = parse_iter_dir_name(e.path().filename().string());
+    if (it >= 0 && e.is_directory(ec) && fs::exists(e.path() / "metadata.json", ec)) out.emplace_back(it, e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+
+// The text of `path` written durably: a temporary file, fsync, rename, fsync of the directory.
+void write_file_atomically(const fs::path& path, const std::string& text) {
+  fs::path tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    out.close();
+    if (!out.good()) TRIPOD_FAIL("writing {}: {}", tmp.string(), std::strerror(errno));
+  }
+  fsync_path(tmp.string());
+  fs::rename(tmp, path);
+  fsync_path(path.parent_path().string());
+}
+
+// The run a committed checkpoint belongs to ("" when unreadable or unrecorded).
+std::string run_id_of(const fs::path& dir) {
+  std::ifstream in(dir / "metadata.json");
+  nlohmann::json m = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return m.is_object() && m.contains("run_id") && m["run_id"].is_string() ? m["run_id"].get<std::string>() : "";
+}
+
+}  // namespace
+
 void commit_checkpoint_dir(const std::string& root, const std::string& tmp_dir, const std::string& final_dir,
                            nlohmann::json meta, int keep) {
   fs::path tmp(tmp_dir), fin(final_dir);
@@ -104,47 +147,40 @@ void commit_checkpoint_dir(const std::string& root, const std::string& tmp_dir, 
   meta["tripod_version"] = TRIPOD_VERSION;
   meta["checksum"] = "crc32c (Castagnoli) of each dataset's little-endian f32 bytes, attribute crc32c";
   meta["files"] = files;
-  {
-    std::string path = (tmp / "metadata.json").string();
-    std::ofstream out(path);
-    out << meta.dump(2) << "\n";
-    out.close();
-    TRIPOD_CHECK(out.good(), "writing {}", path);
-    fsync_path(path);
-  }
+  meta["metadata_crc32c"] = metadata_checksum(meta);
+  write_file_atomically(tmp / "metadata.json", meta.dump(2) + "\n");
   fsync_path(tmp.string());
-  if (fs::exists(fin)) {  // a checkpoint of the same iteration (a run resumed from an earlier one)
-    fs::path old = fin;
-    old += ".old.tmp";
-    fs::remove_all(old);
-    fs::rename(fin, old);
-    fs::rename(tmp, fin);
-    fs::remove_all(old);
+  if (fs::exists(fin)) {
+    // A checkpoint of the same iteration (a run resumed from an earlier one): swapped in one
+    // atomic step, so that `latest` never names a missing directory; the old one is then removed.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, fin.c_str(), RENAME_EXCHANGE) != 0)
+      TRIPOD_FAIL("replacing {} with the new save of its iteration: {}", fin.string(), std::strerror(errno));
+    fsync_path(root);
+    fs::remove_all(tmp);
   } else {
     fs::rename(tmp, fin);
   }
   fsync_path(root);
-  {
-    fs::path lt = fs::path(root) / "latest.tmp";
-    std::ofstream out(lt);
-    out << fin.filename().string() << "\n";
-    out.close();
-    TRIPOD_CHECK(out.good(), "writing {}", lt.string());
-    fsync_path(lt.string());
-    fs::rename(lt, fs::path(root) / "latest");
-    fsync_path(root);
-  }
-  if (keep > 0) {
-    const int64_t current = parse_iter_dir_name(fin.filename().string());
-    std::vector<std::pair<int64_t, fs::path>> older;
-    for (const auto& e : fs::directory_iterator(root)) {
-      int64_t it = parse_iter_dir_name(e.path().filename().string());
-      if (it >= 0 && it < current && e.is_directory() && fs::exists(e.path() / "metadata.json"))
-        older.emplace_back(it, e.path());
-    }
+  // `latest` never moves back to an older iteration (a run resumed from an earlier checkpoint
+  // saves below a newer one until it passes it).
+  const int64_t current = parse_iter_dir_name(fin.filename().string());
+  std::ifstream latest_in(fs::path(root) / "latest");
+  std::string latest_name;
+  std::getline(latest_in, latest_name);
+  const int64_t latest = parse_iter_dir_name(latest_name);
+  if (latest > current && fs::exists(fs::path(root) / latest_name / "metadata.json"))
+    spdlog::info("checkpoint: {} stays the latest ({} is older)", latest_name, fin.filename().string());
+  else
+    write_file_atomically(fs::path(root) / "latest", fin.filename().string() + "\n");
+  // checkpoint.keep: only this run's older checkpoints are removed, never another run's.
+  const std::string run = meta.value("run_id", "");
+  if (keep > 0 && !run.empty()) {
+    std::vector<std::pair<int64_t, std::string>> older;
+    for (auto& [it, dir] : committed_checkpoints(root))
+      if (it < current && run_id_of(dir) == run) older.emplace_back(it, dir);
     std::sort(older.begin(), older.end(), std::greater<>());
     for (size_t i = keep - 1; i < older.size(); ++i) {
-      spdlog::info("checkpoint: removing {} (checkpoint.keep = {})", older[i].second.string(), keep);
+      spdlog::info("checkpoint: removing {} (checkpoint.keep = {})", older[i].second, keep);
       fs::remove_all(older[i].second);
     }
   }

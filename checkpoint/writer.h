@@ -34,7 +34,8 @@
 
 namespace tripod {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: metadata.json carries metadata_crc32c (version 1 checkpoints still load).
+inline constexpr int kCheckpointFormatVersion = 2;
 
 // The optimizer's state over one owned span of the flat buffers (views, not copies).
 struct OptimizerShardRef {
@@ -63,9 +64,14 @@ Snapshot take_snapshot(ParamRegistry& reg, Ops& ops, const std::vector<Optimizer
 // Test hook: sleeps `sleep_after_first_ms` after the first tensor, so a test can kill the process
 // mid-save (DebugOptions::checkpoint_sleep_ms).
 int64_t write_snapshot(Snapshot& snap, const std::string& dir, int sleep_after_first_ms = 0);
-// Rank-0 part of a commit: metadata.json (adding files and sizes) into `tmp_dir`, fsyncs, renames
-// it to `final_dir`, fsyncs the parent, updates ROOT/latest, then deletes older checkpoints
-// beyond `keep` (0: keep all). Used by the saver and by `tripod ckpt convert`.
+// The committed checkpoints in `root` (iter_N directories holding metadata.json): (N, path),
+// oldest first; none when `root` does not exist.
+std::vector<std::pair<int64_t, std::string>> committed_checkpoints(const std::string& root);
+// Rank-0 part of a commit: metadata.json (adding files, sizes and its checksum) into `tmp_dir`,
+// fsyncs, renames it to `final_dir` (atomically exchanged with an existing one of the same
+// iteration), fsyncs the parent, points ROOT/latest at it unless `latest` names a newer one, then
+// deletes this run's (meta's "run_id") older checkpoints beyond `keep` (0: keep all). Used by the
+// saver and by `tripod ckpt convert`.
 void commit_checkpoint_dir(const std::string& root, const std::string& tmp_dir, const std::string& final_dir,
                            nlohmann::json meta, int keep);
 

@@ -8,13 +8,15 @@
 
 namespace tripod {
 
-enum class DType : uint8_t { F32, BF16, I32 };
+// F64: host-side reductions only (sums across ranks that must not round at f32).
+enum class DType : uint8_t { F32, BF16, I32, F64 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: return 4;
     case DType::BF16: return 2;
     case DType::I32: return 4;
+    case DType::F64: return 8;
   }
   return 0;
 }
@@ -24,6 +26,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::F32: return "f32";
     case DType::BF16: return "bf16";
     case DType::I32: return "i32";
+    case DType::F64: return "f64";
   }
   return "?";
 }
@@ -54,5 +57,6 @@ template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::F32; }
 template <> constexpr DType dtype_of<bf16>() { return DType::BF16; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <> constexpr DType dtype_of<double>() { return DType::F64; }
 
 }  // namespace tripod

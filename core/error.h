@@ -8,11 +8,14 @@
 
 namespace tripod {
 
-// A failure inside tripod (a bug, a failed system call, a CUDA error): exit status 1.
+// A failure inside tripod (a bug, a failed system call, a CUDA error): exit status 1. main prints
+// it with the rank in front (under MPI), or, when `shared` (every rank fails the same way
+// together, e.g. a diverged run), once from rank 0 like a shared InputError.
 class Error : public std::runtime_error {
  public:
-  Error(const char* file, int line, const std::string& what)
-      : std::runtime_error(fmt::format("[{}:{}] {}", strip(file), line, what)) {}
+  Error(const char* file, int line, const std::string& what, bool shared = false)
+      : std::runtime_error(fmt::format("[{}:{}] {}", strip(file), line, what)), shared_(shared) {}
+  bool shared() const { return shared_; }
 
  private:
   static const char* strip(const char* file) {
@@ -25,13 +28,26 @@ class Error : public std::runtime_error {
     }
     return file;
   }
+  bool shared_;
 };
 
 // Bad configuration or input from the user: exit status 2. The message names the key, file or
-// value at fault and what would be valid; main prints it as "error: <message>".
+// value at fault and what would be valid; main prints it as "error: <message>", once per run:
+// - Shared (the default): every rank reads the same input and fails the same way; world rank 0
+//   prints it. Another rank that still runs a moment later (rank 0 did not fail) prints it with
+//   its rank, so it is never lost.
+// - Rank: this rank's own input (its shard file, a node-local file): printed at once, with the rank.
+// - Elsewhere: a collective check that another rank reports (see reported_elsewhere()).
 class InputError : public std::runtime_error {
  public:
-  explicit InputError(const std::string& what) : std::runtime_error(what) {}
+  enum class Scope { Shared, Rank, Elsewhere };
+  explicit InputError(const std::string& what, Scope scope = Scope::Shared)
+      : std::runtime_error(what), scope_(scope) {}
+  static InputError reported_elsewhere() { return InputError("", Scope::Elsewhere); }
+  Scope scope() const { return scope_; }
+
+ private:
+  Scope scope_;
 };
 
 }  // namespace tripod

@@ -77,6 +77,17 @@ BlendedSource::BlendedSource(std::vector<std::unique_ptr<SampleSource>> sources,
     arrays.push_back({"source_sample", std::move(b.source_sample)});
     arrays.push_back({"served", std::move(served)});
     return arrays;
+  }, [&](const IndexCache& c) -> std::string {
+    auto source = c.array("source"), source_sample = c.array("source_sample"), served = c.array("served");
+    if (source.size() != static_cast<size_t>(num_samples) || source_sample.size() != source.size() ||
+        served.size() != sources_.size())
+      return fmt::format("{} samples over {} sources, want {} over {}", source.size(), served.size(), num_samples,
+                         sources_.size());
+    for (size_t i = 0; i < source.size(); ++i)
+      if (source[i] < 0 || source[i] >= static_cast<int64_t>(sources_.size()) || source_sample[i] < 0 ||
+          source_sample[i] >= sources_[source[i]]->num_samples())
+        return fmt::format("sample {} names sample {} of source {}: out of range", i, source_sample[i], source[i]);
+    return "";
   });
   source_ = cache_->array("source");
   source_sample_ = cache_->array("source_sample");

@@ -100,6 +100,40 @@ std::vector<CacheArray> build_indices(const IndexedDataset& data, const GptIndex
   return arrays;
 }
 
+// Every entry of the indices within range, so that serving any sample reads only this split's
+// documents: "" when usable, else the first problem found.
+std::string check_indices(const IndexCache& c, const IndexedDataset& data, const GptIndexOptions& o) {
+  auto doc_index = c.array("document_index"), sample_doc = c.array("sample_document");
+  auto sample_offset = c.array("sample_offset"), shuffle = c.array("shuffle_index"), stats = c.array("stats");
+  const auto S = static_cast<int64_t>(shuffle.size()), D = static_cast<int64_t>(doc_index.size());
+  if (stats.size() != kNumStats || S < o.num_samples || D == 0 || sample_doc.size() != shuffle.size() + 1 ||
+      sample_offset.size() != sample_doc.size())
+    return fmt::format("array sizes: {} documents, {} + 1 sample starts, {} offsets, {} shuffled, {} stats", D,
+                       sample_doc.size(), sample_offset.size(), S, stats.size());
+  for (int64_t k = 0; k < D; ++k)
+    if (doc_index[k] < o.doc_begin || doc_index[k] >= o.doc_end)
+      return fmt::format("document_index[{}] = {} is outside the split's documents [{}, {})", k, doc_index[k],
+                         o.doc_begin, o.doc_end);
+  for (int64_t j = 0; j <= S; ++j) {
+    const int64_t pos = sample_doc[j], off = sample_offset[j];
+    if (pos < 0 || pos >= D || (j > 0 && pos < sample_doc[j - 1]) || off < 0 || off >= data.document_tokens(doc_index[pos]))
+      return fmt::format("sample {} starts at document_index position {}, offset {}: out of range", j, pos, off);
+  }
+  // Sample j's seq_len + 1 tokens must lie within the document index: it ends at or before the
+  // start of sample j + 1 plus one token, which the loop above placed inside it.
+  std::vector<bool> seen(static_cast<size_t>(S), false);
+  for (int64_t j = 0; j < S; ++j) {
+    const int64_t v = shuffle[j];
+    if (v < 0 || v >= S || seen[v]) return fmt::format("shuffle_index[{}] = {} is not a permutation entry", j, v);
+    seen[v] = true;
+  }
+  if (stats[kDocEpochs] < 1 || stats[kTokensPerEpoch] < 1 || stats[kMinToken] > stats[kMaxToken])
+    return "stats out of range";
+  for (Stat s : {kMaxTokenDoc, kMinTokenDoc})
+    if (stats[s] < o.doc_begin || stats[s] >= o.doc_end) return "stats name a document outside the split";
+  return "";
+}
+
 }  // namespace
 
 GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, const GptIndexOptions& o, Communicator* sync)
@@ -119,7 +153,9 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, const GptInde
       "samples requested: {}\n",
       d.content_hash(), d.bin_bytes(), o.split, o.doc_begin, o.doc_end, o.seq_len, o.seed, o.num_samples);
   cache_path_ = fmt::format("{}.{}-{:016x}.gptidx", d.prefix(), o.split, hash_string(description));
-  cache_ = load_or_build_cache(cache_path_, description, sync, [&] { return build_indices(d, o); }, &built_);
+  cache_ = load_or_build_cache(
+      cache_path_, description, sync, [&] { return build_indices(d, o); },
+      [&](const IndexCache& c) { return check_indices(c, d, o); }, &built_);
   doc_index_ = cache_->array("document_index");
   sample_doc_ = cache_->array("sample_document");
   sample_offset_ = cache_->array("sample_offset");

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "data/hash.h"
 #include "parallel/comm/communicator.h"
 
 namespace tripod {
@@ -17,8 +18,8 @@ namespace tripod {
 namespace {
 
 constexpr char kMagic[8] = {'T', 'R', 'I', 'P', 'O', 'D', 'I', 'X'};
-constexpr uint32_t kVersion = 1;
-constexpr int64_t kHeaderBytes = 32, kEntryBytes = 40, kNameBytes = 24;
+constexpr uint32_t kVersion = 2;
+constexpr int64_t kHeaderBytes = 40, kEntryBytes = 40, kNameBytes = 24;
 
 int64_t align8(int64_t x) { return (x + 7) & ~int64_t{7}; }
 
@@ -49,6 +50,8 @@ std::vector<uint8_t> make_image(const std::string& description, const std::vecto
     put(offsets[i], arrays[i].values.data(), 8 * n);
   }
   put(kHeaderBytes + kEntryBytes * k, description.data(), description.size());
+  const uint64_t payload = hash_bytes(img.data() + kHeaderBytes, img.size() - kHeaderBytes);
+  put(32, &payload, 8);
   return img;
 }
 
@@ -67,6 +70,10 @@ bool IndexCache::parse(const std::string& description, std::string& why) {
   }
   if (total != static_cast<uint64_t>(size_)) {
     why = fmt::format("{} bytes but its header says {} (truncated?)", size_, total);
+    return false;
+  }
+  if (load_unaligned<uint64_t>(base_ + 32) != hash_bytes(base_ + kHeaderBytes, size_ - kHeaderBytes)) {
+    why = "its contents fail their checksum (damaged)";
     return false;
   }
   const int64_t desc_at = kHeaderBytes + kEntryBytes * static_cast<int64_t>(k);
@@ -140,28 +147,38 @@ std::unique_ptr<IndexCache> IndexCache::create(const std::string& path, const st
 std::span<const int64_t> IndexCache::array(std::string_view name) const {
   for (const auto& [n, a] : arrays_)
     if (n == name) return a;
-  TRIPOD_FAIL("index cache has no array '{}'", name);
+  return {};
 }
 
 std::unique_ptr<IndexCache> load_or_build_cache(const std::string& path, const std::string& description,
                                                 Communicator* sync,
                                                 const std::function<std::vector<CacheArray>()>& build,
-                                                bool* built) {
+                                                const CacheCheck& check, bool* built) {
   if (built) *built = false;
   std::unique_ptr<IndexCache> cache;
   std::string why;
   auto build_here = [&] {
     spdlog::info("building {} ({})", path, why);
     cache = IndexCache::create(path, description, build());
+    const std::string bad = check(*cache);
+    TRIPOD_CHECK(bad.empty(), "{}: the index just built fails its checks: {}", path, bad);
     if (built) *built = true;
   };
-  if (!sync || sync->rank() == 0) {
+  // A cache that loads but fails the range checks is damaged: rebuilt like a stale one.
+  auto load_checked = [&] {
     cache = IndexCache::load(path, description, why);
+    if (cache && !(why = check(*cache)).empty()) {
+      spdlog::warn("{}: damaged index cache ({}); rebuilding it", path, why);
+      cache.reset();
+    }
+  };
+  if (!sync || sync->rank() == 0) {
+    load_checked();
     if (!cache) build_here();
   }
   if (sync) sync->barrier();
   if (!cache) {
-    cache = IndexCache::load(path, description, why);
+    load_checked();
     if (!cache) {
       spdlog::warn("{}: not readable after rank 0 built it ({}); building it on this rank", path, why);
       build_here();

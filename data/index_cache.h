@@ -1,9 +1,12 @@
 // Cached sample indices: a file holding named int64 arrays and a description of every parameter
-// they were built from. A file whose description, sizes or header differ is never trusted.
+// they were built from. A file whose description, sizes, header or payload checksum differ is
+// never trusted, and its users range-check every array (load_or_build_cache's `check`) before
+// any of it is used: a damaged cache is rebuilt.
 //
 // Layout (little-endian): "TRIPODIX", u32 version, u32 array count k, u64 description bytes,
-// u64 total file bytes, then k entries {char name[24], u64 count, u64 offset}, the description,
-// and the arrays, each at an 8-aligned offset.
+// u64 total file bytes, u64 hash_bytes() of everything after the header, then k entries
+// {char name[24], u64 count, u64 offset}, the description, and the arrays, each at an 8-aligned
+// offset.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +37,7 @@ class IndexCache {
   static std::unique_ptr<IndexCache> create(const std::string& path, const std::string& description,
                                             const std::vector<CacheArray>& arrays);
 
+  // The named array; an empty span when there is none (a check refuses that).
   std::span<const int64_t> array(std::string_view name) const;
   bool in_memory() const { return !image_.empty(); }
 
@@ -47,12 +51,16 @@ class IndexCache {
   std::vector<std::pair<std::string, std::span<const int64_t>>> arrays_;
 };
 
-// The cache at `path` for `description`, built by `build` when missing or stale. With `sync`,
-// rank 0 builds it while the others wait at a barrier, then loads it; a rank that still cannot
-// read it (no shared file system) builds its own. `built` tells whether this rank built it.
+// Range checks of a loaded cache's arrays: "" when every entry is usable, else what is wrong.
+using CacheCheck = std::function<std::string(const IndexCache&)>;
+
+// The cache at `path` for `description`, built by `build` when missing, stale or damaged (failing
+// `check`). With `sync`, rank 0 builds it while the others wait at a barrier, then loads it; a
+// rank that still cannot read it (no shared file system) builds its own. `built` tells whether
+// this rank built it.
 std::unique_ptr<IndexCache> load_or_build_cache(const std::string& path, const std::string& description,
                                                 Communicator* sync,
                                                 const std::function<std::vector<CacheArray>()>& build,
-                                                bool* built = nullptr);
+                                                const CacheCheck& check, bool* built = nullptr);
 
 }  // namespace tripod

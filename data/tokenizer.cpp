@@ -249,6 +249,9 @@ TokenizerTrainStats train_tokenizer(const TokenizerTrainOptions& o) {
                      "--model-type '{}': valid types are bpe and unigram", o.model_type);
   TRIPOD_INPUT_CHECK(o.character_coverage > 0 && o.character_coverage <= 1,
                      "--character-coverage {}: must be in (0, 1]", o.character_coverage);
+  TRIPOD_INPUT_CHECK(o.threads >= 0 && o.threads <= 1024, "--threads {}: must be between 0 (all cores) and 1024",
+                     o.threads);
+  TRIPOD_INPUT_CHECK(o.max_sentences >= 0, "--max-sentences {}: must be >= 0 (0: all)", o.max_sentences);
   TRIPOD_INPUT_CHECK(!o.model_prefix.empty(), "--model-prefix: must not be empty");
   TRIPOD_INPUT_CHECK(!o.eod_piece.empty(), "--eod-piece: must not be empty");
   for (const auto& s : o.user_symbols)

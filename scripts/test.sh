@@ -5,5 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh --all
+# The fuzz harnesses (clang-14 + sanitizers) that ctest's fuzz_harnesses test runs.
+if command -v clang++-14 >/dev/null; then scripts/fuzz.sh --build-only; fi
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 ctest --preset release --timeout 600 "$@"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -50,6 +51,7 @@ class Section {
     } else if constexpr (std::is_floating_point_v<T>) {
       TRIPOD_INPUT_CHECK(node->is_number(), "{}: {} must be a number, got {}", origin_, key(k), type_of(*node));
       out = *node->value<double>();
+      TRIPOD_INPUT_CHECK(std::isfinite(out), "{}: {} must be a finite number, got {}", origin_, key(k), out);
     } else if constexpr (std::is_same_v<T, std::string>) {
       TRIPOD_INPUT_CHECK(node->is_string(), "{}: {} must be a string, got {}", origin_, key(k), type_of(*node));
       out = *node->value<std::string>();
@@ -71,10 +73,12 @@ class Section {
       TRIPOD_INPUT_CHECK(arr, "{}: {} must be a list of numbers, got {}", origin_, key(k), type_of(*node));
       for (auto& e : *arr) {
         if constexpr (std::is_same_v<T, std::vector<int>>) {
-          TRIPOD_INPUT_CHECK(e.is_integer(), "{}: {} must be a list of integers", origin_, key(k));
+          TRIPOD_INPUT_CHECK(e.is_integer() && *e.value<int64_t>() == static_cast<int>(*e.value<int64_t>()),
+                             "{}: {} must be a list of integers", origin_, key(k));
           out.push_back(static_cast<int>(*e.value<int64_t>()));
         } else {
-          TRIPOD_INPUT_CHECK(e.is_number(), "{}: {} must be a list of numbers", origin_, key(k));
+          TRIPOD_INPUT_CHECK(e.is_number() && std::isfinite(*e.value<double>()),
+                             "{}: {} must be a list of finite numbers", origin_, key(k));
           out.push_back(*e.value<double>());
         }
       }
@@ -177,7 +181,8 @@ std::vector<Field> fields(DataConfig& d) {
           {"synthetic", &d.synthetic}};
 }
 std::vector<Field> fields(CheckpointConfig& k) {
-  return {{"dir", &k.dir}, {"interval", &k.interval}, {"keep", &k.keep}, {"load", &k.load}, {"async", &k.async}};
+  return {{"dir", &k.dir},   {"interval", &k.interval}, {"keep", &k.keep},
+          {"load", &k.load}, {"async", &k.async},       {"overwrite", &k.overwrite}};
 }
 
 void read_fields(Section& s, const std::vector<Field>& fs) {
@@ -311,8 +316,10 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     require(p.vp >= 1, origin, "parallel.vp", fmt::format("must be >= 1, got {}", p.vp));
     require(p.schedule == "gpipe" || p.schedule == "1f1b" || p.schedule == "interleaved", origin, "parallel.schedule",
             fmt::format("= \"{}\" is not one of \"gpipe\", \"1f1b\", \"interleaved\"", p.schedule));
-    require(p.bucket_mb > 0, origin, "parallel.bucket_mb", fmt::format("must be > 0, got {}", p.bucket_mb));
-    require(p.timeout_s > 0, origin, "parallel.timeout_s", fmt::format("must be > 0, got {}", p.timeout_s));
+    require(p.bucket_mb > 0 && p.bucket_mb <= 1e6, origin, "parallel.bucket_mb",
+            fmt::format("must be in (0, 1e6] (MB), got {}", p.bucket_mb));
+    require(p.timeout_s > 0 && p.timeout_s <= 1e8, origin, "parallel.timeout_s",
+            fmt::format("must be in (0, 1e8] (seconds), got {}", p.timeout_s));
   }
   {
     Section s(root, "train", origin);
@@ -381,6 +388,8 @@ Config parse_config(const std::string& text, const std::string& origin, const st
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  TRIPOD_INPUT_CHECK(!std::filesystem::is_directory(path, ec), "config file {} is a directory; give a TOML file", path);
   std::ifstream in(path);
   TRIPOD_INPUT_CHECK(in, "config file {} cannot be read (missing or not readable)", path);
   std::stringstream ss;
@@ -430,6 +439,8 @@ void validate_layout(Config& cfg, int world_size) {
 
 nlohmann::json model_to_json(const ModelConfig& model) {
   ModelConfig m = model;  // the field list takes mutable references
+  m.ffn_hidden = m.ffn();  // resolved, also for configs not made by parse_config
+  m.max_positions = m.positions();
   nlohmann::json out = nlohmann::json::object();
   for (const Field& f : fields(m))
     std::visit(

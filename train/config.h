@@ -3,6 +3,8 @@
 // valid. Checks that need the world size (the grid) are in validate_layout().
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -61,6 +63,7 @@ struct CheckpointConfig {
   int keep = 0;       // 0: keep all
   std::string load;   // a checkpoint directory, or "latest" (in dir)
   bool async = false;
+  bool overwrite = false;  // let a fresh run write into a directory holding another run's checkpoints
 };
 
 struct Config {
@@ -78,7 +81,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides = {});
 // The resolved configuration as TOML (every key, defaults filled in).
 std::string config_to_toml(const Config& cfg);
-// Every [model] key with its resolved value, as JSON (checkpoint metadata).
+// Every [model] key with its resolved value (ffn_hidden and max_positions filled in), as JSON:
+// what a checkpoint records as "model" and what a load compares it with, key by key.
 nlohmann::json model_to_json(const ModelConfig& m);
 // The inverse: keys absent from `j` keep their defaults (GPT-2's architecture). InputError naming
 // `origin` and the key when a value has the wrong type.

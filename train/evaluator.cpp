@@ -86,14 +86,14 @@ EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_
     executor_->run(cb);
   }
 
-  // Every rank learns the sum (f32 is enough for one positive partial sum per DP rank).
-  Tensor red = Tensor::empty(host, {1}, DType::F32, MemCategory::Workspace);
-  red.data<float>()[0] = static_cast<float>(loss_sum);
+  // Every rank learns the sum, in f64: every grid reports what the single-rank run does.
+  Tensor red = Tensor::empty(host, {1}, DType::F64, MemCategory::Workspace);
+  red.data<double>()[0] = loss_sum;
   if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
   EvalResult r;
   r.samples = samples;
   r.tokens = samples * T;
-  r.loss = static_cast<double>(red.data<float>()[0]) / static_cast<double>(r.tokens);
+  r.loss = red.data<double>()[0] / static_cast<double>(r.tokens);
   r.perplexity = std::exp(r.loss);
   return r;
 }

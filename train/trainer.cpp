@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -10,6 +12,8 @@
 #include <fstream>
 #include <limits>
 
+#include "checkpoint/metadata.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/reshard.h"
 #include "core/version.h"
 #include "data/sampler.h"
@@ -17,6 +21,8 @@
 #include "parallel/tensor_parallel/mappings.h"
 #include "train/evaluator.h"
 #include "train/signals.h"
+
+namespace fs = std::filesystem;
 
 namespace tripod {
 
@@ -40,6 +46,11 @@ std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param*
       boundaries.push_back(i);
   }
   return GradReducer::make_buckets(spans, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4), boundaries);
+}
+
+std::string new_run_id() {
+  const auto ns = std::chrono::system_clock::now().time_since_epoch() / std::chrono::nanoseconds(1);
+  return fmt::format("{:x}-{}", ns, ::getpid());
 }
 
 Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data,
@@ -77,10 +88,12 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
       AdamWConfig{.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay}, tc.seed);
   lr_ = lr_schedule_of(tc);
 
-  if (!cfg_.checkpoint.dir.empty())
+  if (!cfg_.checkpoint.load.empty()) load_checkpoint_state();
+  if (!cfg_.checkpoint.dir.empty()) {
+    check_checkpoint_dir();
     saver_ = std::make_unique<CheckpointSaver>(cfg_.checkpoint.dir, cfg_.checkpoint.keep, cfg_.checkpoint.async,
                                                *par.world, debug.checkpoint_sleep_ms);
-  if (!cfg_.checkpoint.load.empty()) load_checkpoint_state();
+  }
 
   // The peak FLOP/s of the whole world, for MFU (measured concurrently on CPU).
   CpuAllocator host;
@@ -235,17 +248,17 @@ StepMetrics Trainer::step() {
       if (f.step == step_ + 1) (f.in_loss ? loss_sum : sq) = std::numeric_limits<double>::quiet_NaN();
   }
   CpuAllocator host;
-  Tensor red = Tensor::empty(host, {3}, DType::F32, MemCategory::Workspace);
-  // f32 is enough for the all-reduce of two positive partial sums across ranks. The third sum
-  // counts the ranks that received a stop signal, so that every rank agrees to stop.
-  red.data<float>()[0] = static_cast<float>(sq);
-  red.data<float>()[1] = static_cast<float>(loss_sum);
-  red.data<float>()[2] = stop_signal() != 0 ? 1.f : 0.f;
+  Tensor red = Tensor::empty(host, {3}, DType::F64, MemCategory::Workspace);
+  // Summed in f64, so that every grid clips and reports what the single-rank run does. The third
+  // sum counts the ranks that received a stop signal, so that every rank agrees to stop.
+  double* sums = red.data<double>();
+  sums[0] = sq;
+  sums[1] = loss_sum;
+  sums[2] = stop_signal() != 0 ? 1.0 : 0.0;
   if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
-  stop_requested_ = red.data<float>()[2] > 0;
-  double grad_norm = std::sqrt(par_.grid.world_size() > 1 ? red.data<float>()[0] : sq);
-  double loss = (par_.grid.world_size() > 1 ? red.data<float>()[1] : loss_sum) /
-                (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
+  stop_requested_ = sums[2] > 0;
+  double grad_norm = std::sqrt(sums[0]);
+  double loss = sums[1] / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
 
   StepMetrics m;
   m.step = step_ + 1;
@@ -289,12 +302,18 @@ void Trainer::run() {
     StepMetrics m = step();
     if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m);
     if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) evaluate();
-    TRIPOD_INPUT_CHECK(bad_in_a_row_ < tc.max_bad_steps,
-                       "{} steps in a row had a non-finite loss or grad norm (last: step {}, loss {}, grad norm {}); "
-                       "stopping (train.max_bad_steps = {}); {}",
-                       bad_in_a_row_, m.step, m.loss, m.grad_norm, tc.max_bad_steps,
-                       last_checkpoint_.empty() ? std::string("no checkpoint was saved or loaded in this run")
-                                                : "the last good checkpoint is " + last_checkpoint_);
+    if (bad_in_a_row_ >= tc.max_bad_steps) {
+      // Every rank stops here together: a save still in flight is committed first, so that the
+      // checkpoint named below exists. A diverged run is a failure (exit 1), not bad input.
+      finish_checkpoints();
+      throw Error(__FILE__, __LINE__,
+                  fmt::format("{} steps in a row had a non-finite loss or grad norm (last: step {}, loss {}, grad norm "
+                              "{}); stopping (train.max_bad_steps = {}); {}",
+                              bad_in_a_row_, m.step, m.loss, m.grad_norm, tc.max_bad_steps,
+                              last_checkpoint_.empty() ? std::string("no checkpoint was saved or loaded in this run")
+                                                       : "the last good checkpoint is " + last_checkpoint_),
+                  /*shared=*/true);
+    }
     const bool stop = stop_requested_;
     const int64_t interval = cfg_.checkpoint.interval;
     if (saver_ && (stop || step_ == last || (interval > 0 && step_ % interval == 0))) save_checkpoint();
@@ -330,6 +349,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       {"consumed_samples", step_ * tc.global_batch_size},
       {"global_batch_size", tc.global_batch_size},
       {"config_toml", config_to_toml(cfg_)},
+      {"run_id", run_id_},
       {"model", model_to_json(cfg_.model)},
       {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"world_size", par_.grid.world_size()},
                 {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", executor_->schedule().kind}}},
@@ -365,34 +385,50 @@ void Trainer::finish_checkpoints() {
   if (saver_) saver_->finish();
 }
 
+void Trainer::check_checkpoint_dir() const {
+  // A run writes into checkpoint.dir only when it holds no checkpoints, or those of the run it
+  // continues (loaded from there), or checkpoint.overwrite says so: another run's checkpoints
+  // would otherwise be overwritten, and `keep` would delete them.
+  const CheckpointConfig& k = cfg_.checkpoint;
+  const auto existing = committed_checkpoints(k.dir);
+  if (existing.empty() || k.overwrite) return;
+  std::error_code ec;
+  if (!loaded_from_.empty() && fs::equivalent(fs::path(loaded_from_).parent_path(), k.dir, ec)) return;
+  throw InputError(fmt::format(
+      "checkpoint.dir = {} already holds {} checkpoint(s) of another run (newest {}); this run would overwrite "
+      "them: resume that run with checkpoint.load = \"latest\", choose another checkpoint.dir, or set "
+      "checkpoint.overwrite = true",
+      k.dir, existing.size(), fs::path(existing.back().second).filename().string()));
+}
+
 void Trainer::load_checkpoint_state() {
-  const bool root = par_.rank == 0;
-  std::string dir;
-  try {  // the same on every rank: rank 0 reports
-    dir = resolve_checkpoint(cfg_.checkpoint.load, cfg_.checkpoint.dir);
-    std::ifstream in(std::filesystem::path(dir) / "metadata.json");
-    nlohmann::json meta = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (meta.is_object() && meta.value("has_optimizer", false) && meta.contains("global_batch_size"))
+  // Every check reads the same files on every rank: rank 0 reports (InputError's default scope).
+  const std::string dir = resolve_checkpoint(cfg_.checkpoint.load, cfg_.checkpoint.dir);
+  {
+    CheckpointReader reader(dir);  // metadata.json validated: checksum, every field's type and range
+    const nlohmann::json& meta = reader.metadata();
+    if (meta.contains("model")) check_model_record(meta["model"], model_to_json(cfg_.model), dir);
+    if (meta.value("has_optimizer", false) && meta.contains("global_batch_size"))
       TRIPOD_INPUT_CHECK(meta["global_batch_size"].get<int64_t>() == cfg_.train.global_batch_size,
                          "checkpoint {} was trained with train.global_batch_size = {}, this run has {}: the data "
                          "position (step x batch) would not continue; resume with the same global batch",
                          dir, meta["global_batch_size"].get<int64_t>(), cfg_.train.global_batch_size);
-  } catch (const InputError& e) {
-    throw InputError(root ? e.what() : "");
   }
   auto t0 = std::chrono::steady_clock::now();
   LoadResult r = load_checkpoint(dir, reg_, ops_, optimizer_state(), *par_.world);
-  step_ = r.metadata.value("iteration", int64_t{0});
+  step_ = r.metadata["iteration"].get<int64_t>();
   if (r.optimizer_loaded && r.metadata.contains("trainer")) {
-    skipped_total_ = r.metadata["trainer"].value("skipped_total", int64_t{0});
-    bad_in_a_row_ = r.metadata["trainer"].value("bad_in_a_row", int64_t{0});
-    optimizer_->set_steps_taken(r.metadata["trainer"].value("adam_steps", step_));
+    const nlohmann::json& t = r.metadata["trainer"];
+    skipped_total_ = t.value("skipped_total", int64_t{0});
+    bad_in_a_row_ = t.value("bad_in_a_row", int64_t{0});
+    optimizer_->set_steps_taken(t.value("adam_steps", step_));
   }
   if (!r.optimizer_loaded) step_ = 0;  // parameters only (e.g. converted weights): a fresh run from them
-  last_checkpoint_ = dir;
+  if (r.optimizer_loaded && r.metadata.value("run_id", "") != "") run_id_ = r.metadata["run_id"].get<std::string>();
+  last_checkpoint_ = loaded_from_ = dir;
+  const nlohmann::json& g = r.metadata["grid"];
   spdlog::info("loaded checkpoint {} (saved on grid dp={}, pp={}, tp={}): continuing at step {}, {:.2f} s", dir,
-               r.metadata["grid"].value("dp", 0), r.metadata["grid"].value("pp", 0),
-               r.metadata["grid"].value("tp", 0), step_ + 1,
+               g["dp"].get<int>(), g["pp"].get<int>(), g["tp"].get<int>(), step_ + 1,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 

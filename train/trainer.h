@@ -38,6 +38,9 @@ void load_microbatch(const SampleSource* data, const Config& cfg, const Parallel
 class Evaluator;
 struct EvalResult;
 
+// A new run's identity for its checkpoints' "run_id": the time and process id (unique per host).
+std::string new_run_id();
+
 class Trainer {
  public:
   // `cfg` must have passed validate_layout() for par's world size. `eval_data` (the validation
@@ -83,6 +86,7 @@ class Trainer {
   void on_grads_ready(const std::vector<Param*>& params);
   nlohmann::json checkpoint_metadata() const;
   void load_checkpoint_state();
+  void check_checkpoint_dir() const;
 
   Config cfg_;
   Ops& ops_;
@@ -102,6 +106,10 @@ class Trainer {
   bool stopped_by_signal_ = false;
   bool stop_requested_ = false;  // after step(): some rank received SIGTERM or SIGUSR1
   std::string last_checkpoint_;  // the newest saved or loaded, for messages
+  std::string loaded_from_;      // the checkpoint this run continues ("" when fresh)
+  // Names this run's checkpoints (inherited when resuming) so that checkpoint.keep removes only
+  // those: the start time and process id of the run's first rank 0.
+  std::string run_id_ = new_run_id();
   LrSchedule lr_;
   int64_t step_ = 0;
   int64_t skipped_total_ = 0, bad_in_a_row_ = 0;

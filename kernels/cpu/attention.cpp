@@ -56,8 +56,9 @@ void causal_softmax(float* S, int64_t T, const float* saved_lse, float* lse) {
 }  // namespace
 
 void CpuOps::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) {
+  // Plain variables, not a structured binding: clang before 16 cannot use those in OpenMP regions.
   const Dims dm = dims_of(qkv, out);
-  auto [B, T, H, Hkv, D] = dm;
+  const int64_t B = dm.B, T = dm.T, H = dm.H, Hkv = dm.Hkv, D = dm.D;
   TRIPOD_CHECK(lse.numel() == B * H * T, "attention out {} lse {}", out.str(), lse.str());
   TRIPOD_CHECK(!probs.defined() || probs.numel() == B * H * T * T, "attention probs {}", probs.str());
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -85,7 +86,7 @@ void CpuOps::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tens
 void CpuOps::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                 const Tensor& probs, Tensor& dqkv) {
   const Dims dm = dims_of(qkv, out);
-  auto [B, T, H, Hkv, D] = dm;
+  const int64_t B = dm.B, T = dm.T, H = dm.H, Hkv = dm.Hkv, D = dm.D;
   TRIPOD_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == out.numel(), "attention backward dqkv {} dout {}",
                dqkv.str(), dout.str());
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -156,7 +157,7 @@ namespace tripod::cpu {
 // at (1*8 + 3)*4 = 44.
 void CpuOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) {
   const Dims dm = dims_of(qkv, out);
-  auto [B, n, H, Hkv, D] = dm;
+  const int64_t B = dm.B, n = dm.T, H = dm.H, Hkv = dm.Hkv, D = dm.D;
   TRIPOD_CHECK(k_cache.dim() == 4 && k_cache.size(0) == B && k_cache.size(1) == Hkv && k_cache.size(3) == D &&
                    v_cache.shape() == k_cache.shape(),
                "attention_decode: caches {} and {} must be (B, Hkv, T_max, D) = ({}, {}, T_max, {})", k_cache.str(),

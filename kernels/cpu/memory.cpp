@@ -30,6 +30,7 @@ template <class Src> void convert_to(const Src* s, const Tensor& dst, int64_t n)
     case DType::F32: convert(s, dst.data<float>(), n); break;
     case DType::BF16: convert(s, dst.data<bf16>(), n); break;
     case DType::I32: convert(s, dst.data<int32_t>(), n); break;
+    case DType::F64: convert(s, dst.data<double>(), n); break;
   }
 }
 
@@ -56,6 +57,11 @@ void CpuOps::fill(Tensor& t, float value) {
       for (int64_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>(value);
       break;
     }
+    case DType::F64: {
+      double* p = t.data<double>();
+      for (int64_t i = 0; i < n; ++i) p[i] = value;
+      break;
+    }
   }
 }
 
@@ -72,6 +78,7 @@ void CpuOps::copy(const Tensor& src, Tensor& dst) {
     case DType::F32: convert_to(src.data<float>(), dst, n); break;
     case DType::BF16: convert_to(src.data<bf16>(), dst, n); break;
     case DType::I32: convert_to(src.data<int32_t>(), dst, n); break;
+    case DType::F64: convert_to(src.data<double>(), dst, n); break;
   }
 }
 

@@ -218,6 +218,7 @@ template <class S> void host_convert_from(const S* s, const Tensor& dst, int64_t
     case DType::F32: host_convert_typed(s, dst.data<float>(), n); break;
     case DType::BF16: host_convert_typed(s, dst.data<bf16>(), n); break;
     case DType::I32: host_convert_typed(s, dst.data<int32_t>(), n); break;
+    case DType::F64: host_convert_typed(s, dst.data<double>(), n); break;
   }
 }
 
@@ -232,6 +233,7 @@ void host_convert(const Tensor& src, const Tensor& dst) {
     case DType::F32: host_convert_from(src.data<float>(), dst, n); break;
     case DType::BF16: host_convert_from(src.data<bf16>(), dst, n); break;
     case DType::I32: host_convert_from(src.data<int32_t>(), dst, n); break;
+    case DType::F64: host_convert_from(src.data<double>(), dst, n); break;
   }
 }
 
@@ -246,9 +248,11 @@ void CudaOps::fill(Tensor& t, float value) {
       case DType::F32: std::fill_n(t.data<float>(), n, value); break;
       case DType::BF16: std::fill_n(t.data<bf16>(), n, bf16(value)); break;
       case DType::I32: std::fill_n(t.data<int32_t>(), n, static_cast<int32_t>(value)); break;
+      case DType::F64: std::fill_n(t.data<double>(), n, static_cast<double>(value)); break;
     }
     return;
   }
+  TRIPOD_CHECK(t.dtype() != DType::F64, "fill {}: f64 tensors live on the host only", t.str());
   k::fill(t.raw(), t.dtype(), t.numel(), value, compute_);
   TRIPOD_CUDA_LAUNCHED("fill {} with {}", t.str(), value);
 }

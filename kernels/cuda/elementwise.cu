@@ -105,6 +105,7 @@ template <class S> void convert_from(const S* src, void* dst, DType ddt, int64_t
     case DType::F32: map1(src, static_cast<float*>(dst), n, Identity{}, s); break;
     case DType::BF16: map1(src, static_cast<bf16_t*>(dst), n, Identity{}, s); break;
     case DType::I32: map1(src, static_cast<int32_t*>(dst), n, Identity{}, s); break;
+    case DType::F64: break;  // host-only (reductions): CudaOps refuses f64 on the device
   }
 }
 
@@ -211,6 +212,7 @@ void fill(void* p, DType dt, int64_t n, float value, cudaStream_t s) {
     case DType::I32:
       fill_kernel<<<blocks, kThreads, 0, s>>>(static_cast<int32_t*>(p), n, static_cast<int32_t>(value));
       break;
+    case DType::F64: break;  // host-only (reductions): CudaOps refuses f64 on the device
   }
 }
 
@@ -219,6 +221,7 @@ void convert(const void* src, DType sdt, void* dst, DType ddt, int64_t n, cudaSt
     case DType::F32: convert_from(static_cast<const float*>(src), dst, ddt, n, s); break;
     case DType::BF16: convert_from(static_cast<const bf16_t*>(src), dst, ddt, n, s); break;
     case DType::I32: convert_from(static_cast<const int32_t*>(src), dst, ddt, n, s); break;
+    case DType::F64: break;  // host-only (reductions): CudaOps refuses f64 on the device
   }
 }
 

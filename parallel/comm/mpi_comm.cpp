@@ -17,6 +17,7 @@ MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::F32: return MPI_FLOAT;
     case DType::I32: return MPI_INT;
+    case DType::F64: return MPI_DOUBLE;
     case DType::BF16: break;
   }
   TRIPOD_FAIL("MPI has no native type for {}", dtype_name(t));

@@ -68,6 +68,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::F32: return ncclFloat32;
     case DType::BF16: return ncclBfloat16;
     case DType::I32: return ncclInt32;
+    case DType::F64: return ncclFloat64;
   }
   return ncclFloat32;
 }

@@ -219,12 +219,18 @@ TEST(CheckpointCli, DamagedTruncatedAndMissingFilesAreRefused) {
     fs::copy(good, d);
     return d;
   };
-  {  // bytes changed inside the values of the first file
+  {  // bytes changed inside the values of the first file (in its middle dataset's data)
     fs::path d = copy("corrupt");
     fs::path f = d / "pp00_tp00_dp00.h5";
-    auto size = fs::file_size(f);
+    int64_t at = -1;
+    {
+      auto pieces = H5Reader(f.string()).index();
+      for (size_t i = pieces.size() / 2; i < pieces.size() && at < 0; ++i)
+        if (pieces[i].offset >= 0 && pieces[i].spec.geom.numel() >= 2) at = pieces[i].offset;
+    }
+    ASSERT_GE(at, 0);
     std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekp(static_cast<std::streamoff>(size / 2));
+    io.seekp(static_cast<std::streamoff>(at));
     io.write("\x13\x37\x13\x37\x13\x37\x13\x37", 8);
     io.close();
     expect_refused(dir / "c.toml", d, f.string(), "corrupted bytes", 2, dp2);
@@ -251,9 +257,59 @@ TEST(CheckpointCli, DamagedTruncatedAndMissingFilesAreRefused) {
     r = run_cmd(train(1, dir / "c.toml", "--set model.d_model=64 --set checkpoint.load=" + good.string()));
     EXPECT_EQ(r.status, 2);
     EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
-    EXPECT_NE(r.err.find("tensor wte is (100, 32) there but (100, 64)"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("model.d_model = 32, this run's model has 64"), std::string::npos) << r.err;
   }
   EXPECT_EQ(run_cmd(test::tripod_bin() + " ckpt verify " + good.string()).status, 0);  // the original is untouched
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointCli, AFullDiskIsNamedAndThePreviousCheckpointStays) {
+  auto dir = test::scratch_dir("ckpt_full");
+  test::write_file(dir / "c.toml", kTiny);
+  // The size of one checkpoint, then a file system (a tmpfs in a mount namespace of our own) with
+  // room for one and a half of them: the second save runs out of space.
+  auto r = run_cmd(train(1, dir / "c.toml", " --set checkpoint.dir=" + (dir / "probe").string() +
+                                                " --set train.output_dir=" + (dir / "run").string() +
+                                                " --set train.exit_interval=2"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const auto one = fs::file_size(dir / "probe" / "iter_0000002" / "pp00_tp00_dp00.h5");
+  const fs::path mnt = dir / "mnt", ck = mnt / "ckpt";
+  fs::create_directories(mnt);
+  const std::string common = " --set checkpoint.dir=" + ck.string() + " --set train.output_dir=" + (dir / "run").string();
+  const std::string script =
+      "mount -t tmpfs -o size=" + std::to_string(one * 3 / 2) + " tmpfs " + mnt.string() + " || exit 77; " +
+      train(1, dir / "c.toml", common + " --set train.exit_interval=2") + " 2>/dev/null || exit 78; " +
+      train(1, dir / "c.toml", common + " --set checkpoint.load=latest --set train.exit_interval=4") +
+      "; echo status $? >&2; cat " + (ck / "latest").string() + " >&2; " + test::tripod_bin() + " ckpt verify " +
+      ck.string() + " >/dev/null && echo verified >&2";
+  test::write_file(dir / "full.sh", script);
+  r = run_cmd("unshare -rm sh " + (dir / "full.sh").string());
+  if (r.status == 77 || r.err.find("unshare") != std::string::npos) GTEST_SKIP() << "no tmpfs mount here: " << r.err;
+  ASSERT_NE(r.status, 78) << r.err;
+  EXPECT_NE(r.err.find("status 1"), std::string::npos) << r.err;
+  EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
+  EXPECT_NE(r.err.find("No space left on device"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("iter_0000004.tmp/pp00_tp00_dp00.h5"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("check failed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("iter_0000002\nverified"), std::string::npos) << "the previous checkpoint: " << r.err;
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointCli, ADivergedRunCommitsItsAsyncSaveAndExits1) {
+  auto dir = test::scratch_dir("ckpt_diverged");
+  test::write_file(dir / "c.toml", kTiny);
+  const fs::path ck = dir / "ckpt";
+  auto r = run_cmd("env TRIPOD_INJECT_NAN=loss@3,loss@4,loss@5 " +
+                   train(1, dir / "c.toml", " --set checkpoint.dir=" + ck.string() + " --set train.output_dir=" +
+                                                (dir / "run").string() +
+                                                " --set checkpoint.interval=2 --set checkpoint.async=true"));
+  EXPECT_EQ(r.status, 1) << r.err;  // a failure, not bad input
+  EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
+  // The save of step 4 was still in flight when step 5 stopped the run: it is committed, and it
+  // is the checkpoint the error names.
+  EXPECT_NE(r.err.find("the last good checkpoint is " + (ck / "iter_0000004").string()), std::string::npos) << r.err;
+  EXPECT_TRUE(fs::exists(ck / "iter_0000004" / "metadata.json"));
+  EXPECT_EQ(slurp(ck / "latest"), "iter_0000004\n");
   fs::remove_all(dir);
 }
 

@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <numeric>
 
 #include "checkpoint/crc32c.h"
 #include "checkpoint/load.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/writer.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/shard_spec.h"
 #include "cli_util.h"
@@ -103,6 +106,71 @@ TEST(ShardSpec, IterDirNames) {
   EXPECT_EQ(parse_iter_dir_name("iter_0000042"), 42);
   EXPECT_EQ(parse_iter_dir_name("iter_0000042.tmp"), -1);
   EXPECT_EQ(parse_iter_dir_name("latest"), -1);
+  EXPECT_EQ(parse_iter_dir_name("iter_99999999999999999999999"), -1);  // would overflow
+}
+
+// Commits of hand-made directories: a re-save of an existing iteration replaces it in one step,
+// `latest` never moves back, and `keep` removes only the same run's older checkpoints.
+TEST(CheckpointCommit, ResaveLatestAndKeep) {
+  const fs::path root = test::scratch_dir("commit");
+  auto commit = [&](int64_t it, const std::string& run, const std::string& content, int keep) {
+    const fs::path tmp = root / (iter_dir_name(it) + ".tmp");
+    fs::create_directories(tmp);
+    test::write_file(tmp / "pp00_tp00_dp00.h5", content);
+    commit_checkpoint_dir(root.string(), tmp.string(), (root / iter_dir_name(it)).string(),
+                          {{"iteration", it}, {"run_id", run}}, keep);
+  };
+  commit(5, "A", "a5", 0);
+  commit(6, "A", "a6", 0);
+  EXPECT_EQ(test::slurp(root / "latest"), "iter_0000006\n");
+  commit(5, "B", "b5", 0);  // a run resumed from an earlier checkpoint saves iteration 5 again
+  EXPECT_EQ(test::slurp(root / "iter_0000005" / "pp00_tp00_dp00.h5"), "b5");
+  EXPECT_EQ(test::slurp(root / "latest"), "iter_0000006\n") << "latest moved back";
+  for (const auto& e : fs::directory_iterator(root))
+    EXPECT_EQ(parse_iter_dir_name(e.path().filename().string()) >= 0 || e.path().filename() == "latest", true)
+        << "left behind: " << e.path();
+  commit(7, "B", "b7", 1);  // keep 1: B's iteration 5 goes, A's iteration 6 stays
+  EXPECT_FALSE(fs::exists(root / "iter_0000005"));
+  EXPECT_TRUE(fs::exists(root / "iter_0000006"));
+  EXPECT_EQ(test::slurp(root / "latest"), "iter_0000007\n");
+  EXPECT_EQ(committed_checkpoints(root.string()).size(), 2u);
+  fs::remove_all(root);
+}
+
+TEST(CheckpointMetadata, EveryFieldIsCheckedAndTheModelComparedByKey) {
+  nlohmann::json m = {{"format", "tripod-checkpoint"}, {"format_version", 2}, {"iteration", 4},
+                      {"files", {{{"name", "pp00_tp00_dp00.h5"}, {"bytes", 10}}}},
+                      {"grid", {{"dp", 1}, {"pp", 1}, {"tp", 1}}}, {"model", {{"n_heads", 2}, {"seq_len", 8}}}};
+  m["metadata_crc32c"] = metadata_checksum(m);
+  EXPECT_NO_THROW(validate_metadata(m, "m.json"));
+  auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& needle, bool resum = true) {
+    nlohmann::json bad = m;
+    edit(bad);
+    if (resum) bad["metadata_crc32c"] = metadata_checksum(bad);
+    try {
+      validate_metadata(bad, "m.json");
+      ADD_FAILURE() << "accepted: " << bad.dump();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("m.json"), std::string::npos) << e.what();
+    }
+  };
+  refused([](auto& j) { j["iteration"] = -2; }, "'iteration'");
+  refused([](auto& j) { j["iteration"] = "3"; }, "'iteration'");
+  refused([](auto& j) { j.erase("grid"); }, "'grid' is missing");
+  refused([](auto& j) { j["grid"]["tp"] = 0.5; }, "'grid.tp'");
+  refused([](auto& j) { j["files"][0]["name"] = "../x.h5"; }, "'files[0].name'");
+  refused([](auto& j) { j["model"]["n_heads"] = nullptr; }, "'model.n_heads'");
+  refused([](auto& j) { j["iteration"] = 5; }, "checksum", /*resum=*/false);
+  // The model: every recorded key but seq_len, named with both values.
+  EXPECT_NO_THROW(check_model_record(m["model"], {{"n_heads", 2}, {"seq_len", 16}}, "ck"));
+  try {
+    check_model_record(m["model"], {{"n_heads", 4}, {"seq_len", 8}}, "ck");
+    ADD_FAILURE() << "n_heads 2 vs 4 accepted";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_heads = 2, this run's model has 4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(check_model_record({{"norm", "rmsnorm"}}, {{"n_heads", 2}}, "ck"), InputError);
 }
 
 TEST(Safetensors, WriteReadAndRefuseTruncated) {

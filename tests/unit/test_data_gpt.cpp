@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <barrier>
+#include <cstring>
 #include <map>
 #include <random>
 #include <set>
@@ -13,6 +14,7 @@
 #include "data/blend.h"
 #include "data/gpt_data.h"
 #include "data/gpt_dataset.h"
+#include "data/hash.h"
 #include "data/indexed_dataset.h"
 #include "data/sampler.h"
 #include "parallel/comm/communicator.h"
@@ -170,9 +172,37 @@ TEST_F(DataGpt, CacheIsReusedAndNeverTrustedWhenItDiffers) {
   write_bytes(path, std::vector<uint8_t>(bytes.begin(), bytes.end() - 8));
   check(true, "truncated");
   bytes = read_bytes(path);
-  bytes[32 + 40 * 5 + 10] ^= 1;  // a byte of the description (after the header and 5 array entries)
+  bytes[40 + 40 * 5 + 10] ^= 1;  // a byte of the description (after the header and 5 array entries)
   write_bytes(path, bytes);
   check(true, "description changed");
+  // Arrays damaged under an intact header: the payload checksum finds it; and when the checksum
+  // is made right again (damage it cannot see), the range check of every entry does.
+  const auto good = read_bytes(path);
+  auto entry = [&](const std::vector<uint8_t>& b, const char* name) {  // byte offset of array `name`
+    for (int i = 0; i < 5; ++i)
+      if (std::string(reinterpret_cast<const char*>(b.data()) + 40 + 40 * i) == name) {
+        uint64_t off = 0;
+        std::memcpy(&off, b.data() + 40 + 40 * i + 32, 8);
+        return static_cast<size_t>(off);
+      }
+    ADD_FAILURE() << "no array " << name;
+    return size_t{0};
+  };
+  for (auto [name, value] : std::vector<std::pair<const char*, int64_t>>{
+           {"shuffle_index", int64_t{1} << 40}, {"sample_document", -5}, {"sample_offset", 1 << 20},
+           {"document_index", 999}}) {
+    for (bool fix_checksum : {false, true}) {
+      bytes = good;
+      std::memcpy(bytes.data() + entry(bytes, name) + 8, &value, 8);  // the array's second entry
+      if (fix_checksum) {
+        const uint64_t h = hash_bytes(bytes.data() + 40, bytes.size() - 40);
+        std::memcpy(bytes.data() + 32, &h, 8);
+      }
+      write_bytes(path, bytes);
+      check(true, fix_checksum ? "entry out of range, checksum right" : "entry damaged");
+      write_bytes(path, good);
+    }
+  }
   {
     GptDataset foreign(open(), options(300, 77), nullptr);
     fs::copy_file(foreign.cache_path(), path, fs::copy_options::overwrite_existing);

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <charconv>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -390,19 +391,36 @@ void write_imported(const CkptOptions& o, Snapshot& snap, const ModelConfig& mc)
 // of which must agree with config.json.
 ModelConfig llama_model_of(const nlohmann::json& hf, const std::string& dir, const std::string& config_path) {
   const std::string where = dir + "/config.json";
+  // Every field by type and range: a value of another type names the key, never a JSON library error.
   auto num = [&](const char* key) -> const nlohmann::json& {
     TRIPOD_INPUT_CHECK(hf.contains(key) && hf[key].is_number(), "{}: {} is missing or not a number", where, key);
     return hf[key];
   };
-  const std::string type = hf.value("model_type", "");
+  auto count = [&](const char* key) {
+    const nlohmann::json& v = num(key);
+    TRIPOD_INPUT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= (1 << 30),
+                       "{}: {} = {} is not a positive integer", where, key, v.dump());
+    return v.get<int>();
+  };
+  auto text = [&](const char* key, const char* fallback) {
+    if (!hf.contains(key) || hf[key].is_null()) return std::string(fallback);
+    TRIPOD_INPUT_CHECK(hf[key].is_string(), "{}: {} = {} is not a string", where, key, hf[key].dump());
+    return hf[key].get<std::string>();
+  };
+  auto flag = [&](const char* key, bool fallback) {
+    if (!hf.contains(key) || hf[key].is_null()) return fallback;
+    TRIPOD_INPUT_CHECK(hf[key].is_boolean(), "{}: {} = {} is not true or false", where, key, hf[key].dump());
+    return hf[key].get<bool>();
+  };
+  const std::string type = text("model_type", "");
   TRIPOD_INPUT_CHECK(type == "llama", "{}: model_type = \"{}\"; tripod reads Llama folders (model_type \"llama\")",
                      where, type);
-  TRIPOD_INPUT_CHECK(hf.value("hidden_act", "silu") == "silu", "{}: hidden_act = \"{}\"; tripod's SwiGLU uses silu",
-                     where, hf.value("hidden_act", ""));
+  TRIPOD_INPUT_CHECK(text("hidden_act", "silu") == "silu", "{}: hidden_act = \"{}\"; tripod's SwiGLU uses silu",
+                     where, text("hidden_act", ""));
   TRIPOD_INPUT_CHECK(!hf.contains("rope_scaling") || hf["rope_scaling"].is_null(),
                      "{}: rope_scaling = {}; tripod's rotary embeddings have no scaling", where,
                      hf.contains("rope_scaling") ? hf["rope_scaling"].dump() : "");
-  const bool attn_bias = hf.value("attention_bias", false), mlp_bias = hf.value("mlp_bias", false);
+  const bool attn_bias = flag("attention_bias", false), mlp_bias = flag("mlp_bias", false);
   TRIPOD_INPUT_CHECK(attn_bias == mlp_bias, "{}: attention_bias = {} but mlp_bias = {}; tripod has one model.bias",
                      where, attn_bias, mlp_bias);
   ModelConfig m;
@@ -410,22 +428,24 @@ ModelConfig llama_model_of(const nlohmann::json& hf, const std::string& dir, con
   m.norm = "rmsnorm";
   m.position = "rope";
   m.mlp = "swiglu";
-  m.d_model = num("hidden_size").get<int>();
-  m.ffn_hidden = num("intermediate_size").get<int>();
-  m.n_layers = num("num_hidden_layers").get<int>();
-  m.n_heads = num("num_attention_heads").get<int>();
-  m.n_kv_heads = hf.contains("num_key_value_heads") ? num("num_key_value_heads").get<int>() : m.n_heads;
-  m.vocab_size = num("vocab_size").get<int>();
-  m.seq_len = m.max_positions = num("max_position_embeddings").get<int>();
+  m.d_model = count("hidden_size");
+  m.ffn_hidden = count("intermediate_size");
+  m.n_layers = count("num_hidden_layers");
+  m.n_heads = count("num_attention_heads");
+  m.n_kv_heads = hf.contains("num_key_value_heads") ? count("num_key_value_heads") : m.n_heads;
+  m.vocab_size = count("vocab_size");
+  m.seq_len = m.max_positions = count("max_position_embeddings");
   m.norm_eps = hf.contains("rms_norm_eps") ? num("rms_norm_eps").get<double>() : 1e-6;
   m.rope_theta = hf.contains("rope_theta") ? num("rope_theta").get<double>() : 10000.0;
+  TRIPOD_INPUT_CHECK(m.norm_eps > 0 && m.rope_theta > 0, "{}: rms_norm_eps = {} and rope_theta = {} must be > 0",
+                     where, m.norm_eps, m.rope_theta);
   m.bias = attn_bias;
-  m.tie_embeddings = hf.value("tie_word_embeddings", false);
+  m.tie_embeddings = flag("tie_word_embeddings", false);
   TRIPOD_INPUT_CHECK(m.n_heads > 0 && m.d_model % m.n_heads == 0 && m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads == 0,
                      "{}: num_attention_heads = {} and num_key_value_heads = {} do not split hidden_size = {}", where,
                      m.n_heads, m.n_kv_heads, m.d_model);
   if (hf.contains("head_dim") && !hf["head_dim"].is_null())
-    TRIPOD_INPUT_CHECK(num("head_dim").get<int>() == m.head_dim(),
+    TRIPOD_INPUT_CHECK(count("head_dim") == m.head_dim(),
                        "{}: head_dim = {} is not hidden_size / num_attention_heads = {}; tripod needs them equal", where,
                        hf["head_dim"].dump(), m.head_dim());
   if (config_path.empty()) return m;
@@ -530,8 +550,14 @@ int run_import(const CkptOptions& o) {
   TRIPOD_INPUT_CHECK(mc.n_layers > 0, "{} has no transformer.h.0.* tensors", o.dir);
   mc.ffn_hidden = static_cast<int>(need("transformer.h.0.mlp.c_fc.bias").shape.at(0));
   mc.n_heads = o.n_heads;
-  if (mc.n_heads == 0 && f.metadata.count("n_heads")) mc.n_heads = std::stoi(f.metadata["n_heads"]);
-  if (mc.n_heads == 0 && f.metadata.count("n_head")) mc.n_heads = std::stoi(f.metadata["n_head"]);
+  for (const char* key : {"n_heads", "n_head"}) {
+    auto it = f.metadata.find(key);
+    if (mc.n_heads != 0 || it == f.metadata.end()) continue;
+    const std::string& v = it->second;
+    auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), mc.n_heads);
+    TRIPOD_INPUT_CHECK(ec == std::errc() && end == v.data() + v.size() && mc.n_heads > 0,
+                       "{}: __metadata__ {} = \"{}\" is not a positive integer (or give --n-heads)", o.dir, key, v);
+  }
   TRIPOD_INPUT_CHECK(mc.n_heads > 0 && mc.d_model % mc.n_heads == 0,
                      "--n-heads must be given (the file does not record it) and divide d_model = {}", mc.d_model);
   if (by_name.count("lm_head.weight")) {

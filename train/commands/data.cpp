@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -23,7 +24,7 @@ struct DataOptions {
   std::string pre_format = "auto";
   bool no_eod = false, no_progress = false, no_word_cache = false;
   std::string inspect_prefix, inspect_tokenizer, inspect_eod;
-  int64_t show_document = -1;
+  std::optional<int64_t> show_document;
   bool json = false, verbose = false;
 };
 
@@ -71,13 +72,14 @@ int run_inspect(DataOptions& o) {
                       {"idx_bytes", d.idx_bytes()},
                       {"min_document_tokens", min_len},
                       {"max_document_tokens", max_len}};
-  TRIPOD_INPUT_CHECK(o.inspect_tokenizer.empty() || o.show_document >= 0,
+  TRIPOD_INPUT_CHECK(o.inspect_tokenizer.empty() || o.show_document,
                      "--tokenizer-model is for decoding a document: add --show-document I");
-  if (o.show_document >= 0) {
-    TRIPOD_INPUT_CHECK(o.show_document < d.num_documents(), "--show-document {}: {} has documents 0 to {}",
-                       o.show_document, o.inspect_prefix, d.num_documents() - 1);
-    std::vector<int32_t> ids = d.document(o.show_document);
-    nlohmann::json doc = {{"index", o.show_document}, {"tokens", ids.size()}, {"ids", ids}};
+  if (o.show_document) {
+    const int64_t at = *o.show_document;
+    TRIPOD_INPUT_CHECK(at >= 0 && at < d.num_documents(), "--show-document {}: {} has documents 0 to {}", at,
+                       o.inspect_prefix, d.num_documents() - 1);
+    std::vector<int32_t> ids = d.document(at);
+    nlohmann::json doc = {{"index", at}, {"tokens", ids.size()}, {"ids", ids}};
     if (!o.inspect_tokenizer.empty()) {
       Tokenizer tok(o.inspect_tokenizer, o.inspect_eod);
       doc["text"] = tok.decode(ids);
@@ -95,7 +97,8 @@ int run_inspect(DataOptions& o) {
              max_len);
   if (j.contains("document")) {
     const auto& doc = j["document"];
-    fmt::print("\ndocument {} ({} tokens)\nids: {}\n", o.show_document, doc["tokens"].get<int64_t>(), doc["ids"].dump());
+    fmt::print("\ndocument {} ({} tokens)\nids: {}\n", *o.show_document, doc["tokens"].get<int64_t>(),
+               doc["ids"].dump());
     if (doc.contains("text")) fmt::print("text:\n{}\n", doc["text"].get<std::string>());
   }
   return 0;

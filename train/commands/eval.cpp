@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
@@ -24,7 +25,7 @@ struct EvalOptions {
   std::string config, split = "valid";
   std::vector<std::string> sets;
   WeightOptions weights;
-  int64_t samples = 0;  // 0: train.eval_steps global batches
+  std::optional<int64_t> samples;  // absent: train.eval_steps global batches
   bool json = false, verbose = false;
 };
 
@@ -98,14 +99,14 @@ int run_eval(const EvalOptions& o) {
     check_weight_options(o.weights);
     cfg = load_command_config(o.config, o.weights, o.sets, {.data = true});
     split = parse_eval_split(o.split, "--split");
-    TRIPOD_INPUT_CHECK(o.samples >= 0, "--samples {}: give a positive number of samples (or leave it out for "
-                       "train.eval_steps = {} global batches)", o.samples, cfg.train.eval_steps);
+    TRIPOD_INPUT_CHECK(!o.samples || *o.samples >= 1, "--samples {}: give a positive number of samples (or leave it "
+                       "out for train.eval_steps = {} global batches)", o.samples.value_or(0), cfg.train.eval_steps);
     const int64_t batch = cfg.train.global_batch_size;  // 0: derived from dp below
     if (sets_parallel(o.sets))
       validate_layout(cfg, mpi.size());
     else
       fit_eval_grid(cfg, mpi.size());
-    samples = o.samples > 0 ? o.samples : cfg.train.eval_steps * (batch > 0 ? batch : cfg.train.global_batch_size);
+    samples = o.samples.value_or(cfg.train.eval_steps * (batch > 0 ? batch : cfg.train.global_batch_size));
     rt = make_runtime(cfg);
   } catch (const InputError& e) {
     exit_on_bad_input(mpi, e);

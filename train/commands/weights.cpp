@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "checkpoint/load.h"
+#include "checkpoint/metadata.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/reshard.h"
 #include "core/error.h"
@@ -59,6 +60,11 @@ void load_weights(const WeightOptions& w, const Config& cfg, ParamRegistry& reg,
   std::string dir, error;
   try {
     dir = resolve_checkpoint(w.load, cfg.checkpoint.dir);
+    {
+      CheckpointReader reader(dir);
+      if (reader.metadata().contains("model"))
+        check_model_record(reader.metadata()["model"], model_to_json(cfg.model), dir);
+    }
     load_param_values(dir, reg, ops);
   } catch (const InputError& e) {
     error = e.what();

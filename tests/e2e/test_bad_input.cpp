@@ -1,0 +1,408 @@
+// The bad-input battery: over a hundred careless commands and damaged files (configs, data,
+// checkpoints, safetensors, schedules, faults, the CLI; alone and under mpirun). Each must end
+// with exit status 2, exactly one line on stderr starting "error:" that names the key or file,
+// no crash and no hang, and leave every file that existed before it byte-for-byte unchanged.
+// One process runs every case over fixtures built once (a dataset, a tokenizer, a checkpoint).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <map>
+
+#include "checkpoint/metadata.h"
+#include "cli_util.h"
+#include "data/hash.h"
+
+namespace tripod {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::run_cmd;
+using test::slurp;
+using test::write_file;
+
+std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+
+// Every file under `root` and a hash of its bytes.
+std::map<std::string, uint64_t> snapshot(const fs::path& root) {
+  std::map<std::string, uint64_t> out;
+  for (const auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file()) out[e.path().string()] = hash_string(slurp(e.path()));
+  return out;
+}
+
+class BadInput : public ::testing::Test {
+ protected:
+  static inline fs::path dir, fx;  // scratch; fx: the fixtures whose bytes every case must leave alone
+  static inline int cases = 0;
+  static inline std::string base;  // the tiny config (synthetic data)
+
+  static void SetUpTestSuite() {
+    dir = test::scratch_dir("bad_input");
+    fx = dir / "fx";
+    fs::create_directories(fx);
+    base = R"([model]
+n_layers = 2
+n_heads = 2
+d_model = 16
+seq_len = 8
+vocab_size = 512
+[train]
+micro_batch_size = 1
+global_batch_size = 2
+steps = 2
+log_interval = 1
+trace = false
+[data]
+synthetic = true
+)";
+    write_file(fx / "base.toml", base);
+    const std::string src = std::string(TRIPOD_SOURCE_PATH) + "/tests/fixtures/data/genesis_1_8.jsonl";
+    must("data train-tokenizer --input " + q(src) + " --vocab-size 400 --model-prefix " + q(fx / "tok"));
+    must("data preprocess --input " + q(src) + " --tokenizer-model " + q(fx / "tok.model") + " --output-prefix " +
+         q(fx / "gen") + " --workers 1");
+    write_file(fx / "data.toml", base.substr(0, base.find("synthetic = true")) + "prefixes = [" +
+                                     json((fx / "gen").string()).dump() + "]\ntokenizer = " +
+                                     json((fx / "tok.model").string()).dump() + "\n");
+    must("train --config " + q(fx / "base.toml") + " --set train.output_dir=" + q(dir / "runs/fixture") +
+         " --set checkpoint.dir=" + q(fx / "ck") + " --set checkpoint.interval=1");
+    must("train --config " + q(fx / "data.toml") + " --set train.output_dir=" + q(dir / "runs/fixture_data"));
+    must("ckpt convert " + q(fx / "ck") + " --to safetensors " + q(fx / "model.safetensors"));
+    // A Llama-family checkpoint and its Hugging Face folder (config.json + model.safetensors).
+    write_file(fx / "llama.toml", "[model]\narch = \"llama\"\n" + base.substr(base.find('\n') + 1));
+    must("train --config " + q(fx / "llama.toml") + " --set train.output_dir=" + q(dir / "runs/fixture_llama") +
+         " --set checkpoint.dir=" + q(fx / "ckl"));
+    must("ckpt convert " + q(fx / "ckl") + " --to safetensors " + q(fx / "llama_hf"));
+  }
+  static void TearDownTestSuite() {
+    std::printf("bad-input battery: %d cases\n", cases);
+    fs::remove_all(dir);
+  }
+
+  static void must(const std::string& args) {
+    auto r = run_cmd(test::tripod_bin() + " " + args);
+    ASSERT_EQ(r.status, 0) << args << "\n" << r.err;
+  }
+  static fs::path ck_iter() { return fx / "ck" / "iter_0000002"; }
+
+  // A copy of the checkpoint root under fx/cases/NAME, with `edit` applied to its newest
+  // checkpoint; returns the copy's root.
+  static fs::path damaged_checkpoint(const std::string& name, const std::function<void(const fs::path&)>& edit) {
+    fs::path root = fx / "cases" / name;
+    fs::create_directories(root);
+    fs::copy(fx / "ck", root, fs::copy_options::recursive);
+    edit(root / "iter_0000002");
+    return root;
+  }
+  // A checkpoint whose metadata.json is changed by `edit`, its checksum recomputed (so the field
+  // checks themselves are reached) unless `keep_checksum`.
+  static fs::path edited_metadata(const std::string& name, const std::function<void(json&)>& edit,
+                                  bool keep_checksum = false) {
+    return damaged_checkpoint(name, [&](const fs::path& it) {
+      json m = json::parse(slurp(it / "metadata.json"));
+      edit(m);
+      if (!keep_checksum) m["metadata_crc32c"] = metadata_checksum(m);
+      write_file(it / "metadata.json", m.dump(2));
+    });
+  }
+  // A copy of the dataset as fx/cases/NAME.{bin,idx}, with `edit` applied to (idx, bin) bytes.
+  static fs::path damaged_dataset(const std::string& name,
+                                  const std::function<void(std::string&, std::string&)>& edit) {
+    std::string idx = slurp(fx / "gen.idx"), bin = slurp(fx / "gen.bin");
+    edit(idx, bin);
+    fs::create_directories(fx / "cases");
+    fs::path prefix = fx / "cases" / name;
+    std::ofstream(prefix.string() + ".idx", std::ios::binary) << idx;
+    std::ofstream(prefix.string() + ".bin", std::ios::binary) << bin;
+    return prefix;
+  }
+  // A safetensors file (fx/cases/NAME.safetensors) with its JSON header changed by `edit`.
+  static fs::path edited_safetensors(const std::string& name, const std::function<void(json&)>& edit) {
+    std::string all = slurp(fx / "model.safetensors");
+    uint64_t len = 0;
+    std::memcpy(&len, all.data(), 8);
+    json h = json::parse(all.substr(8, len));
+    edit(h);
+    std::string hs = h.dump();
+    uint64_t n = hs.size();
+    std::string out(reinterpret_cast<const char*>(&n), 8);
+    out += hs + all.substr(8 + len);
+    fs::create_directories(fx / "cases");
+    fs::path p = fx / "cases" / (name + ".safetensors");
+    std::ofstream(p, std::ios::binary) << out;
+    return p;
+  }
+  // A copy of the Llama folder as fx/cases/NAME with its config.json changed by `edit`.
+  static fs::path edited_hf_config(const std::string& name, const std::function<void(json&)>& edit) {
+    const fs::path d = fx / "cases" / name;
+    fs::create_directories(d);
+    fs::copy(fx / "llama_hf", d, fs::copy_options::recursive);
+    json c = json::parse(slurp(d / "config.json"));
+    edit(c);
+    write_file(d / "config.json", c.dump(2));
+    return d;
+  }
+  static fs::path file(const std::string& name, const std::string& text) {
+    fs::create_directories(fx / "cases");
+    write_file(fx / "cases" / name, text);
+    return fx / "cases" / name;
+  }
+
+  // Runs `tripod ARGS` (under mpirun with np > 1; with `env` in front) and checks the refusal.
+  void refused(const std::string& args, const std::string& needle, int np = 1, const std::string& env = "") {
+    ++cases;
+    const auto before = snapshot(fx);
+    const std::string cmd = "timeout -k 5 60 env " + env + " " + (np > 1 ? test::mpirun(np) : std::string()) +
+                            test::tripod_bin() + " " + args;
+    const auto r = run_cmd(cmd);
+    SCOPED_TRACE("tripod " + args + (np > 1 ? " (" + std::to_string(np) + " ranks)" : ""));
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(test::count_lines_starting(r.err, "error:"), 1) << r.err;
+    const size_t at = r.err.find("error:");
+    const std::string line = at == std::string::npos ? "" : r.err.substr(at, r.err.find('\n', at) - at);
+    EXPECT_NE(line.find(needle), std::string::npos) << "the error line does not name '" << needle << "': " << line;
+    for (const char* crash : {"Sanitizer", "terminate called", "Segmentation", "Aborted", "core dumped",
+                              "json.exception", "stoi", "check failed"})
+      EXPECT_EQ(r.err.find(crash), std::string::npos) << r.err;
+    const auto after = snapshot(fx);
+    for (const auto& [path, h] : before) {
+      auto it = after.find(path);
+      EXPECT_TRUE(it != after.end() && it->second == h) << path << " was changed or removed";
+    }
+  }
+  std::string cfg(const std::string& sets = "", const std::string& config = "base.toml") {
+    return "--config " + q(fx / config) + " --set train.output_dir=" + q(dir / "runs" / std::to_string(cases)) +
+           " " + sets;
+  }
+  std::string train(const std::string& sets, const std::string& config = "base.toml") {
+    return "train " + cfg(sets, config);
+  }
+};
+
+TEST_F(BadInput, Battery) {
+  // ---- the command line --------------------------------------------------------------------
+  refused("frobnicate", "frobnicate");
+  refused("ckpt frobnicate", "frobnicate");
+  refused("data frobnicate", "frobnicate");
+  refused("train", "--config");
+  refused("train --config " + q(fx), "is a directory");
+  refused("train --config " + q(dir / "missing.toml"), "missing.toml");
+  refused("eval " + cfg("--init-seed 1 --samples 0"), "--samples");
+  refused("eval " + cfg("--init-seed 1 --samples -5"), "--samples");
+  refused("eval " + cfg("--init-seed 1 --samples lots"), "--samples");
+  refused("eval " + cfg("--init-seed 1 --load " + q(fx / "ck")), "--load");
+  refused("eval " + cfg("--init-seed 1 --split train"), "--split");
+  refused("generate " + cfg("--init-seed 1 --prompt hi --max-tokens 0", "data.toml"), "--max-tokens 0");
+  refused("generate " + cfg("--init-seed 1 --prompt hi --temperature nan", "data.toml"), "--temperature");
+  refused("generate " + cfg("--init-seed 1 --prompt hi --temperature -1", "data.toml"), "--temperature");
+  refused("generate " + cfg("--init-seed 1 --prompt hi --top-p 0", "data.toml"), "--top-p");
+  refused("generate " + cfg("--init-seed 1 --prompt hi --top-p 1.5", "data.toml"), "--top-p");
+  refused("generate " + cfg("--init-seed 1 --prompt hi --top-k -1", "data.toml"), "--top-k");
+  refused("generate " + cfg("--init-seed 1 --prompt ''", "data.toml"), "--prompt");
+  refused("schedule --kind 1f1b --pp 0 --microbatches 4", "pp = 0");
+  refused("schedule --kind 1f1b --pp 2 --microbatches 0", "microbatches = 0");
+  refused("schedule --kind zigzag --pp 2 --microbatches 4", "zigzag");
+  refused("schedule --kind 1f1b --pp 2 --microbatches 4 --forward-cost inf", "forward inf");
+  refused("data train-tokenizer --input " + q(fx / "base.toml") + " --vocab-size 1 --model-prefix " +
+              q(dir / "t2"), "--vocab-size 1");
+  refused("data train-tokenizer --input " + q(fx / "base.toml") + " --vocab-size 100 --threads -4 --model-prefix " +
+              q(dir / "t2"), "--threads -4");
+  refused("data inspect " + q(fx / "nothing"), "nothing");
+  refused("data inspect " + q(fx / "gen") + " --show-document -2", "--show-document");
+  refused("data inspect " + q(fx / "gen") + " --show-document 100000", "--show-document");
+  refused("ckpt inspect " + q(dir / "no_such_ckpt"), "no_such_ckpt");
+  refused("ckpt verify " + q(fx / "cases"), "cases");
+  refused("ckpt convert " + q(fx / "ck") + " --to onnx " + q(dir / "out.onnx"), "--to");
+  refused("ckpt convert " + q(fx / "model.safetensors") + " --from safetensors " + q(fx / "ck"), "ck");
+  refused("ckpt convert " + q(fx / "ck") + " --to safetensors " + q(fx / "model.safetensors"), "model.safetensors");
+  refused(train("--set nonsense"), "--set");
+  refused(train("--set nosuch.key=1"), "nosuch");
+
+  // ---- config keys ---------------------------------------------------------------------------
+  for (auto [set, key] : std::vector<std::pair<std::string, std::string>>{
+           {"model.n_layers=0", "model.n_layers"}, {"model.n_heads=0", "model.n_heads"},
+           {"model.d_model=0", "model.d_model"}, {"model.n_heads=3", "model.n_heads"},
+           {"model.ffn_hidden=-1", "model.ffn_hidden"}, {"model.seq_len=0", "model.seq_len"},
+           {"model.max_positions=4", "model.seq_len"}, {"model.vocab_size=1", "model.vocab_size"},
+           {"model.bogus=1", "model.bogus"}, {"model.n_layers=1.5", "model.n_layers"},
+           {"train.lr=inf", "train.lr"}, {"train.lr=nan", "train.lr"}, {"train.lr=-1", "train.lr"},
+           {"train.lr=0", "train.lr"}, {"train.lr='fast'", "train.lr"}, {"train.min_lr=1", "train.min_lr"},
+           {"train.min_lr=-inf", "train.min_lr"}, {"train.eps=inf", "train.eps"}, {"train.eps=0", "train.eps"},
+           {"train.beta1=1", "train.beta1"}, {"train.beta2=-0.1", "train.beta2"}, {"train.beta1=nan", "train.beta1"},
+           {"train.weight_decay=-1", "train.weight_decay"}, {"train.weight_decay=inf", "train.weight_decay"},
+           {"train.grad_clip=-1", "train.grad_clip"}, {"train.grad_clip=nan", "train.grad_clip"},
+           {"train.steps=0", "train.steps"}, {"train.steps='ten'", "train.steps"},
+           {"train.micro_batch_size=0", "train.micro_batch_size"},
+           {"train.micro_batch_size=2 --set train.global_batch_size=3", "train.global_batch_size"},
+           {"train.warmup_steps=-1", "train.warmup_steps"}, {"train.decay='exp'", "train.decay"},
+           {"train.device='tpu'", "train.device"}, {"train.log_interval=0", "train.log_interval"},
+           {"train.eval_steps=0", "train.eval_steps"}, {"train.max_bad_steps=0", "train.max_bad_steps"},
+           {"train.seed=-1", "train.seed"}, {"train.trace=3", "train.trace"},
+           {"parallel.tp=0", "parallel.tp"}, {"parallel.pp=0", "parallel.pp"}, {"parallel.tp=2", "parallel.tp"},
+           {"parallel.vp=2", "parallel.vp"}, {"parallel.schedule='zigzag'", "parallel.schedule"},
+           {"parallel.bucket_mb=0", "parallel.bucket_mb"}, {"parallel.bucket_mb=inf", "parallel.bucket_mb"},
+           {"parallel.timeout_s=-1", "parallel.timeout_s"}, {"parallel.timeout_s=nan", "parallel.timeout_s"},
+           {"parallel.layers_per_stage=[1,5]", "layers_per_stage"}, {"recompute.mode='some'", "recompute.mode"},
+           {"recompute.num_layers=-2", "recompute.num_layers"}, {"data.weights=[nan]", "data.weights"},
+           {"data.synthetic=false", "data.prefixes"}, {"checkpoint.interval=-1", "checkpoint.interval"},
+           {"checkpoint.keep=-1", "checkpoint.keep"}, {"checkpoint.interval=1", "checkpoint.dir"},
+           {"checkpoint.overwrite=2", "checkpoint.overwrite"}})
+    refused(train("--set " + set), key);
+  refused("train --config " + q(file("syntax.toml", "[model\nn_layers = 2\n")), "syntax.toml");
+  refused("train --config " + q(file("section.toml", base + "[optimizer]\nlr = 1\n")), "[optimizer]");
+  refused("train --config " + q(file("table.toml", "model = 3\n")), "model");
+
+  // ---- data files ----------------------------------------------------------------------------
+  auto with_data = [&](const fs::path& prefix) {
+    return train("--set data.synthetic=false --set data.prefixes=" + q(prefix.string()));
+  };
+  refused(with_data(fx / "cases" / "absent"), "absent");
+  refused(with_data(damaged_dataset("short_bin", [](std::string&, std::string& bin) { bin.resize(bin.size() / 2); })),
+          "short_bin");
+  refused(with_data(damaged_dataset("magic", [](std::string& idx, std::string&) { idx[0] = 'X'; })), "magic");
+  refused(with_data(damaged_dataset("short_idx", [](std::string& idx, std::string&) { idx.resize(20); })), "short_idx");
+  refused(with_data(damaged_dataset("version", [](std::string& idx, std::string&) { idx[9] = 99; })), "version");
+  refused(with_data(damaged_dataset("dtype", [](std::string& idx, std::string&) { idx[17] = 7; })), "dtype");
+  refused(with_data(damaged_dataset("seqcount", [](std::string& idx, std::string&) { idx[18] = 0x7f; })), "seqcount");
+  refused(with_data(damaged_dataset("length", [](std::string& idx, std::string&) { idx[34 + 3] = 0x7f; })), "length");
+  refused(with_data(damaged_dataset("pointer", [](std::string& idx, std::string&) {
+            uint64_t n = 0;
+            std::memcpy(&n, idx.data() + 18, 8);
+            idx[34 + 4 * n + 8 * (n - 1) + 6] = 0x7f;  // the last sequence's byte offset
+          })), "pointer");
+  refused(with_data(damaged_dataset("docindex", [](std::string& idx, std::string&) { idx[idx.size() - 2] = 0x40; })),
+          "docindex");
+  refused(with_data(damaged_dataset("empty", [](std::string& idx, std::string& bin) { idx.clear(), bin.clear(); })),
+          "empty");
+  refused(train("--set model.vocab_size=64", "data.toml"), "vocab_size");
+  refused(train("--set data.split='1,0,0' --set train.eval_interval=1", "data.toml"), "split");
+  refused(train("--set data.split='a,b'", "data.toml"), "data.split");
+  refused(train("--set data.weights=[1.0,2.0]", "data.toml"), "data.weights");
+  refused("generate " + cfg("--init-seed 1 --prompt hi --set data.tokenizer=" + q(fx / "cases/no.model"), "data.toml"),
+          "no.model");
+  const fs::path csv2 = file("two.csv", "F0, B0\nF0, B0\n");
+  refused(train("--set parallel.schedule_file=" + q(fx / "cases/none.csv")), "none.csv");
+  refused(train("--set parallel.schedule_file=" + q(file("cells.csv", "F0, X9\n"))), "cells.csv");
+  refused(train("--set parallel.schedule_file=" + q(csv2)), "parallel.schedule_file");
+  refused(train("--set parallel.schedule_file=" + q(file("deadlock.csv", "B0, F0, F1, B1\n"))), "deadlock.csv");
+
+  // ---- checkpoints -----------------------------------------------------------------------------
+  auto load = [&](const fs::path& p, const std::string& more = "") {
+    return train("--set checkpoint.load=" + q(p) + " " + more);
+  };
+  refused(load(dir / "nowhere"), "nowhere");
+  refused(load(fx / "cases"), "cases");
+  refused(train("--set checkpoint.load=latest"), "checkpoint.dir");
+  refused(load(damaged_checkpoint("no_meta", [](const fs::path& it) { fs::remove(it / "metadata.json"); })), "no_meta");
+  refused(load(damaged_checkpoint("latest_junk", [](const fs::path& it) {
+            write_file(it.parent_path() / "latest", "../../etc\n");
+          })), "latest");
+  refused(load(damaged_checkpoint("latest_gone", [](const fs::path& it) { fs::remove_all(it); })), "latest_gone");
+  refused(load(damaged_checkpoint("not_json", [](const fs::path& it) { write_file(it / "metadata.json", "{ nope"); })),
+          "not_json");
+  refused(load(edited_metadata("edited", [](json& m) { m["iteration"] = 5; }, /*keep_checksum=*/true)), "checksum");
+  for (auto [name, field, edit] : std::vector<std::tuple<std::string, std::string, std::function<void(json&)>>>{
+           {"neg_iteration", "iteration", [](json& m) { m["iteration"] = -2; }},
+           {"str_iteration", "iteration", [](json& m) { m["iteration"] = "3"; }},
+           {"no_files", "files", [](json& m) { m.erase("files"); }},
+           {"bytes_type", "files[0].bytes", [](json& m) { m["files"][0]["bytes"] = "x"; }},
+           {"escape", "files[0].name", [](json& m) { m["files"][0]["name"] = "../../x.h5"; }},
+           {"no_grid", "grid", [](json& m) { m.erase("grid"); }},
+           {"grid_tp", "grid.tp", [](json& m) { m["grid"]["tp"] = 0; }},
+           {"heads_type", "model.n_heads", [](json& m) { m["model"]["n_heads"] = json::array(); }},
+           {"adam_steps", "trainer.adam_steps", [](json& m) { m["trainer"]["adam_steps"] = -1; }},
+           {"lr_type", "lr_schedule.lr", [](json& m) { m["lr_schedule"]["lr"] = "NaN"; }},
+           {"has_opt", "has_optimizer", [](json& m) { m["has_optimizer"] = "yes"; }},
+           {"batch", "global_batch_size", [](json& m) { m["global_batch_size"] = 0; }},
+           {"samples", "consumed_samples", [](json& m) { m["consumed_samples"] = -8; }},
+           {"future", "format version 99", [](json& m) { m["format_version"] = 99; }},
+           {"format", "not a tripod checkpoint", [](json& m) { m["format"] = "other"; }}}) {
+    const fs::path root = edited_metadata(name, edit);
+    refused(load(root), field);
+    refused("ckpt verify " + q(root), field);
+  }
+  refused(load(damaged_checkpoint("h5_gone", [](const fs::path& it) { fs::remove(it / "pp00_tp00_dp00.h5"); })),
+          "pp00_tp00_dp00.h5");
+  refused(load(damaged_checkpoint("h5_short", [](const fs::path& it) {
+            fs::resize_file(it / "pp00_tp00_dp00.h5", fs::file_size(it / "pp00_tp00_dp00.h5") - 100);
+          })), "pp00_tp00_dp00.h5");
+  refused(load(damaged_checkpoint("h5_flip", [](const fs::path& it) {
+            std::string b = slurp(it / "pp00_tp00_dp00.h5");
+            b[b.size() / 2] ^= 0x10;
+            std::ofstream(it / "pp00_tp00_dp00.h5", std::ios::binary) << b;
+          })), "pp00_tp00_dp00.h5");
+  refused(load(ck_iter(), "--set model.n_heads=4"), "model.n_heads");
+  refused(load(ck_iter(), "--set model.vocab_size=500"), "vocab_size");
+  refused(load(ck_iter(), "--set model.ffn_hidden=32"), "model.ffn_hidden");
+  refused(load(ck_iter(), "--set model.max_positions=16"), "max_positions");
+  refused(load(ck_iter(), "--set train.global_batch_size=4"), "global_batch_size");
+  refused("eval " + cfg("--load " + q(ck_iter()) + " --set model.n_heads=4 --set data.split=50,50,0", "data.toml"),
+          "model.n_heads");
+  refused(train("--set checkpoint.dir=" + q(fx / "ck")), "checkpoint.dir");
+  refused(train("--set checkpoint.dir=" + q(fx / "ck") + " --set checkpoint.keep=1"), "checkpoint.overwrite");
+  refused(load(fx / "ck" / "iter_0000001", "--set checkpoint.dir=" + q(fx / "cases" / "edited")), "checkpoint.dir");
+
+  // ---- safetensors -----------------------------------------------------------------------------
+  static constexpr const char* kWte = "transformer.wte.weight";
+  auto import = [&](const fs::path& p) {
+    return "ckpt convert " + q(p) + " --from safetensors " + q(dir / "imp" / std::to_string(cases));
+  };
+  refused(import(file("junk.safetensors", "not a safetensors file")), "junk.safetensors");
+  refused(import(edited_safetensors("dtype", [](json& h) { h[kWte]["dtype"] = 5; })), "dtype");
+  refused(import(edited_safetensors("dtype_name", [](json& h) { h[kWte]["dtype"] = "F64"; })), "F64");
+  refused(import(edited_safetensors("shape_type", [](json& h) { h[kWte]["shape"] = "x"; })), "shape");
+  refused(import(edited_safetensors("shape_neg", [](json& h) { h[kWte]["shape"] = {-1, 16}; })), "shape");
+  refused(import(edited_safetensors("huge", [](json& h) { h[kWte]["shape"] = {1ull << 40, 1ull << 40}; })), "shape");
+  refused(import(edited_safetensors("offsets", [](json& h) { h[kWte]["data_offsets"] = {0, 1u << 30}; })),
+          "data_offsets");
+  refused(import(edited_safetensors("offsets_type", [](json& h) { h[kWte]["data_offsets"] = "0-4"; })),
+          "data_offsets");
+  refused(import(edited_safetensors("heads", [](json& h) { h["__metadata__"]["n_heads"] = "two"; })), "n_heads");
+  refused(import(edited_safetensors("missing", [](json& h) { h.erase(kWte); })), "wte");
+  refused(import(dir / "absent.safetensors"), "absent.safetensors");
+  // Hugging Face Llama folders: config.json's fields by type and range.
+  for (auto [name, key, edit] : std::vector<std::tuple<std::string, std::string, std::function<void(json&)>>>{
+           {"hf_type", "model_type", [](json& c) { c["model_type"] = 3; }},
+           {"hf_arch", "model_type", [](json& c) { c["model_type"] = "mamba"; }},
+           {"hf_hidden", "hidden_size", [](json& c) { c["hidden_size"] = "16"; }},
+           {"hf_hidden_real", "hidden_size", [](json& c) { c["hidden_size"] = 16.5; }},
+           {"hf_heads", "num_attention_heads", [](json& c) { c["num_attention_heads"] = 0; }},
+           {"hf_kv", "num_key_value_heads", [](json& c) { c["num_key_value_heads"] = 3; }},
+           {"hf_layers", "num_hidden_layers", [](json& c) { c["num_hidden_layers"] = 1e12; }},
+           {"hf_tie", "tie_word_embeddings", [](json& c) { c["tie_word_embeddings"] = "yes"; }},
+           {"hf_bias", "attention_bias", [](json& c) { c["attention_bias"] = 1; }},
+           {"hf_act", "hidden_act", [](json& c) { c["hidden_act"] = json::array(); }},
+           {"hf_eps", "rms_norm_eps", [](json& c) { c["rms_norm_eps"] = -1; }}})
+    refused(import(edited_hf_config(name, edit)), key);
+  {
+    const fs::path d = edited_hf_config("hf_json", [](json&) {});
+    write_file(d / "config.json", "{\"model_type\": ");
+    refused(import(d), "config.json");
+  }
+  // A Llama checkpoint loaded with another model: every recorded key is compared.
+  refused(train("--set checkpoint.load=" + q(fx / "ckl") + " --set model.n_kv_heads=1", "llama.toml"),
+          "model.n_kv_heads");
+  refused(train("--set checkpoint.load=" + q(fx / "ckl") + " --set model.rope_theta=500000.0", "llama.toml"),
+          "model.rope_theta");
+  refused(train("--set checkpoint.load=" + q(fx / "ckl") + " --set model.norm_eps=1e-3", "llama.toml"),
+          "model.norm_eps");
+
+  // ---- faults ------------------------------------------------------------------------------------
+  refused(train(""), "TRIPOD_INJECT_NAN", 1, "TRIPOD_INJECT_NAN=loss@zero");
+  refused(train(""), "TRIPOD_INJECT_NAN", 1, "TRIPOD_INJECT_NAN=grad@-1");
+
+  // ---- under mpirun: one error line for the whole job ------------------------------------------
+  refused(train("--set train.lr=inf"), "train.lr", 2);
+  refused(train("--set parallel.pp=2 --set parallel.schedule_file=" + q(file("cells2.csv", "F0, X9\nF0\n"))),
+          "cells2.csv", 2);
+  refused(with_data(fx / "cases" / "absent"), "absent", 2);
+  refused(load(ck_iter(), "--set model.n_heads=4"), "model.n_heads", 2);
+  refused(load(edited_metadata("neg_iteration2", [](json& m) { m["iteration"] = -2; })), "iteration", 2);
+
+  EXPECT_GE(cases, 100);
+}
+
+}  // namespace
+}  // namespace tripod
