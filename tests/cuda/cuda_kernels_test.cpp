@@ -386,9 +386,9 @@ TEST_F(CudaOpsTest, AttentionCudnnFused) {
 constexpr AttnCase kGqaCases[] = {{2, 16, 4, 32, 2}, {1, 128, 8, 64, 2}, {2, 64, 4, 128, 1}, {1, 33, 6, 64, 3}};
 
 TEST_F(CudaOpsTest, GroupedQueryAttentionMatchesCpu) {
-  auto gpu = gpu_with_attention("auto");
+  auto gpu = gpu_with_attention(AttentionKernels::Auto);
   for (AttnCase c : kGqaCases) check_attention(*cpu_, *gpu, c);
-  auto ref = gpu_with_attention("reference");
+  auto ref = gpu_with_attention(AttentionKernels::Reference);
   for (AttnCase c : kGqaCases) EXPECT_EQ(check_attention(*cpu_, *ref, c), "reference");
 }
 
