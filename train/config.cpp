@@ -304,6 +304,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     m.ffn_hidden = m.ffn();  // resolved: the config records what runs
     m.n_kv_heads = m.kv_heads();
     m.max_positions = m.positions();
+  m.n_kv_heads = m.kv_heads();
   }
   {
     Section s(root, "parallel", origin);
@@ -441,6 +442,7 @@ nlohmann::json model_to_json(const ModelConfig& model) {
   ModelConfig m = model;  // the field list takes mutable references
   m.ffn_hidden = m.ffn();  // resolved, also for configs not made by parse_config
   m.max_positions = m.positions();
+  m.n_kv_heads = m.kv_heads();
   nlohmann::json out = nlohmann::json::object();
   for (const Field& f : fields(m))
     std::visit(
