@@ -8,7 +8,8 @@
 #   - run.sh's mpi stage trains 2 CPU ranks through the bundled mpirun without opening any file of
 #     this machine's Open MPI or PMIx installation, and leaves run.log, summary.txt, details.tar.gz;
 #   - the archive is small (under 60 MB: the device tool carries 64 MiB).
-# BUNDLE_BUILD overrides the build folder (default build-bundle in the source tree).
+# BUNDLE_BUILD overrides the build folder (default build-bundle in the source tree);
+# BUNDLE_NO_BUILD=1 packs that folder as it is (ctest: its own build).
 set -euo pipefail
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
 T=$(mktemp -d /tmp/tripod_bundle_test.XXXXXX)
@@ -16,7 +17,9 @@ trap 'rm -rf "$T"' EXIT
 OUT=$T/tripod-bundle
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-BUILD=${BUNDLE_BUILD:-$SRC/build-bundle} "$SRC/scripts/bundle.sh" --archive "$T/tripod-bundle.tar.gz" "$OUT"
+no_build=()
+[ "${BUNDLE_NO_BUILD:-0}" = 1 ] && no_build=(--no-build)
+BUILD=${BUNDLE_BUILD:-$SRC/build-bundle} "$SRC/scripts/bundle.sh" "${no_build[@]}" --archive "$T/tripod-bundle.tar.gz" "$OUT"
 
 allowed='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libutil\.so|libcuda\.so|libcudart|libcublas|libcublasLt|libcudnn|libnccl|libnvrtc|libnvJitLink|libnvidia)'
 # check_ldd FILE ENV...: every dependency of FILE (under env -i ENV) is allowed or inside $OUT/lib.
