@@ -1,6 +1,7 @@
 // Reading the TRIPOD_* environment variables into DebugOptions.
 #include "core/debug_options.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <string_view>
@@ -53,6 +54,13 @@ DebugOptions read_debug_options() {
   TRIPOD_INPUT_CHECK(timing.empty() || timing == "0" || timing == "1",
                      "environment variable TRIPOD_CUDA_TIMING = \"{}\" is not 0 or 1", timing);
   o.cuda_timing = timing == "1";
+  const std::string peak(env("TRIPOD_PEAK_TFLOPS"));
+  if (!peak.empty()) {
+    char* end = nullptr;
+    o.peak_tflops = std::strtod(peak.c_str(), &end);
+    TRIPOD_INPUT_CHECK(end != peak.c_str() && *end == '\0' && std::isfinite(o.peak_tflops) && o.peak_tflops > 0,
+                       "environment variable TRIPOD_PEAK_TFLOPS = \"{}\" is not a positive number of TFLOP/s", peak);
+  }
   o.inject_nan = parse_fault_injections(std::getenv("TRIPOD_INJECT_NAN"));
   const std::string sleep(env("TRIPOD_TEST_CKPT_SLEEP_MS"));
   if (!sleep.empty()) {

@@ -1,6 +1,5 @@
 // The TRIPOD_* environment variables: debugging switches and test hooks, read once at start-up
-// (read_debug_options, in make_runtime) into one typed value that is passed down. Not here:
-// TRIPOD_PEAK_TFLOPS, a measurement setting read where a GPU's peak is looked up (kernels/op.h).
+// (read_debug_options, in make_runtime) into one typed value that is passed down.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +23,9 @@ struct DebugOptions {
   AttentionKernels attention = AttentionKernels::Auto;
   // TRIPOD_CUDA_TIMING=1: GPU time per op family (CudaOps::take_times).
   bool cuda_timing = false;
+  // TRIPOD_PEAK_TFLOPS=X (X > 0): the GPU's peak for MFU, instead of the datasheet figure found by
+  // its name (gpu_peak_flops); 0: unset.
+  double peak_tflops = 0;
   // TRIPOD_INJECT_NAN="loss@3,grad@5" (test hook).
   std::vector<FaultInjection> inject_nan;
   // TRIPOD_TEST_CKPT_SLEEP_MS=N: a checkpoint write sleeps N ms after its first tensor, so a test

@@ -1,5 +1,4 @@
 // The backend factory: the one place that knows which backends this build has; GPU peaks by name.
-#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -34,13 +33,6 @@ int cuda_device_count() {
 }
 
 double gpu_peak_flops(std::string_view name) {
-  if (const char* env = std::getenv("TRIPOD_PEAK_TFLOPS")) {
-    char* end = nullptr;
-    const double tf = std::strtod(env, &end);
-    TRIPOD_INPUT_CHECK(end != env && *end == '\0' && tf > 0, "TRIPOD_PEAK_TFLOPS='{}': a positive number expected",
-                       env);
-    return tf * 1e12;
-  }
   // Dense (no sparsity) bf16 with f32 accumulation, TFLOP/s. More specific names come first.
   static constexpr std::pair<std::string_view, double> kPeaks[] = {
       {"H100 PCIe", 756}, {"H100 NVL", 835}, {"H100", 989}, {"H800 PCIe", 756}, {"H800", 989},

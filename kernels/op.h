@@ -178,8 +178,8 @@ int cuda_device_count();
 
 // The dense bf16 tensor-core peak FLOP/s of a GPU from its name (cudaDeviceProp::name, e.g.
 // "NVIDIA H100 80GB HBM3"), from NVIDIA's datasheets: 989e12 for H100 SXM and H200, 756e12 for
-// H100 PCIe, 312e12 for A100, ... The environment's TRIPOD_PEAK_TFLOPS overrides it; 0 for a
-// name the table does not know.
+// H100 PCIe, 312e12 for A100, ...; 0 for a name the table does not know. (The CUDA backend takes
+// DebugOptions::peak_tflops, TRIPOD_PEAK_TFLOPS, instead when it is set.)
 double gpu_peak_flops(std::string_view name);
 
 }  // namespace tripod

@@ -57,8 +57,9 @@ class CudaOps final : public Ops {
   DType compute_dtype() const override { return DType::BF16; }
   Allocator& allocator() override { return device_alloc_; }
   Allocator& host_allocator() override { return pinned_alloc_; }
-  // This GPU's dense bf16 peak from its name (gpu_peak_flops; 989 TFLOP/s, H100 SXM, with a
-  // warning when the name is unknown), DESIGN.md's MFU denominator.
+  // This GPU's dense bf16 peak: DebugOptions::peak_tflops when set, else from its name
+  // (gpu_peak_flops; 989 TFLOP/s, H100 SXM, with a warning when the name is unknown), DESIGN.md's
+  // MFU denominator.
   double peak_flops() override { return peak_flops_; }
   void synchronize() override;
 

@@ -43,6 +43,7 @@ TEST_F(CudaOpsTest, ReportsBf16ComputeAndThisGpusPeak) {
   const std::string& name = dynamic_cast<cuda::CudaOps&>(*gpu_).device_name();
   const double known = gpu_peak_flops(name);
   EXPECT_EQ(gpu_->peak_flops(), known > 0 ? known : 989e12) << name;
+  EXPECT_EQ(cuda::CudaOps(0, DebugOptions{.peak_tflops = 123.5}).peak_flops(), 123.5e12) << "TRIPOD_PEAK_TFLOPS";
   EXPECT_FALSE(gpu_->keeps_attention_probs());
   EXPECT_EQ(gpu_->host_allocator().device(), Device::CPU);
 }

@@ -392,6 +392,7 @@ TEST_F(BadInput, Battery) {
   // ---- faults ------------------------------------------------------------------------------------
   refused(train(""), "TRIPOD_INJECT_NAN", 1, "TRIPOD_INJECT_NAN=loss@zero");
   refused(train(""), "TRIPOD_INJECT_NAN", 1, "TRIPOD_INJECT_NAN=grad@-1");
+  refused(train(""), "TRIPOD_PEAK_TFLOPS", 1, "TRIPOD_PEAK_TFLOPS=fast");
 
   // ---- under mpirun: one error line for the whole job ------------------------------------------
   refused(train("--set train.lr=inf"), "train.lr", 2);

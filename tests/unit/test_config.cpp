@@ -1,6 +1,7 @@
 // Config parsing and validation: every bad input is an InputError naming the key and what is valid.
 #include <gtest/gtest.h>
 
+#include "core/debug_options.h"
 #include "core/error.h"
 #include "train/config.h"
 
@@ -209,6 +210,25 @@ TEST(Config, InvalidLlamaCombinationsNameTheKeys) {
     EXPECT_NE(std::string(e.what()).find("model.n_kv_heads = 2"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("parallel.tp = 4"), std::string::npos) << e.what();
   }
+}
+
+// TRIPOD_PEAK_TFLOPS is read with the other switches: a positive number, else an input error naming it.
+TEST(DebugOptions, PeakTflopsIsAPositiveNumber) {
+  ::unsetenv("TRIPOD_PEAK_TFLOPS");
+  EXPECT_EQ(read_debug_options().peak_tflops, 0);
+  ::setenv("TRIPOD_PEAK_TFLOPS", "123.5", 1);
+  EXPECT_EQ(read_debug_options().peak_tflops, 123.5);
+  for (const char* bad : {"fast", "0", "-5", "12x", "inf", "nan"}) {
+    ::setenv("TRIPOD_PEAK_TFLOPS", bad, 1);
+    try {
+      read_debug_options();
+      ADD_FAILURE() << bad << " must be refused";
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find("TRIPOD_PEAK_TFLOPS = \"" + std::string(bad) + "\""), std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("TRIPOD_PEAK_TFLOPS");
 }
 
 }  // namespace

@@ -302,6 +302,87 @@ TEST(Trainer, NonFiniteLossOrGradNormSkipsTheUpdateAndIsCounted) {
   EXPECT_EQ(t.completed_steps(), 5);
 }
 
+// The samples of a golden file, in order: sample i is the golden file's row i (indices wrap).
+class GoldenSource final : public SampleSource {
+ public:
+  explicit GoldenSource(const json& rows) {
+    for (const auto& r : rows) rows_.push_back(r.get<std::vector<int32_t>>());
+  }
+  int64_t sample_tokens() const override { return static_cast<int64_t>(rows_[0].size()); }
+  int64_t num_samples() const override { return static_cast<int64_t>(rows_.size()); }
+  void get(int64_t index, std::span<int32_t> out) const override {
+    const auto& r = rows_[index % num_samples()];
+    std::copy(r.begin(), r.end(), out.begin());
+  }
+
+ private:
+  std::vector<std::vector<int32_t>> rows_;
+};
+
+// Ten Trainer steps against PyTorch (gpt2_train_golden.json, from make_gpt2_golden.py): AdamW with
+// weight decay on the matrices and embeddings only, linear warmup then cosine decay, and gradient
+// clipping that acts on some steps; every step's loss, learning rate and gradient norm, and the
+// final weights.
+TEST(Trainer, TenStepsMatchPyTorch) {
+  const json g = load_golden("gpt2_train_golden.json");
+  const json init = load_golden(g["initial_params"].get<std::string>());
+  const json& h = g["hyper"];
+  Config cfg;
+  cfg.model = golden_config(g["config"]);
+  cfg.train.device = "cpu";
+  cfg.train.micro_batch_size = cfg.train.global_batch_size = g["config"]["batch"];
+  cfg.train.steps = h["steps"];
+  cfg.train.warmup_steps = h["warmup_steps"];
+  cfg.train.lr = h["lr"];
+  cfg.train.min_lr = h["min_lr"];
+  cfg.train.decay = h["decay"];
+  cfg.train.weight_decay = h["weight_decay"];
+  cfg.train.grad_clip = h["grad_clip"];
+  cfg.train.beta1 = h["beta1"];
+  cfg.train.beta2 = h["beta2"];
+  cfg.train.eps = h["eps"];
+  cfg.train.log_interval = 1000000;
+  cfg.train.output_dir = "";
+  cfg.data.synthetic = true;
+  GoldenSource data(g["samples"]);
+  ASSERT_EQ(data.num_samples(), cfg.train.steps * cfg.train.global_batch_size);
+  auto ops = make_ops(Device::CPU);
+  auto w = test::make_subworld(*ops, RankGrid(1, 1, 1));
+  validate_layout(cfg, 1);
+  Trainer t(cfg, *ops, *w.par, &data);
+  for (Param& p : t.registry().params()) {
+    const auto& v = init["params"][p.spec.name];
+    ASSERT_FALSE(v.is_null()) << p.spec.name;
+    float* dst = p.value.data<float>();
+    std::fill(dst, dst + p.numel(), 0.f);  // vocabulary padding rows stay zero
+    for (size_t i = 0; i < v.size(); ++i) dst[i] = v[i].get<float>();
+  }
+  int clipped = 0;
+  for (int64_t s = 0; s < cfg.train.steps; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s + 1));
+    StepMetrics m = t.step();
+    const double loss = g["losses"][s], lr = g["lrs"][s], norm = g["grad_norms"][s];
+    EXPECT_FALSE(m.skipped);
+    EXPECT_NEAR(m.loss, loss, 1e-5 * loss);
+    EXPECT_NEAR(m.lr, lr, 1e-12 * lr);
+    EXPECT_NEAR(m.grad_norm, norm, 1e-5 * norm);
+    clipped += norm > cfg.train.grad_clip;
+  }
+  EXPECT_GT(clipped, 0) << "the golden run must exercise clipping";
+  EXPECT_LT(clipped, cfg.train.steps) << "and steps without it";
+  for (Param& p : t.registry().params()) {
+    const auto& ref = g["final_params"][p.spec.name];
+    std::vector<double> want(p.numel(), 0.0);
+    double scale = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      want[i] = ref[i].get<double>();
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    SCOPED_TRACE(p.spec.name);
+    EXPECT_CLOSE(p.value, want, 1e-5 * scale, 1e-4);
+  }
+}
+
 TEST(Trainer, MalformedFaultInjectionIsRefused) {
   EXPECT_THROW(parse_fault_injections("nan@3"), InputError);
   EXPECT_THROW(parse_fault_injections("loss@x"), InputError);
