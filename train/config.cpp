@@ -443,6 +443,26 @@ nlohmann::json model_to_json(const ModelConfig& model) {
   return out;
 }
 
+ModelConfig model_from_json(const nlohmann::json& j, const std::string& origin) {
+  ModelConfig m;
+  for (const Field& f : fields(m))
+    std::visit(
+        [&](auto* ptr) {
+          using T = std::remove_pointer_t<decltype(ptr)>;
+          if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double> || std::is_same_v<T, bool> ||
+                        std::is_same_v<T, std::string>) {
+            if (!j.contains(f.key)) return;
+            try {
+              *ptr = j[f.key].get<T>();
+            } catch (const nlohmann::json::exception&) {
+              throw InputError(fmt::format("{}: model.{} = {} has the wrong type", origin, f.key, j[f.key].dump()));
+            }
+          }
+        },
+        f.ref);
+  return m;
+}
+
 std::string config_to_toml(const Config& cfg) {
   Config c = cfg;  // the field lists take mutable references
   toml::table t{{"model", write_fields(fields(c.model))},
@@ -452,6 +472,8 @@ std::string config_to_toml(const Config& cfg) {
                                           {"num_layers", c.recompute.num_layers}}},
                 {"data", write_fields(fields(c.data))},
                 {"checkpoint", write_fields(fields(c.checkpoint))}};
+  // A library run without a run directory (output_dir "") records none, so that the text parses back.
+  if (c.train.output_dir.empty()) t["train"].as_table()->erase("output_dir");
   std::stringstream ss;
   ss << t << "\n";
   return ss.str();

@@ -80,6 +80,9 @@ Config parse_config(const std::string& text, const std::string& origin, const st
 std::string config_to_toml(const Config& cfg);
 // Every [model] key with its resolved value, as JSON (checkpoint metadata).
 nlohmann::json model_to_json(const ModelConfig& m);
+// The inverse: keys absent from `j` keep their defaults (GPT-2's architecture). InputError naming
+// `origin` and the key when a value has the wrong type.
+ModelConfig model_from_json(const nlohmann::json& j, const std::string& origin);
 // Checks that need the world size; fills parallel.dp and train.global_batch_size when derived.
 void validate_layout(Config& cfg, int world_size);
 

@@ -122,9 +122,11 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
     metrics_ = std::make_unique<MetricsLog>(tc.output_dir);
   }
   int64_t n_params = cfg_.model.num_params(pc.tp);
-  spdlog::info("model: {} layers, d_model {}, {} heads, seq {}, vocab {} (padded {}): {:.2f}M parameters",
-               cfg_.model.n_layers, cfg_.model.d_model, cfg_.model.n_heads, cfg_.model.seq_len,
-               cfg_.model.vocab_size, cfg_.model.padded_vocab(pc.tp), n_params / 1e6);
+  const ModelConfig& mc = cfg_.model;
+  spdlog::info("model: {} ({}, {}, {}), {} layers, d_model {}, {} heads ({} key/value), seq {}, vocab {} (padded {}): "
+               "{:.2f}M parameters",
+               mc.arch, mc.norm, mc.position, mc.mlp, mc.n_layers, mc.d_model, mc.n_heads, mc.kv_heads(), mc.seq_len,
+               mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6);
   spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {} (vp {}); device {}",
                par.grid.str(), par.grid.world_size(), micro_per_rank_, tc.micro_batch_size,
                executor_->schedule().kind, pc.vp, tc.device);

@@ -119,45 +119,45 @@ class CudaModelTest : public ::testing::Test {
 
 TEST_F(CudaModelTest, TrainingStepMatchesCpu) {
   for (bool llama : {false, true}) {
-  SCOPED_TRACE(llama ? "llama" : "gpt2");
-  const ModelConfig cfg = tiny_config(llama);
-  auto cpu = make_setup(Device::CPU, cfg, RecomputeMode::None);
-  auto gpu = make_setup(Device::CUDA, cfg, RecomputeMode::None);
-  const int64_t B = 2;
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    const ModelConfig cfg = tiny_config(llama);
+    auto cpu = make_setup(Device::CPU, cfg, RecomputeMode::None);
+    auto gpu = make_setup(Device::CUDA, cfg, RecomputeMode::None);
+    const int64_t B = 2;
 
-  const double cpu_loss = forward_backward(*cpu, B, 0), gpu_loss = forward_backward(*gpu, B, 0);
-  EXPECT_TRUE(std::isfinite(gpu_loss));
-  EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
+    const double cpu_loss = forward_backward(*cpu, B, 0), gpu_loss = forward_backward(*gpu, B, 0);
+    EXPECT_TRUE(std::isfinite(gpu_loss));
+    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
 
-  const Tensor cg = grads_on_host(*cpu), gg = grads_on_host(*gpu);
-  EXPECT_LT(rel_err(gg, cg), 3e-2) << "the whole gradient";
-  expect_params_close(*cpu, gg, cg, 1e-1, "gradient");
+    const Tensor cg = grads_on_host(*cpu), gg = grads_on_host(*gpu);
+    EXPECT_LT(rel_err(gg, cg), 3e-2) << "the whole gradient";
+    expect_params_close(*cpu, gg, cg, 1e-1, "gradient");
 
-  cpu->opt->step(1e-3, 1, 1.f);
-  gpu->opt->step(1e-3, 1, 1.f);
-  const Tensor cm = master_on_host(*cpu), gm = master_on_host(*gpu);
-  EXPECT_LT(rel_err(gm, cm), 1e-3) << "master weights after the update";
-  // The bf16 compute copy is the rounded master.
-  const Tensor gv = download(*gpu->ops, *host_, gpu->reg.flat_values());
-  for (int64_t i = 0; i < gv.numel(); i += 97)
-    ASSERT_EQ(gv.data<float>()[i], static_cast<float>(bf16(gm.data<float>()[i]))) << i;
+    cpu->opt->step(1e-3, 1, 1.f);
+    gpu->opt->step(1e-3, 1, 1.f);
+    const Tensor cm = master_on_host(*cpu), gm = master_on_host(*gpu);
+    EXPECT_LT(rel_err(gm, cm), 1e-3) << "master weights after the update";
+    // The bf16 compute copy is the rounded master.
+    const Tensor gv = download(*gpu->ops, *host_, gpu->reg.flat_values());
+    for (int64_t i = 0; i < gv.numel(); i += 97)
+      ASSERT_EQ(gv.data<float>()[i], static_cast<float>(bf16(gm.data<float>()[i]))) << i;
 
-  const double cpu_loss2 = forward_backward(*cpu, B, 1), gpu_loss2 = forward_backward(*gpu, B, 1);
-  EXPECT_NEAR(gpu_loss2, cpu_loss2, 1e-2 * cpu_loss2);
+    const double cpu_loss2 = forward_backward(*cpu, B, 1), gpu_loss2 = forward_backward(*gpu, B, 1);
+    EXPECT_NEAR(gpu_loss2, cpu_loss2, 1e-2 * cpu_loss2);
   }
 }
 
 // Recomputing the layers' activations in the backward gives the gradients of storing them.
 TEST_F(CudaModelTest, FullRecomputationGivesTheSameGradients) {
   for (bool llama : {false, true}) {
-  SCOPED_TRACE(llama ? "llama" : "gpt2");
-  const ModelConfig cfg = tiny_config(llama);
-  auto stored = make_setup(Device::CUDA, cfg, RecomputeMode::None);
-  auto recomputed = make_setup(Device::CUDA, cfg, RecomputeMode::Full);
-  const double a = forward_backward(*stored, 2, 0), b = forward_backward(*recomputed, 2, 0);
-  EXPECT_DOUBLE_EQ(a, b);
-  // Equal up to the order of the embedding gradient's atomic additions.
-  EXPECT_LT(rel_err(grads_on_host(*recomputed), grads_on_host(*stored)), 1e-5);
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    const ModelConfig cfg = tiny_config(llama);
+    auto stored = make_setup(Device::CUDA, cfg, RecomputeMode::None);
+    auto recomputed = make_setup(Device::CUDA, cfg, RecomputeMode::Full);
+    const double a = forward_backward(*stored, 2, 0), b = forward_backward(*recomputed, 2, 0);
+    EXPECT_DOUBLE_EQ(a, b);
+    // Equal up to the order of the embedding gradient's atomic additions.
+    EXPECT_LT(rel_err(grads_on_host(*recomputed), grads_on_host(*stored)), 1e-5);
   }
 }
 

@@ -32,23 +32,23 @@ class Memory : public ::testing::Test {
 
 TEST_F(Memory, RecomputeModesGiveBitIdenticalWeightsOnTwoByTwoByTwo) {
   for (bool llama : {false, true}) {
-  SCOPED_TRACE(llama ? "llama" : "gpt2");
-  SyntheticSource data(16, 100, 3);
-  std::vector<std::map<std::string, std::vector<float>>> results;
-  for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
-    auto w = test::make_subworld(*ops, RankGrid(2, 2, 2));
-    Config cfg = test::tiny_config(4, 32, 4, 16, 100);
-    if (llama) test::make_llama(cfg.model, 2);
-    cfg.parallel.tp = cfg.parallel.pp = cfg.parallel.dp = 2;
-    cfg.train.micro_batch_size = 1;
-    cfg.train.global_batch_size = 8;
-    cfg.train.steps = 2;
-    cfg.recompute.mode = mode;
-    results.push_back(test::run_training(cfg, *ops, *w.par, data).params);
-  }
-  for (size_t m = 1; m < results.size(); ++m)
-    for (auto& [name, v] : results[0])
-      EXPECT_EQ(0, std::memcmp(v.data(), results[m][name].data(), v.size() * 4)) << name << " differs in mode " << m;
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    SyntheticSource data(16, 100, 3);
+    std::vector<std::map<std::string, std::vector<float>>> results;
+    for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
+      auto w = test::make_subworld(*ops, RankGrid(2, 2, 2));
+      Config cfg = test::tiny_config(4, 32, 4, 16, 100);
+      if (llama) test::make_llama(cfg.model, 2);
+      cfg.parallel.tp = cfg.parallel.pp = cfg.parallel.dp = 2;
+      cfg.train.micro_batch_size = 1;
+      cfg.train.global_batch_size = 8;
+      cfg.train.steps = 2;
+      cfg.recompute.mode = mode;
+      results.push_back(test::run_training(cfg, *ops, *w.par, data).params);
+    }
+    for (size_t m = 1; m < results.size(); ++m)
+      for (auto& [name, v] : results[0])
+        EXPECT_EQ(0, std::memcmp(v.data(), results[m][name].data(), v.size() * 4)) << name << " differs in mode " << m;
   }
 }
 

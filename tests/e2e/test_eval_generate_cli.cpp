@@ -111,9 +111,12 @@ TEST_F(EvalGenerateCli, GenerateIsDeterministicAndTheSameAtTpTwo) {
                             "/tests/fixtures/data/genesis_1_8.jsonl --vocab-size 400 --model-prefix " +
                             (dir_ / "tok").string()));
   ASSERT_EQ(tok.status, 0) << tok.err;
-  const std::string base = "generate --config " + cfg_ + " --set data.tokenizer=" + (dir_ / "tok.model").string() +
-                           " --init-seed 3 --prompt 'And God said' --max-tokens 10 ";
+  // GPT-2 and a Llama-family model (2 key/value heads: one per rank at tp = 2, rope at the cached positions).
+  for (const std::string arch : {"", "--set model.arch=llama --set model.n_kv_heads=2 "})
   for (const std::string sampling : {"--temperature 0", "--temperature 0.8 --top-k 50 --top-p 0.9 --seed 11"}) {
+    SCOPED_TRACE(arch + sampling);
+    const std::string base = "generate --config " + cfg_ + " --set data.tokenizer=" + (dir_ / "tok.model").string() +
+                             " --init-seed 3 --prompt 'And God said' --max-tokens 10 " + arch;
     auto a = run_cmd(tripod(base + sampling));
     ASSERT_EQ(a.status, 0) << a.err;
     EXPECT_GT(a.out.size(), 1u) << "some text streamed";

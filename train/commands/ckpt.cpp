@@ -249,6 +249,12 @@ std::vector<std::pair<std::string, Shape>> llama_tensors(const ModelConfig& m) {
   return t;
 }
 
+// "h.N.attn.qkv.X" -> "h.N.attn.q.X", ".k.X" or ".v.X" (w = 0, 1, 2).
+std::string qkv_part_name(std::string name, int w) {
+  const auto at = name.find("attn.qkv.");
+  return name.replace(at, 9, std::string("attn.") + "qkv"[w] + ".");
+}
+
 // HF LlamaConfig fields of a model.
 nlohmann::json llama_hf_config(const ModelConfig& m) {
   return {{"architectures", {"LlamaForCausalLM"}},
@@ -271,12 +277,13 @@ nlohmann::json llama_hf_config(const ModelConfig& m) {
           {"torch_dtype", "float32"}};
 }
 
-// The model a checkpoint was trained with (its resolved config).
+// The model a checkpoint was trained with (metadata.json's "model"; checkpoints of versions
+// before the architecture keys are GPT-2's).
 ModelConfig checkpoint_model(const CheckpointReader& r) {
   const nlohmann::json& m = r.metadata();
-  TRIPOD_INPUT_CHECK(m.contains("config_toml") && m["config_toml"].is_string(),
-                     "checkpoint {}: metadata.json has no config_toml (the model's configuration)", r.dir());
-  return parse_config(m["config_toml"].get<std::string>(), r.dir() + "/metadata.json").model;
+  TRIPOD_INPUT_CHECK(m.contains("model") && m["model"].is_object(),
+                     "checkpoint {}: metadata.json has no \"model\" object", r.dir());
+  return model_from_json(m["model"], r.dir() + "/metadata.json");
 }
 
 // Whole tensor `name` of the checkpoint (values, or master weights when saved).
@@ -296,20 +303,16 @@ int run_export_llama(const CkptOptions& o, CheckpointReader& r, const ModelConfi
                                      r.metadata().value("tripod_version", "?"), r.dir(), r.iteration());
   for (const auto& [name, shape] : r.tensors()) {
     std::vector<float> data = whole_tensor(r, name, shape, src);
-    const auto fused = name.find("attn.qkv.");
-    if (fused == std::string::npos) {
+    if (name.find("attn.qkv.") == std::string::npos) {
       f.tensors.push_back({.name = llama_hf_name(name), .shape = shape, .data = std::move(data)});
       continue;
     }
     // (3, C, C) or (3, C): q, k and v, each its own tensor.
     const int64_t part = shape_numel(shape) / 3;
-    Shape one(shape.begin() + 1, shape.end());
-    for (int w = 0; w < 3; ++w) {
-      std::string n = name;
-      n.replace(fused, 9, std::string("attn.") + "qkv"[w] + ".");
-      f.tensors.push_back({.name = llama_hf_name(n), .shape = one,
+    const Shape one(shape.begin() + 1, shape.end());
+    for (int w = 0; w < 3; ++w)
+      f.tensors.push_back({.name = llama_hf_name(qkv_part_name(name, w)), .shape = one,
                            .data = std::vector<float>(data.begin() + w * part, data.begin() + (w + 1) * part)});
-    }
   }
   write_safetensors_folder(o.out, f, llama_hf_config(mc));
   fmt::print("wrote {}/config.json and {}/model.safetensors ({} tensors, Hugging Face LlamaForCausalLM names{})\n",
@@ -468,15 +471,12 @@ int run_import_llama(const CkptOptions& o) {
   snap.file = shard_file_name(Coords{});
   for (const auto& [name, shape] : llama_tensors(mc)) {
     std::vector<float> data;
-    const auto fused = name.find("attn.qkv.");
-    if (fused == std::string::npos) {
+    if (name.find("attn.qkv.") == std::string::npos) {
       data = take(name, shape);
     } else {  // q, k and v joined into GPT-2's fused layout
       const Shape one(shape.begin() + 1, shape.end());
       for (int w = 0; w < 3; ++w) {
-        std::string n = name;
-        n.replace(fused, 9, std::string("attn.") + "qkv"[w] + ".");
-        const std::vector<float>& part = take(n, one);
+        const std::vector<float>& part = take(qkv_part_name(name, w), one);
         data.insert(data.end(), part.begin(), part.end());
       }
     }
