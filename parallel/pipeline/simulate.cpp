@@ -21,7 +21,7 @@ constexpr double kUnset = -1;
 }  // namespace
 
 PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs, bool find_releases,
-                 const StageCosts& stages = {}) {
+                 const StageCosts& stages) {
   const int P = s.pp;
   const size_t M = plan.messages.size();
   PlanRun run;
