@@ -131,12 +131,16 @@ std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
       c.backward += hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, true) + hw.gemm_time(s.N, Vl, s.C, true) +
                     hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, true);
       if (s.t > 1) {
+        // The input enters the vocabulary-parallel GEMM (all-gathered under SP; its gradient
+        // all-reduced, or reduce-scattered under SP); the per-token statistics are all-gathered.
         const double stats = hw.collective_time(Collective::AllGather, s.t, s.N * 3 * 4 * s.t, pl.tp_intra);
-        const double in = tp_region(s, hw, pl.tp_intra);  // input entering the head, gradient leaving
+        const double in = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
+        const double out_grad = hw.collective_time(s.sp ? Collective::ReduceScatter : Collective::AllReduce, s.t, bytes,
+                                                   pl.tp_intra);
         c.forward += stats + in;
         c.forward_comm += stats + in;
-        c.backward += in;
-        c.backward_comm += in;
+        c.backward += out_grad;
+        c.backward_comm += out_grad;
       }
     }
   }
