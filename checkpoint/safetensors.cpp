@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -135,6 +136,78 @@ SafetensorsFile read_safetensors(const std::string& path) {
     f.tensors.push_back(std::move(t));
   }
   return f;
+}
+
+namespace {
+
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  TRIPOD_INPUT_CHECK(in.good(), "{} cannot be read (missing or not readable)", path.string());
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InputError(fmt::format("{} is not valid JSON: {}", path.string(), e.what()));
+  }
+}
+
+}  // namespace
+
+SafetensorsFolder read_safetensors_folder(const std::string& dir) {
+  const fs::path root(dir);
+  SafetensorsFolder out;
+  out.config = read_json(root / "config.json");
+  TRIPOD_INPUT_CHECK(out.config.is_object(), "{}: config.json is not a JSON object", dir);
+  const fs::path index = root / "model.safetensors.index.json";
+  if (!fs::exists(index)) {
+    out.weights = read_safetensors((root / "model.safetensors").string());
+    return out;
+  }
+  const nlohmann::json idx = read_json(index);
+  TRIPOD_INPUT_CHECK(idx.is_object() && idx.contains("weight_map") && idx["weight_map"].is_object(),
+                     "{} has no weight_map object", index.string());
+  std::map<std::string, std::string> where;  // tensor -> shard file
+  std::vector<std::string> files;
+  for (auto& [name, file] : idx["weight_map"].items()) {
+    TRIPOD_INPUT_CHECK(file.is_string(), "{}: weight_map[{}] is not a file name", index.string(), name);
+    const std::string f = file.get<std::string>();
+    TRIPOD_INPUT_CHECK(f.find('/') == std::string::npos, "{}: weight_map[{}] = {} is not a file in {}",
+                       index.string(), name, f, dir);
+    where[name] = f;
+    if (std::find(files.begin(), files.end(), f) == files.end()) files.push_back(f);
+  }
+  std::map<std::string, std::string> seen;
+  for (const std::string& f : files) {
+    SafetensorsFile shard = read_safetensors((root / f).string());
+    for (NamedTensor& t : shard.tensors) {
+      auto it = where.find(t.name);
+      TRIPOD_INPUT_CHECK(it != where.end() && it->second == f, "{}: tensor {} is in {} but {} says {}", dir, t.name,
+                         f, index.filename().string(), it == where.end() ? "nothing of it" : it->second);
+      TRIPOD_INPUT_CHECK(seen.emplace(t.name, f).second, "{}: tensor {} is in {} and in {}", dir, t.name,
+                         seen[t.name], f);
+      out.weights.tensors.push_back(std::move(t));
+    }
+  }
+  for (const auto& [name, f] : where)
+    TRIPOD_INPUT_CHECK(seen.count(name), "{}: {} names tensor {} in {}, which lacks it", dir,
+                       index.filename().string(), name, f);
+  return out;
+}
+
+void write_safetensors_folder(const std::string& dir, const SafetensorsFile& weights, const nlohmann::json& config) {
+  TRIPOD_INPUT_CHECK(!fs::exists(dir), "output {} exists; refusing to overwrite it (remove it or pick another name)",
+                     dir);
+  const fs::path tmp = dir + ".tmp";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  write_safetensors((tmp / "model.safetensors").string(), weights);
+  {
+    std::ofstream out(tmp / "config.json");
+    out << config.dump(2) << "\n";
+    out.close();
+    TRIPOD_CHECK(out.good(), "writing {}", (tmp / "config.json").string());
+  }
+  fsync_path((tmp / "config.json").string());
+  fs::rename(tmp, dir);
 }
 
 }  // namespace tripod

@@ -1,4 +1,8 @@
-// The backend factory: the one place that knows which backends this build has.
+// The backend factory: the one place that knows which backends this build has; GPU peaks by name.
+#include <cstdlib>
+#include <string>
+#include <utility>
+
 #include "core/error.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/op.h"
@@ -27,6 +31,24 @@ int cuda_device_count() {
 #else
   return 0;
 #endif
+}
+
+double gpu_peak_flops(std::string_view name) {
+  if (const char* env = std::getenv("TRIPOD_PEAK_TFLOPS")) {
+    char* end = nullptr;
+    const double tf = std::strtod(env, &end);
+    TRIPOD_INPUT_CHECK(end != env && *end == '\0' && tf > 0, "TRIPOD_PEAK_TFLOPS='{}': a positive number expected",
+                       env);
+    return tf * 1e12;
+  }
+  // Dense (no sparsity) bf16 with f32 accumulation, TFLOP/s. More specific names come first.
+  static constexpr std::pair<std::string_view, double> kPeaks[] = {
+      {"H100 PCIe", 756}, {"H100 NVL", 835}, {"H100", 989}, {"H800 PCIe", 756}, {"H800", 989},
+      {"H200 NVL", 835},  {"H200", 989},     {"H20", 148},  {"GB200", 2500},    {"B200", 2250},
+      {"A100", 312},      {"A800", 312},     {"L40S", 362}, {"L40", 181},       {"L4", 121}};
+  for (const auto& [key, tf] : kPeaks)
+    if (name.find(key) != std::string_view::npos) return tf * 1e12;
+  return 0;
 }
 
 }  // namespace tripod

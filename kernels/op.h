@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <span>
+#include <string_view>
 
 #include "core/tensor.h"
 
@@ -71,13 +72,32 @@ class Ops {
   virtual void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte,
                                   Tensor& dwpe, int64_t T) = 0;
 
-  // ---- LayerNorm (eps 1e-5) ----------------------------------------------------------------
-  // x (N, C), w, b (C) -> y (N, C); mean, rstd (N) f32 are saved for the backward.
-  virtual void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Tensor& mean,
-                                 Tensor& rstd) = 0;
+  // ---- normalisation ------------------------------------------------------------------------
+  // LayerNorm: x (N, C), w, b (C) -> y (N, C); mean, rstd (N) f32 are saved for the backward.
+  virtual void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
+                                 Tensor& mean, Tensor& rstd) = 0;
   // dx (N, C) += d/dx; dw, db (C) f32 +=.
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                   const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor& db) = 0;
+  // RMSNorm (Llama's): y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps); rstd (N) f32 saved.
+  virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) = 0;
+  // dx (N, C) += d/dx; dw (C) f32 +=.
+  virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
+                                Tensor& dw) = 0;
+
+  // ---- rotary position embedding ------------------------------------------------------------
+  // In place on x (N, heads, D): the first `rot_heads` heads of every row n are rotated by the
+  // angles of position pos0 + n % T (positions restart with every sequence of T tokens), in the
+  // Hugging Face convention over the two halves of a head: with h = D/2, i < h,
+  // a = position * theta^(-2i/D): y_i = x_i cos a - x_{i+h} sin a, y_{i+h} = x_{i+h} cos a + x_i sin a.
+  // `inverse` rotates by -a: the backward (the rotation is orthogonal).
+  virtual void rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) = 0;
+
+  // ---- SwiGLU (gate and up fused in one input) --------------------------------------------------
+  // gu (N, 2F) = [gate | up] -> y (N, F) = silu(gate) * up.
+  virtual void swiglu_forward(const Tensor& gu, Tensor& y) = 0;
+  // dgu (N, 2F) from dy (N, F).
+  virtual void swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) = 0;
 
   // ---- linear -----------------------------------------------------------------------------
   // y (N, O) = x (N, I) w^T (w: (O, I)) + b (O, optional).
@@ -98,24 +118,29 @@ class Ops {
   // dx = dy * gelu'(x); dx may alias dy.
   virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
 
-  // ---- causal self-attention ----------------------------------------------------------------
-  // qkv (B, T, 3, H, D) -> out (B, T, H, D), scale 1/sqrt(D). lse (B, H, T) f32: the log-sum-exp
-  // of each softmax row, saved. probs (B, H, T, T), when defined, receives the softmax so the
-  // backward need not recompute it (a backend may ignore it and always recompute).
+  // ---- causal self-attention, grouped-query ---------------------------------------------------
+  // qkv (B, T, H + 2 Hkv, D): per token the H query heads, then Hkv key heads, then Hkv value heads
+  // (Hkv divides H; query head h reads key/value head h / (H / Hkv); Hkv = H is multi-head
+  // attention, laid out as (3, H, D)). out (B, T, H, D), scale 1/sqrt(D); H comes from out.
+  // lse (B, H, T) f32: the log-sum-exp of each softmax row, saved. probs (B, H, T, T), when
+  // defined, receives the softmax so the backward need not recompute it (a backend may ignore it
+  // and always recompute).
   virtual void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) = 0;
   // Whether attention_forward fills `probs` (and the backward reads them). A fused (flash) kernel
   // recomputes them from lse instead, so keeping them would only cost memory.
   virtual bool keeps_attention_probs() const { return true; }
-  // dqkv (B, T, 3, H, D) from dout; probs as saved by the forward, or undefined to recompute.
+  // dqkv (B, T, H + 2 Hkv, D) from dout (a key/value head's gradient sums over its query group);
+  // probs as saved by the forward, or undefined to recompute.
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   const Tensor& probs, Tensor& dqkv) = 0;
 
   // ---- attention against a KV cache (inference) --------------------------------------------
-  // qkv (B, n, 3, H, D): n new tokens at positions [pos, pos + n) of each sequence. Their k and v
-  // are written into k_cache, v_cache (B, H, T_max, D) at positions [pos, pos + n); then
+  // qkv (B, n, H + 2 Hkv, D): n new tokens at positions [pos, pos + n) of each sequence. Their k
+  // and v are written into k_cache, v_cache (B, Hkv, T_max, D) at positions [pos, pos + n); then
   // out (B, n, H, D) = softmax(q K^T / sqrt(D)) V for each new token over cache positions
-  // 0..its own (causal). n = 1 is one decoding step; pos = 0, n = prompt length is the prefill.
-  // Needs pos + n <= T_max. Caches and out are in the compute dtype; scores and softmax in f32.
+  // 0..its own (causal), each query head against its group's key/value head. n = 1 is one
+  // decoding step; pos = 0, n = prompt length is the prefill. Needs pos + n <= T_max. Caches and
+  // out are in the compute dtype; scores and softmax in f32.
   virtual void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) = 0;
 
   // ---- fused softmax cross-entropy over a (possibly vocabulary-parallel) classifier ----------
@@ -149,5 +174,11 @@ std::unique_ptr<Ops> make_ops(Device device, int device_index = 0);
 void select_cpu_blas_kernels(char** argv);
 // Number of CUDA devices usable by this build (0 without CUDA or without a GPU).
 int cuda_device_count();
+
+// The dense bf16 tensor-core peak FLOP/s of a GPU from its name (cudaDeviceProp::name, e.g.
+// "NVIDIA H100 80GB HBM3"), from NVIDIA's datasheets: 989e12 for H100 SXM and H200, 756e12 for
+// H100 PCIe, 312e12 for A100, ... The environment's TRIPOD_PEAK_TFLOPS overrides it; 0 for a
+// name the table does not know.
+double gpu_peak_flops(std::string_view name);
 
 }  // namespace tripod

@@ -15,7 +15,8 @@ class ProfiledOps final : public Ops {
  public:
   explicit ProfiledOps(Ops& inner) : in_(inner) {}
 
-  // Seconds per op family: "gemm", "attention", "layernorm", "gelu", "xent", "embedding",
+  // Seconds per op family: "gemm", "attention" (with rope), "layernorm" (with rmsnorm), "gelu"
+  // (with swiglu), "xent", "embedding",
   // "optimizer", "elementwise", "memory", "reduction".
   const std::map<std::string, double>& seconds() const { return seconds_; }
   void reset() { seconds_.clear(); }
@@ -51,13 +52,27 @@ class ProfiledOps final : public Ops {
                           int64_t T) override {
     time("embedding", [&] { in_.embedding_backward(tok, d, vs, dwte, dwpe, T); });
   }
-  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Tensor& m,
+  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor& m,
                          Tensor& r) override {
-    time("layernorm", [&] { in_.layernorm_forward(x, w, b, y, m, r); });
+    time("layernorm", [&] { in_.layernorm_forward(x, w, b, eps, y, m, r); });
   }
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& m, const Tensor& r,
                           Tensor& dx, Tensor& dw, Tensor& db) override {
     time("layernorm", [&] { in_.layernorm_backward(dy, x, w, m, r, dx, dw, db); });
+  }
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& r) override {
+    time("layernorm", [&] { in_.rmsnorm_forward(x, w, eps, y, r); });
+  }
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& r, Tensor& dx,
+                        Tensor& dw) override {
+    time("layernorm", [&] { in_.rmsnorm_backward(dy, x, w, r, dx, dw); });
+  }
+  void rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) override {
+    time("attention", [&] { in_.rope(x, rot_heads, T, pos0, theta, inverse); });
+  }
+  void swiglu_forward(const Tensor& gu, Tensor& y) override { time("gelu", [&] { in_.swiglu_forward(gu, y); }); }
+  void swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) override {
+    time("gelu", [&] { in_.swiglu_backward(gu, dy, dgu); });
   }
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override {
     time("gemm", [&] { in_.linear_forward(x, w, b, y); });

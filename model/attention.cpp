@@ -5,60 +5,116 @@
 
 namespace tripod {
 
+namespace {
+// GPT-2's fused (3, C, C) QKV when every query head has its own key/value head.
+bool fused_qkv(const ModelConfig& cfg) { return cfg.kv_heads() == cfg.n_heads; }
+}  // namespace
+
+AttentionParams AttentionParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix) {
+  AttentionParams a;
+  a.qkv.reg = a.proj.reg = &reg;
+  auto need = [&](const std::string& name) {
+    Param* p = reg.find(prefix + "." + name);
+    TRIPOD_CHECK(p, "parameter {}.{} is not on this rank", prefix, name);
+    return p;
+  };
+  for (const char* part : fused_qkv(cfg) ? std::vector<const char*>{"qkv"} : std::vector<const char*>{"q", "k", "v"}) {
+    a.qkv.w.push_back(need(std::string(part) + ".weight"));
+    if (cfg.bias) a.qkv.b.push_back(need(std::string(part) + ".bias"));
+  }
+  a.proj.w.push_back(need("proj.weight"));
+  if (cfg.bias) a.proj.b.push_back(need("proj.bias"));
+  return a;
+}
+
 Attention::Attention(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg,
                      const std::string& prefix, int chunk)
-    : ops_(ops), par_(par), C_(cfg.d_model), H_local_(cfg.n_heads / par.grid.tp()), D_(cfg.head_dim()) {
+    : ops_(ops),
+      par_(par),
+      cfg_(cfg),
+      C_(cfg.d_model),
+      H_local_(cfg.n_heads / par.grid.tp()),
+      KV_local_(cfg.kv_heads() / par.grid.tp()),
+      D_(cfg.head_dim()) {
   const int tp = par.grid.tp(), r = par.coords.tp;
-  const int64_t C = C_, Cl = C / tp;
+  const int64_t C = C_, D = D_, Ql = H_local_ * D, KVl = KV_local_ * D;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * cfg.n_layers);
-  // QKV as (3, C_out, C_in): sharding dim 1 gives each rank q, k and v of its own heads, and the
-  // local (3, C/tp, C) is the (3C/tp, C) weight of the local GEMM.
-  qkv_w_ = &reg.add({.name = prefix + ".qkv.weight", .global_shape = {3, C, C}, .shard_dim = 1,
-                     .shard_offset = r * Cl, .shard_size = Cl, .decay = true, .init = Init::Normal,
-                     .stddev = std, .chunk = chunk});
-  qkv_b_ = &reg.add({.name = prefix + ".qkv.bias", .global_shape = {3, C}, .shard_dim = 1, .shard_offset = r * Cl,
-                     .shard_size = Cl, .init = Init::Zeros, .chunk = chunk});
+  if (fused_qkv(cfg)) {
+    // QKV as (3, C_out, C_in): sharding dim 1 gives each rank q, k and v of its own heads, and the
+    // local (3, C/tp, C) is the (3C/tp, C) weight of the local GEMM.
+    reg.add({.name = prefix + ".qkv.weight", .global_shape = {3, C, C}, .shard_dim = 1, .shard_offset = r * Ql,
+             .shard_size = Ql, .decay = true, .init = Init::Normal, .stddev = std, .chunk = chunk});
+    if (cfg.bias)
+      reg.add({.name = prefix + ".qkv.bias", .global_shape = {3, C}, .shard_dim = 1, .shard_offset = r * Ql,
+               .shard_size = Ql, .init = Init::Zeros, .chunk = chunk});
+  } else {
+    // q, k, v as separate (rows, C) tensors, each split by heads over TP and packed one after
+    // another: the local [q; k; v] rows are the local GEMM's weight.
+    const int64_t rows[3] = {Ql * tp, KVl * tp, KVl * tp}, local[3] = {Ql, KVl, KVl};
+    const char* names[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3; ++i)
+      reg.add({.name = prefix + "." + names[i] + ".weight", .global_shape = {rows[i], C}, .shard_dim = 0,
+               .shard_offset = r * local[i], .shard_size = local[i], .decay = true, .init = Init::Normal,
+               .stddev = std, .chunk = chunk, .packed = i > 0});
+    if (cfg.bias)
+      for (int i = 0; i < 3; ++i)
+        reg.add({.name = prefix + "." + names[i] + ".bias", .global_shape = {rows[i]}, .shard_dim = 0,
+                 .shard_offset = r * local[i], .shard_size = local[i], .init = Init::Zeros, .chunk = chunk,
+                 .packed = i > 0});
+  }
   // Row-parallel: the input dimension is split.
-  proj_w_ = &reg.add({.name = prefix + ".proj.weight", .global_shape = {C, C}, .shard_dim = 1,
-                      .shard_offset = r * Cl, .shard_size = Cl, .decay = true, .init = Init::Normal,
-                      .stddev = proj_std, .chunk = chunk});
-  proj_b_ = &reg.add({.name = prefix + ".proj.bias", .global_shape = {C}, .init = Init::Zeros, .chunk = chunk});
+  reg.add({.name = prefix + ".proj.weight", .global_shape = {C, Ql * tp}, .shard_dim = 1, .shard_offset = r * Ql,
+           .shard_size = Ql, .decay = true, .init = Init::Normal, .stddev = proj_std, .chunk = chunk});
+  if (cfg.bias) reg.add({.name = prefix + ".proj.bias", .global_shape = {C}, .init = Init::Zeros, .chunk = chunk});
+  p_ = AttentionParams::find(reg, cfg, prefix);
 }
 
 void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_probs, AttentionActs& a,
                         Tensor& out_partial) {
-  const int64_t N = ms.N(), Cl = H_local_ * D_;
-  a.qkv = ops_.empty({N, 3 * Cl}, ops_.compute_dtype(), MemCategory::Activations);
-  ops_.linear_forward(h_full, qkv_w_->value.view({3 * Cl, C_}), qkv_b_->value.view({3 * Cl}), a.qkv);
-  a.att = ops_.empty({N, Cl}, ops_.compute_dtype(), MemCategory::Activations);
+  const int64_t N = ms.N(), heads = H_local_ + 2 * KV_local_;
+  a.qkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), MemCategory::Activations);
+  ops_.linear_forward(h_full, p_.qkv.weight(), p_.qkv.bias(), a.qkv);
+  if (cfg_.rope()) {
+    Tensor rows = a.qkv.view({N, heads, D_});
+    ops_.rope(rows, H_local_ + KV_local_, ms.T, 0, cfg_.rope_theta, /*inverse=*/false);
+  }
+  a.att = ops_.empty({N, H_local_ * D_}, ops_.compute_dtype(), MemCategory::Activations);
   a.lse = ops_.empty({ms.B, H_local_, ms.T}, DType::F32, MemCategory::Activations);
   a.probs = keep_probs ? ops_.empty({ms.B, H_local_, ms.T, ms.T}, ops_.compute_dtype(), MemCategory::Activations)
                        : Tensor{};
   Tensor att4 = a.att.view({ms.B, ms.T, H_local_, D_});
-  ops_.attention_forward(a.qkv.view({ms.B, ms.T, 3, H_local_, D_}), att4, a.lse, a.probs);
+  ops_.attention_forward(a.qkv.view({ms.B, ms.T, heads, D_}), att4, a.lse, a.probs);
   // The replicated bias joins the partial sums once, on TP rank 0.
-  ops_.linear_forward(a.att, proj_w_->value, par_.coords.tp == 0 ? proj_b_->value : Tensor{}, out_partial);
+  ops_.linear_forward(a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
 }
 
 void Attention::backward(const Tensor& dout_full, const Tensor& h_full, const MicroShape& ms,
                          const AttentionActs& a, Tensor& dh_full) {
-  const int64_t N = ms.N(), Cl = H_local_ * D_;
-  Tensor datt = ops_.empty({N, Cl}, ops_.compute_dtype(), MemCategory::Workspace);
+  const int64_t N = ms.N(), heads = H_local_ + 2 * KV_local_;
+  Tensor datt = ops_.empty({N, H_local_ * D_}, ops_.compute_dtype(), MemCategory::Workspace);
   // Every TP rank sees the whole output gradient, so the replicated bias gets the same gradient everywhere.
-  ops_.linear_backward(dout_full, a.att, proj_w_->value, datt, proj_w_->grad, proj_b_->grad);
-  Tensor dqkv = ops_.empty({N, 3 * Cl}, ops_.compute_dtype(), MemCategory::Workspace);
-  Tensor dqkv5 = dqkv.view({ms.B, ms.T, 3, H_local_, D_});
-  ops_.attention_backward(datt.view({ms.B, ms.T, H_local_, D_}), a.qkv.view({ms.B, ms.T, 3, H_local_, D_}),
-                          a.att.view({ms.B, ms.T, H_local_, D_}), a.lse, a.probs, dqkv5);
+  Tensor proj_wgrad = p_.proj.weight_grad(), proj_bgrad = p_.proj.bias_grad();
+  ops_.linear_backward(dout_full, a.att, p_.proj.weight(), datt, proj_wgrad, proj_bgrad);
+  Tensor dqkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), MemCategory::Workspace);
+  Tensor dqkv4 = dqkv.view({ms.B, ms.T, heads, D_});
+  ops_.attention_backward(datt.view({ms.B, ms.T, H_local_, D_}), a.qkv.view({ms.B, ms.T, heads, D_}),
+                          a.att.view({ms.B, ms.T, H_local_, D_}), a.lse, a.probs, dqkv4);
   datt = Tensor{};
-  Tensor qkv_bgrad = qkv_b_->grad.view({3 * Cl});
-  Tensor qkv_wgrad = qkv_w_->grad.view({3 * Cl, C_});
-  ops_.linear_backward(dqkv, h_full, qkv_w_->value.view({3 * Cl, C_}), dh_full, qkv_wgrad, qkv_bgrad);
-  // The key bias adds q.b_k to every score of a row, which the softmax ignores: its gradient is
-  // exactly zero, and what the sum above holds is rounding noise. Adam would divide that noise by
-  // its eps and walk the key bias randomly (differently on every grid), so it is kept at zero.
-  Tensor key_bias_grad = qkv_b_->grad.slice(1, 2);
-  ops_.fill(key_bias_grad, 0.f);
+  if (cfg_.rope()) {  // back through the rotation of q and k
+    Tensor rows = dqkv.view({N, heads, D_});
+    ops_.rope(rows, H_local_ + KV_local_, ms.T, 0, cfg_.rope_theta, /*inverse=*/true);
+  }
+  Tensor qkv_wgrad = p_.qkv.weight_grad(), qkv_bgrad = p_.qkv.bias_grad();
+  ops_.linear_backward(dqkv, h_full, p_.qkv.weight(), dh_full, qkv_wgrad, qkv_bgrad);
+  // With learned positions the key bias adds q.b_k to every score of a row, which the softmax
+  // ignores: its gradient is exactly zero, and what the sum above holds is rounding noise. Adam
+  // would divide that noise by its eps and walk the key bias randomly (differently on every
+  // grid), so it is kept at zero. (Rotated, the key bias's term depends on the key's position, so
+  // with rope its gradient is real.)
+  if (qkv_bgrad.defined() && !cfg_.rope()) {
+    Tensor key_bias_grad = qkv_bgrad.flat(H_local_ * D_, (H_local_ + KV_local_) * D_);
+    ops_.fill(key_bias_grad, 0.f);
+  }
 }
 
 }  // namespace tripod

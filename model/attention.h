@@ -1,5 +1,12 @@
 // Causal self-attention with its heads split across TP ranks: a column-parallel QKV projection,
-// the attention core on this rank's heads, and a row-parallel output projection.
+// rotary positions on q and k (model.position = "rope"), the attention core on this rank's query
+// heads and their key/value heads (grouped-query attention when model.n_kv_heads < n_heads), and
+// a row-parallel output projection.
+//
+// Parameters: with as many key/value heads as query heads, "<prefix>.qkv.weight" (3, C, C) and
+// ".qkv.bias" (3, C) (GPT-2's); with fewer, ".q.weight" (H D, C), ".k.weight" and ".v.weight"
+// (Hkv D, C) (and biases), packed so that this rank's shards of the three are one GEMM weight.
+// ".proj.weight" (C, H D) is row-parallel; ".proj.bias" (C) replicated. Biases only with model.bias.
 #pragma once
 
 #include "model/config.h"
@@ -15,17 +22,24 @@ struct MicroShape {
 };
 
 struct AttentionActs {
-  Tensor qkv;    // (N, 3*C/tp) = (B, T, 3, H/tp, D)
-  Tensor att;    // (N, C/tp) attention output, input of the output projection
+  Tensor qkv;    // (N, (H + 2 Hkv) D / tp) = (B, T, (H + 2 Hkv)/tp, D), q and k rotated
+  Tensor att;    // (N, H D/tp) attention output, input of the output projection
   Tensor lse;    // (B, H/tp, T) f32 softmax statistics
   Tensor probs;  // (B, H/tp, T, T) softmax, only when kept (no recomputation, CPU)
+};
+
+// This rank's attention parameters, as registered by Attention (training) or found by name
+// (inference).
+struct AttentionParams {
+  LinearParams qkv, proj;
+  static AttentionParams find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix);
 };
 
 class Attention {
  public:
   Attention(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg,
             const std::string& prefix, int chunk);
-  // h_full (N, C), the LayerNorm output as every TP rank sees it -> partial output (N, C)
+  // h_full (N, C), the norm output as every TP rank sees it -> partial output (N, C)
   // of this rank's heads (the bias added on TP rank 0 only; summed by the caller).
   void forward(const Tensor& h_full, const MicroShape& ms, bool keep_probs, AttentionActs& a, Tensor& out_partial);
   // dout_full (N, C) -> dh_full (N, C), this rank's contribution to the input gradient.
@@ -35,8 +49,9 @@ class Attention {
  private:
   Ops& ops_;
   const ParallelContext& par_;
-  int64_t C_, H_local_, D_;
-  Param *qkv_w_, *qkv_b_, *proj_w_, *proj_b_;
+  const ModelConfig cfg_;
+  int64_t C_, H_local_, KV_local_, D_;
+  AttentionParams p_;
 };
 
 }  // namespace tripod

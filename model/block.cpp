@@ -12,8 +12,8 @@ Block::Block(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, Param
     : ops_(ops),
       par_(par),
       recompute_(recompute),
-      ln1_(LayerNorm::make(reg, fmt::format("h.{}.ln_1", layer), cfg.d_model, chunk)),
-      ln2_(LayerNorm::make(reg, fmt::format("h.{}.ln_2", layer), cfg.d_model, chunk)),
+      ln1_(Norm::make(reg, fmt::format("h.{}.ln_1", layer), cfg, chunk)),
+      ln2_(Norm::make(reg, fmt::format("h.{}.ln_2", layer), cfg, chunk)),
       attn_(ops, par, cfg, reg, fmt::format("h.{}.attn", layer), chunk),
       mlp_(ops, par, cfg, reg, fmt::format("h.{}.mlp", layer), chunk) {
   // The four sub-layers registered their parameters in construction order; gather them.

@@ -1,5 +1,5 @@
-// A pre-LN transformer block: x1 = x + attn(ln_1(x)); x2 = x1 + mlp(ln_2(x1)).
-// Under sequence parallelism x, x1, x2 and the LayerNorm outputs are this rank's token slice
+// A pre-norm transformer block: x1 = x + attn(ln_1(x)); x2 = x1 + mlp(ln_2(x1)) (ln: LayerNorm or
+// RMSNorm). Under sequence parallelism x, x1, x2 and the norm outputs are this rank's token slice
 // (N/tp, C); the linears see the gathered (N, C).
 #pragma once
 
@@ -12,8 +12,8 @@ namespace tripod {
 // What a block keeps between its forward and backward. With full recomputation only `x`.
 struct BlockActs {
   Tensor x;            // (Ns, C) input (the previous block's output)
-  Tensor h1, h2;       // (Ns, C) LayerNorm outputs
-  LayerNormActs ln1, ln2;
+  Tensor h1, h2;       // (Ns, C) norm outputs
+  NormActs ln1, ln2;
   AttentionActs attn;
   Tensor x1;           // (Ns, C) after the attention residual
   MlpActs mlp;
@@ -36,7 +36,7 @@ class Block {
   Ops& ops_;
   const ParallelContext& par_;
   RecomputeMode recompute_;
-  LayerNorm ln1_, ln2_;
+  Norm ln1_, ln2_;
   Attention attn_;
   Mlp mlp_;
   std::vector<Param*> params_;

@@ -1,7 +1,10 @@
-// The GPT-2 model shape.
+// The model shape and architecture: GPT-2 by default; Llama-family decoders (RMSNorm, rotary
+// positions, SwiGLU, grouped-query attention, no biases, untied head) are the same code with
+// other choices. train/config.cpp reads, presets and validates these.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace tripod {
 
@@ -9,13 +12,33 @@ struct ModelConfig {
   int n_layers = 0;
   int n_heads = 0;
   int d_model = 0;
-  int ffn_hidden = 0;  // 0: 4 * d_model
+  int ffn_hidden = 0;  // 0: 4 * d_model (gelu) or Llama's rule (swiglu), see ffn()
   int seq_len = 0;
-  int max_positions = 0;  // rows of the position table; 0: seq_len
+  int max_positions = 0;  // rows of the position table (learned) / longest sequence (rope); 0: seq_len
   int vocab_size = 0;
+  std::string arch = "gpt2";  // preset of the keys below: "gpt2" | "llama"
+  std::string norm = "layernorm";  // "layernorm" | "rmsnorm"
+  double norm_eps = 1e-5;
+  std::string position = "learned";  // "learned" (a position table) | "rope" (rotary q and k)
+  double rope_theta = 10000.0;
+  std::string mlp = "gelu";  // "gelu": proj(gelu(fc x)) | "swiglu": proj(silu(gate x) * up x)
+  int n_kv_heads = 0;        // key/value heads (grouped-query attention); 0: n_heads
+  bool bias = true;          // biases in every linear
+  bool tie_embeddings = true;  // the output head is the input embedding table
 
+  bool rms() const { return norm == "rmsnorm"; }
+  bool rope() const { return position == "rope"; }
+  bool swiglu() const { return mlp == "swiglu"; }
   int positions() const { return max_positions > 0 ? max_positions : seq_len; }
-  int ffn() const { return ffn_hidden > 0 ? ffn_hidden : 4 * d_model; }
+  int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
+  // GELU: 4 d_model. SwiGLU (Llama's rule, which keeps the MLP's parameters near GELU's):
+  // 2/3 of 4 d_model rounded up to a multiple of 256.
+  int ffn() const {
+    if (ffn_hidden > 0) return ffn_hidden;
+    if (!swiglu()) return 4 * d_model;
+    const int h = 8 * d_model / 3;
+    return (h + 255) / 256 * 256;
+  }
   int head_dim() const { return d_model / n_heads; }
   // Vocabulary padded to a multiple of 128 * tp (Megatron's rule), so every TP shard is equal
   // and GEMM-friendly.
@@ -23,16 +46,29 @@ struct ModelConfig {
     int64_t m = 128LL * tp;
     return (vocab_size + m - 1) / m * m;
   }
-  // All parameters, counting the tied embedding once with its padded rows.
+  // Parameters of one transformer layer.
+  int64_t layer_params() const {
+    const int64_t C = d_model, F = ffn(), D = head_dim(), Q = int64_t{n_heads} * D, KV = int64_t{kv_heads()} * D;
+    const int64_t b = bias ? 1 : 0, norms = 2 * (rms() ? C : 2 * C);
+    const int64_t attn = C * (Q + 2 * KV) + b * (Q + 2 * KV) + Q * C + b * C;
+    const int64_t mlp_p = swiglu() ? 3 * F * C + b * (2 * F + C) : 2 * F * C + b * (F + C);
+    return norms + attn + mlp_p;
+  }
+  // All parameters, counting each vocabulary table with its padded rows (the tied table once).
   int64_t num_params(int tp = 1) const {
-    int64_t C = d_model, F = ffn(), L = n_layers;
-    int64_t per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (F * C + F) + (C * F + C);
-    return padded_vocab(tp) * C + static_cast<int64_t>(positions()) * C + L * per_layer + 2 * C;
+    const int64_t C = d_model, V = padded_vocab(tp);
+    const int64_t tables = (tie_embeddings ? 1 : 2) * V * C + (rope() ? 0 : int64_t{positions()} * C);
+    return tables + n_layers * layer_params() + (rms() ? C : 2 * C);
   }
   // Model FLOPs per token of a training step (forward + backward), llm.c's convention:
-  // 6 N + 6 L C T; recomputation is not counted.
+  // 6 N' + 6 L (H D) T, where N' is num_params() less the input embedding table when it is untied
+  // (a lookup, not a matrix product; the tied table is counted once, as llm.c does). The
+  // attention term counts the query heads (H D = d_model): grouped K/V do not reduce it.
+  // Recomputation is not counted.
   double flops_per_token(int tp = 1) const {
-    return 6.0 * static_cast<double>(num_params(tp)) + 6.0 * n_layers * d_model * static_cast<double>(seq_len);
+    const double n = static_cast<double>(num_params(tp)) -
+                     (tie_embeddings ? 0.0 : static_cast<double>(padded_vocab(tp)) * d_model);
+    return 6.0 * n + 6.0 * n_layers * static_cast<double>(n_heads) * head_dim() * static_cast<double>(seq_len);
   }
 };
 

@@ -23,11 +23,19 @@ Param& register_wte(ParamRegistry& reg, const ModelConfig& cfg, const ParallelCo
                   .vocab_rows = cfg.vocab_size, .init = Init::Normal, .stddev = 0.02f, .chunk = chunk});
 }
 
+Param& register_lm_head(ParamRegistry& reg, const ModelConfig& cfg, const ParallelContext& par, int chunk) {
+  VocabShard s = VocabShard::of(cfg, par.grid.tp(), par.coords.tp);
+  return reg.add({.name = "lm_head.weight", .global_shape = {cfg.padded_vocab(par.grid.tp()), cfg.d_model},
+                  .shard_dim = 0, .shard_offset = s.start, .shard_size = s.rows, .decay = true,
+                  .vocab_rows = cfg.vocab_size, .init = Init::Normal, .stddev = 0.02f, .chunk = chunk});
+}
+
 Embedding::Embedding(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& wte,
                      int chunk)
     : ops_(ops), par_(par), shard_(VocabShard::of(cfg, par.grid.tp(), par.coords.tp)), wte_(&wte) {
-  wpe_ = &reg.add({.name = "wpe", .global_shape = {cfg.positions(), cfg.d_model}, .decay = true, .init = Init::Normal,
-                   .stddev = 0.02f, .chunk = chunk});
+  if (!cfg.rope())
+    wpe_ = &reg.add({.name = "wpe", .global_shape = {cfg.positions(), cfg.d_model}, .decay = true,
+                     .init = Init::Normal, .stddev = 0.02f, .chunk = chunk});
 }
 
 Tensor Embedding::forward(const Tensor& tokens, const MicroShape& ms) {
@@ -36,23 +44,25 @@ Tensor Embedding::forward(const Tensor& tokens, const MicroShape& ms) {
   // Without SP the summed table lookup is the first block's input itself.
   Tensor e = ops_.empty({N, C}, ops_.compute_dtype(), sp ? MemCategory::Workspace : MemCategory::Activations);
   // Positions are replicated: TP rank 0 adds them before the partial lookups are summed.
-  ops_.embedding_forward(tokens, wte_->value, shard_.start, par_.coords.tp == 0 ? wpe_->value : Tensor{}, ms.T, e);
+  ops_.embedding_forward(tokens, wte_->value, shard_.start, par_.coords.tp == 0 && wpe_ ? wpe_->value : Tensor{},
+                         ms.T, e);
   return exit_tp_forward(ops_, par_, e, MemCategory::Activations);
 }
 
 void Embedding::backward(const Tensor& tokens, const Tensor& dx, const MicroShape& ms) {
   Tensor d_full = exit_tp_backward(ops_, par_, dx);
   // Every TP rank sees the whole gradient, so all of them update wpe identically.
-  ops_.embedding_backward(tokens, d_full, shard_.start, wte_->grad, wpe_->grad, ms.T);
+  Tensor no_positions;
+  ops_.embedding_backward(tokens, d_full, shard_.start, wte_->grad, wpe_ ? wpe_->grad : no_positions, ms.T);
 }
 
-LmHead::LmHead(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& wte,
+LmHead::LmHead(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& table,
                int chunk)
     : ops_(ops),
       par_(par),
       shard_(VocabShard::of(cfg, par.grid.tp(), par.coords.tp)),
-      ln_f_(LayerNorm::make(reg, "ln_f", cfg.d_model, chunk)),
-      wte_(&wte) {}
+      ln_f_(Norm::make(reg, "ln_f", cfg, chunk)),
+      table_(&table) {}
 
 void LmHead::forward(const Tensor& x, const Tensor& targets, float grad_scale, HeadActs& a, Tensor& losses) {
   const int64_t Ns = x.size(0), C = x.size(1), N = targets.numel();
@@ -62,7 +72,7 @@ void LmHead::forward(const Tensor& x, const Tensor& targets, float grad_scale, H
   ln_f_.forward(ops_, x, a.h, a.ln);
   Tensor h_full = enter_tp_forward(ops_, par_, a.h, MemCategory::Workspace);
   a.dlogits = ops_.empty({N, shard_.rows}, ops_.compute_dtype(), MemCategory::Activations);
-  ops_.linear_forward(h_full, wte_->value, Tensor{}, a.dlogits);
+  ops_.linear_forward(h_full, table_->value, Tensor{}, a.dlogits);
   // Each shard's (max, sum-exp, target logit) per token; the shards' stats are combined so the
   // full logits never exist on one rank.
   Tensor stats = ops_.empty({N, 3}, DType::F32, MemCategory::Workspace);
@@ -82,7 +92,7 @@ Tensor LmHead::backward(HeadActs& a) {
   Tensor h_full = enter_tp_forward(ops_, par_, a.h, MemCategory::Workspace);
   Tensor dh_full = ops_.empty({N, C}, ops_.compute_dtype(), MemCategory::Workspace);
   Tensor no_bias;
-  ops_.linear_backward(a.dlogits, h_full, wte_->value, dh_full, wte_->grad, no_bias);
+  ops_.linear_backward(a.dlogits, h_full, table_->value, dh_full, table_->grad, no_bias);
   a.dlogits = h_full = Tensor{};
   Tensor dh = enter_tp_backward(ops_, par_, dh_full);
   Tensor dx = ops_.empty(a.x.shape(), ops_.compute_dtype(), MemCategory::Workspace);

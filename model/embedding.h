@@ -14,10 +14,13 @@ struct VocabShard {
   static VocabShard of(const ModelConfig& cfg, int tp, int tp_rank);
 };
 
-// Registers "wte" (the tied table, sharded by rows across TP). On a stage that only uses it for
-// the output (the last pipeline stage when pp > 1) it is a tied copy.
+// Registers "wte" (the input table, sharded by rows across TP). When it is tied to the output
+// head, a stage that only uses it for the output (the last pipeline stage when pp > 1) holds a
+// tied copy.
 Param& register_wte(ParamRegistry& reg, const ModelConfig& cfg, const ParallelContext& par, bool tied_copy,
                     int chunk);
+// Registers "lm_head.weight", the untied output table (padded vocabulary, C), sharded by rows.
+Param& register_lm_head(ParamRegistry& reg, const ModelConfig& cfg, const ParallelContext& par, int chunk);
 
 class Embedding {
  public:
@@ -32,19 +35,20 @@ class Embedding {
   const ParallelContext& par_;
   VocabShard shard_;
   Param* wte_;
-  Param* wpe_;
+  Param* wpe_ = nullptr;  // learned positions only
 };
 
 struct HeadActs {
   Tensor x;       // (Ns, C) input of ln_f
   Tensor h;       // (Ns, C) ln_f output
-  LayerNormActs ln;
+  NormActs ln;
   Tensor dlogits;  // (N, V/tp): the gradient of the logits, computed in the forward (fused)
 };
 
 class LmHead {
  public:
-  LmHead(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& wte, int chunk);
+  // `table`: the tied "wte" or the untied "lm_head.weight".
+  LmHead(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& table, int chunk);
   // x (Ns, C) -> per-token losses (N) f32 in `losses`; the logits' gradient for a loss scaled by
   // `grad_scale` (per token) is kept for the backward.
   void forward(const Tensor& x, const Tensor& targets, float grad_scale, HeadActs& a, Tensor& losses);
@@ -55,8 +59,8 @@ class LmHead {
   Ops& ops_;
   const ParallelContext& par_;
   VocabShard shard_;
-  LayerNorm ln_f_;
-  Param* wte_;
+  Norm ln_f_;
+  Param* table_;
 };
 
 }  // namespace tripod

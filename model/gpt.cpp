@@ -1,4 +1,4 @@
-// GPT-2 chunks: partitioning, construction, forward and backward.
+// Model chunks: partitioning, construction, forward and backward.
 #include "model/gpt.h"
 
 #include <fmt/ranges.h>
@@ -56,8 +56,9 @@ GptModel::GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
     ch.layout = chunks[c];
     if (ch.layout.has_embedding) {
       size_t before = reg.params().size();
-      wte_ = &register_wte(reg, cfg, par, /*tied_copy=*/false, c);
-      ch.embedding = std::make_unique<Embedding>(ops, par, cfg, reg, *wte_, c);
+      Param& table = register_wte(reg, cfg, par, /*tied_copy=*/false, c);
+      if (cfg.tie_embeddings) wte_ = &table;
+      ch.embedding = std::make_unique<Embedding>(ops, par, cfg, reg, table, c);
       ch.embedding_params = added_since(before);
     }
     for (int l = ch.layout.layer_begin; l < ch.layout.layer_end; ++l) {
@@ -67,9 +68,15 @@ GptModel::GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
     }
     if (ch.layout.has_head) {
       size_t before = reg.params().size();
-      // The head uses the embedding's table; on another stage it holds a tied copy.
-      if (!wte_) wte_ = &register_wte(reg, cfg, par, /*tied_copy=*/true, c);
-      ch.head = std::make_unique<LmHead>(ops, par, cfg, reg, *wte_, c);
+      // A tied head uses the embedding's table; on another stage it holds a tied copy.
+      Param* table = nullptr;
+      if (cfg.tie_embeddings) {
+        if (!wte_) wte_ = &register_wte(reg, cfg, par, /*tied_copy=*/true, c);
+        table = wte_;
+      } else {
+        table = &register_lm_head(reg, cfg, par, c);
+      }
+      ch.head = std::make_unique<LmHead>(ops, par, cfg, reg, *table, c);
       ch.head_params = added_since(before);
     }
   }

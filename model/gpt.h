@@ -1,4 +1,4 @@
-// GPT-2 on one rank: its pipeline model chunks (virtual stages), each a run of blocks, the first
+// The model (GPT-2 or a Llama-family decoder, as ModelConfig says) on one rank: its pipeline model chunks (virtual stages), each a run of blocks, the first
 // chunk of the model with the embedding, the last with the head and loss.
 //
 // Layers are split into pp*vp virtual stages in order; virtual stage g lives on pipeline rank
@@ -61,7 +61,7 @@ class GptModel {
   // chunk in the step), it is called as each layer's gradients become final.
   Tensor backward(int chunk, const MicroBatch& mb, Tensor dy, ChunkActs& acts, const GradReadyFn& ready = {});
 
-  // The tied embedding table on this rank (owner or copy), or null.
+  // The tied embedding table on this rank (owner or copy), or null (none here, or untied).
   Param* wte() const { return wte_; }
 
  private:

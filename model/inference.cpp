@@ -26,6 +26,7 @@ InferenceModel::InferenceModel(Ops& ops, const ParallelContext& par, const Model
       cfg_(cfg),
       shard_(VocabShard::of(cfg, par.grid.tp(), par.coords.tp)),
       H_local_(cfg.n_heads / par.grid.tp()),
+      KV_local_(cfg.kv_heads() / par.grid.tp()),
       D_(cfg.head_dim()),
       F_local_(cfg.ffn() / par.grid.tp()),
       max_tokens_(max_tokens) {
@@ -33,74 +34,76 @@ InferenceModel::InferenceModel(Ops& ops, const ParallelContext& par, const Model
   TRIPOD_CHECK(max_tokens >= 1 && max_tokens <= cfg.positions(), "inference: {} tokens for a model of {} positions",
                max_tokens, cfg.positions());
   wte_ = need(reg, "wte");
-  wpe_ = need(reg, "wpe");
-  lnf_w_ = need(reg, "ln_f.weight");
-  lnf_b_ = need(reg, "ln_f.bias");
+  wpe_ = cfg.rope() ? nullptr : need(reg, "wpe");
+  head_ = cfg.tie_embeddings ? wte_ : need(reg, "lm_head.weight");
+  ln_f_ = Norm::find(reg, "ln_f", cfg);
   for (int l = 0; l < cfg.n_layers; ++l) {
-    auto p = [&](const char* what) { return need(reg, fmt::format("h.{}.{}", l, what)); };
+    const std::string h = fmt::format("h.{}.", l);
     Layer& L = layers_.emplace_back();
-    L.ln1_w = p("ln_1.weight"), L.ln1_b = p("ln_1.bias");
-    L.qkv_w = p("attn.qkv.weight"), L.qkv_b = p("attn.qkv.bias");
-    L.attn_proj_w = p("attn.proj.weight"), L.attn_proj_b = p("attn.proj.bias");
-    L.ln2_w = p("ln_2.weight"), L.ln2_b = p("ln_2.bias");
-    L.fc_w = p("mlp.fc.weight"), L.fc_b = p("mlp.fc.bias");
-    L.mlp_proj_w = p("mlp.proj.weight"), L.mlp_proj_b = p("mlp.proj.bias");
-    // (B = 1, H/tp, max_tokens, D): this rank's heads.
-    L.k_cache = ops.empty({1, H_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
-    L.v_cache = ops.empty({1, H_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
+    L.ln1 = Norm::find(reg, h + "ln_1", cfg);
+    L.ln2 = Norm::find(reg, h + "ln_2", cfg);
+    L.attn = AttentionParams::find(reg, cfg, h + "attn");
+    L.mlp = MlpParams::find(reg, cfg, h + "mlp");
+    // (B = 1, Hkv/tp, max_tokens, D): this rank's key/value heads.
+    L.k_cache = ops.empty({1, KV_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
+    L.v_cache = ops.empty({1, KV_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
   }
 }
 
-void InferenceModel::add_row_parallel(const Tensor& in, const Param& w, const Param& b, Tensor& x) {
+void InferenceModel::add_row_parallel(const Tensor& in, const LinearParams& p, Tensor& x) {
   Tensor partial = ops_.empty(x.shape(), ops_.compute_dtype(), MemCategory::Workspace);
   // The replicated bias joins the partial sums once, on TP rank 0 (as in training).
-  ops_.linear_forward(in, w.value, par_.coords.tp == 0 ? b.value : Tensor{}, partial);
+  ops_.linear_forward(in, p.weight(), par_.coords.tp == 0 ? p.bias() : Tensor{}, partial);
   if (par_.grid.tp() > 1) par_.tp->all_reduce(partial);
   ops_.add(x, partial, x);
 }
 
 std::vector<float> InferenceModel::forward(std::span<const int32_t> tokens, bool all_logits) {
-  const int64_t n = static_cast<int64_t>(tokens.size()), C = cfg_.d_model, Cl = H_local_ * D_;
+  const int64_t n = static_cast<int64_t>(tokens.size()), C = cfg_.d_model, heads = H_local_ + 2 * KV_local_;
   TRIPOD_CHECK(n >= 1 && pos_ + n <= max_tokens_, "inference: tokens [{}, {}) beyond the {} cached positions", pos_,
                pos_ + n, max_tokens_);
   const DType dt = ops_.compute_dtype();
   Tensor tok = ops_.empty({n}, DType::I32, MemCategory::Activations);
   ops_.copy(Tensor::wrap(const_cast<int32_t*>(tokens.data()), {n}, DType::I32), tok);
 
-  // x (n, C) = wte[tok] + wpe[pos_ + i]: with T = n, the lookup's row i takes position row i
-  // of the table slice starting at pos_. Positions join on TP rank 0; the shards' sum is the row.
+  // x (n, C) = wte[tok] (+ wpe[pos_ + i]: with T = n, the lookup's row i takes position row i
+  // of the table slice starting at pos_). Positions join on TP rank 0; the shards' sum is the row.
   Tensor x = ops_.empty({n, C}, dt, MemCategory::Activations);
   ops_.embedding_forward(tok, wte_->value, shard_.start,
-                         par_.coords.tp == 0 ? wpe_->value.slice(pos_, pos_ + n) : Tensor{}, n, x);
+                         par_.coords.tp == 0 && wpe_ ? wpe_->value.slice(pos_, pos_ + n) : Tensor{}, n, x);
   if (par_.grid.tp() > 1) par_.tp->all_reduce(x);
 
   Tensor h = ops_.empty({n, C}, dt, MemCategory::Workspace);
-  Tensor mean = ops_.empty({n}, DType::F32, MemCategory::Workspace), rstd = ops_.empty({n}, DType::F32, MemCategory::Workspace);
-  Tensor qkv = ops_.empty({n, 3 * Cl}, dt, MemCategory::Workspace);   // (1, n, 3, H/tp, D)
-  Tensor att = ops_.empty({n, Cl}, dt, MemCategory::Workspace);       // (1, n, H/tp, D)
-  Tensor fc = ops_.empty({n, F_local_}, dt, MemCategory::Workspace);
+  NormActs stats;
+  Tensor qkv = ops_.empty({n, heads * D_}, dt, MemCategory::Workspace);  // (1, n, heads, D)
+  Tensor att = ops_.empty({n, H_local_ * D_}, dt, MemCategory::Workspace);  // (1, n, H/tp, D)
+  Tensor fc = ops_.empty({n, (cfg_.swiglu() ? 2 : 1) * F_local_}, dt, MemCategory::Workspace);
   Tensor act = ops_.empty({n, F_local_}, dt, MemCategory::Workspace);
   for (Layer& L : layers_) {
-    ops_.layernorm_forward(x, L.ln1_w->value, L.ln1_b->value, h, mean, rstd);
-    ops_.linear_forward(h, L.qkv_w->value.view({3 * Cl, C}), L.qkv_b->value.view({3 * Cl}), qkv);
+    L.ln1.forward(ops_, x, h, stats, MemCategory::Workspace);
+    ops_.linear_forward(h, L.attn.qkv.weight(), L.attn.qkv.bias(), qkv);
+    if (cfg_.rope()) {  // the new tokens sit at positions pos_, pos_ + 1, ...
+      Tensor rows = qkv.view({n, heads, D_});
+      ops_.rope(rows, H_local_ + KV_local_, n, pos_, cfg_.rope_theta, /*inverse=*/false);
+    }
     Tensor att4 = att.view({1, n, H_local_, D_});
-    ops_.attention_decode(qkv.view({1, n, 3, H_local_, D_}), L.k_cache, L.v_cache, pos_, att4);
-    add_row_parallel(att, *L.attn_proj_w, *L.attn_proj_b, x);
-    ops_.layernorm_forward(x, L.ln2_w->value, L.ln2_b->value, h, mean, rstd);
-    ops_.linear_gelu_forward(h, L.fc_w->value, L.fc_b->value, fc, act);
-    add_row_parallel(act, *L.mlp_proj_w, *L.mlp_proj_b, x);
+    ops_.attention_decode(qkv.view({1, n, heads, D_}), L.k_cache, L.v_cache, pos_, att4);
+    add_row_parallel(att, L.attn.proj, x);
+    L.ln2.forward(ops_, x, h, stats, MemCategory::Workspace);
+    Mlp::activate(ops_, cfg_.swiglu(), L.mlp, h, fc, act);
+    add_row_parallel(act, L.mlp.proj, x);
   }
   pos_ += n;
 
   // The head on the rows asked for: ln_f, then logits against this rank's vocabulary rows.
   const int64_t first = all_logits ? 0 : n - 1, m = n - first;
   Tensor xs = x.slice(first, n);
-  Tensor hf = h.slice(0, m), mf = mean.slice(0, m), rf = rstd.slice(0, m);
-  ops_.layernorm_forward(xs, lnf_w_->value, lnf_b_->value, hf, mf, rf);
+  Tensor hf = h.slice(0, m);
+  ln_f_.forward(ops_, xs, hf, stats, MemCategory::Workspace);
   const int tp = par_.grid.tp();
   const int64_t Vl = shard_.rows, V = cfg_.vocab_size;
   Tensor logits = ops_.empty({m, Vl}, dt, MemCategory::Workspace);
-  ops_.linear_forward(hf, wte_->value, Tensor{}, logits);
+  ops_.linear_forward(hf, head_->value, Tensor{}, logits);
   Tensor all = logits;
   if (tp > 1) {
     all = ops_.empty({tp, m, Vl}, dt, MemCategory::Workspace);

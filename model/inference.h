@@ -1,10 +1,11 @@
-// Inference on one rank of a tensor-parallel group (pp = 1): the GPT-2 forward over new tokens
+// Inference on one rank of a tensor-parallel group (pp = 1): the model's forward over new tokens
 // with per-layer K/V caches, so generating a token costs one token's forward. It reads the
-// parameters the training model registered (by global name, this rank's TP shard), and reuses
-// the training ops (LayerNorm, linear, GELU) plus Ops::attention_decode. Heads are split as in
-// training: column-parallel QKV and fc, row-parallel projections followed by an all-reduce over
-// TP; the vocabulary-parallel head's logits are all-gathered so every TP rank holds the same
-// full row and samples the same token.
+// parameters the training model registered (by global name, this rank's TP shard, through the
+// layers' own parameter lookups), and reuses the training ops (norm, linear, rope, GELU or
+// SwiGLU) plus Ops::attention_decode, whose caches hold this rank's key/value heads. Heads are
+// split as in training: column-parallel QKV and MLP input, row-parallel projections followed by
+// an all-reduce over TP; the vocabulary-parallel head's logits are all-gathered so every TP rank
+// holds the same full row and samples the same token.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 #include "model/config.h"
 #include "model/embedding.h"
+#include "model/mlp.h"
 #include "model/param_registry.h"
 #include "parallel/context.h"
 
@@ -40,20 +42,21 @@ class InferenceModel {
 
  private:
   struct Layer {
-    Param *ln1_w, *ln1_b, *qkv_w, *qkv_b, *attn_proj_w, *attn_proj_b;
-    Param *ln2_w, *ln2_b, *fc_w, *fc_b, *mlp_proj_w, *mlp_proj_b;
-    Tensor k_cache, v_cache;  // (1, H/tp, max_tokens, D), compute dtype
+    Norm ln1, ln2;
+    AttentionParams attn;
+    MlpParams mlp;
+    Tensor k_cache, v_cache;  // (1, Hkv/tp, max_tokens, D), compute dtype
   };
-  // x (n, C) += the row-parallel output of `in` (n, I) through w (C, I) (+ bias on TP rank 0),
-  // summed over TP.
-  void add_row_parallel(const Tensor& in, const Param& w, const Param& b, Tensor& x);
+  // x (n, C) += the row-parallel output of `in` (n, I) through p (bias on TP rank 0), summed over TP.
+  void add_row_parallel(const Tensor& in, const LinearParams& p, Tensor& x);
 
   Ops& ops_;
   const ParallelContext& par_;
   ModelConfig cfg_;
   VocabShard shard_;
-  int64_t H_local_, D_, F_local_, max_tokens_, pos_ = 0;
-  Param *wte_, *wpe_, *lnf_w_, *lnf_b_;
+  int64_t H_local_, KV_local_, D_, F_local_, max_tokens_, pos_ = 0;
+  Param *wte_, *wpe_, *head_;  // wpe: learned positions only; head: wte or lm_head.weight
+  Norm ln_f_;
   std::vector<Layer> layers_;
 };
 

@@ -14,19 +14,19 @@ int64_t local_tokens(const ActivationShape& s) {
 }  // namespace
 
 int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, RecomputeMode mode) {
-  const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model;
-  const int64_t Cl = C / s.tp, Fl = cfg.ffn() / s.tp, Hl = cfg.n_heads / s.tp;
+  const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model, D = cfg.head_dim();
+  const int64_t Hl = cfg.n_heads / s.tp, KVl = cfg.kv_heads() / s.tp, Fl = cfg.ffn() / s.tp;
   const int64_t b = s.act_bytes;
   if (mode == RecomputeMode::Full) return 0;  // only the input, counted by the caller
   int64_t bytes = 0;
-  bytes += 2 * Ns * C * b;        // h1, h2: LayerNorm outputs (this rank's token slice under SP)
-  bytes += 2 * 2 * Ns * 4;        // mean and rstd of both LayerNorms, f32
-  bytes += N * 3 * Cl * b;        // qkv of this rank's heads
-  bytes += N * Cl * b;            // attention output (input of the output projection)
-  bytes += s.B * Hl * s.T * 4;    // softmax log-sum-exp, f32
+  bytes += 2 * Ns * C * b;                     // h1, h2: norm outputs (this rank's token slice under SP)
+  bytes += 2 * Ns * Norm::stat_bytes(cfg);     // both norms' statistics, f32
+  bytes += N * (Hl + 2 * KVl) * D * b;         // q, k, v of this rank's heads (q and k rotated)
+  bytes += N * Hl * D * b;                     // attention output (input of the output projection)
+  bytes += s.B * Hl * s.T * 4;                 // softmax log-sum-exp, f32
   if (mode == RecomputeMode::None && s.keeps_probs) bytes += s.B * Hl * s.T * s.T * b;  // softmax
-  bytes += Ns * C * b;            // x1, the residual after attention
-  bytes += 2 * N * Fl * b;        // fc output before and after the GELU
+  bytes += Ns * C * b;                         // x1, the residual after attention
+  bytes += (cfg.swiglu() ? 3 : 2) * N * Fl * b;  // fc before and after the GELU, or [gate | up] and silu(gate) * up
   return bytes;
 }
 
@@ -48,7 +48,8 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
     saved[i] = layer_saved_bytes(cfg, s, mode);
     recomputed[i] = mode == RecomputeMode::Full;
   }
-  const int64_t head = chunk.has_head ? x + 2 * Ns * 4 + N * (cfg.padded_vocab(s.tp) / s.tp) * b : 0;
+  const int64_t head =
+      chunk.has_head ? x + Ns * Norm::stat_bytes(cfg) + N * (cfg.padded_vocab(s.tp) / s.tp) * b : 0;
 
   // Forward: each layer adds what it keeps and its output (the next input); a recomputed layer
   // first holds everything, then drops all but its input.

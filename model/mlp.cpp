@@ -1,40 +1,81 @@
-// Tensor-parallel MLP.
+// Tensor-parallel MLP (GELU or SwiGLU).
 #include "model/mlp.h"
 
 #include <cmath>
 
 namespace tripod {
 
+MlpParams MlpParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix) {
+  MlpParams m;
+  m.fc.reg = m.proj.reg = &reg;
+  auto need = [&](const std::string& name) {
+    Param* p = reg.find(prefix + "." + name);
+    TRIPOD_CHECK(p, "parameter {}.{} is not on this rank", prefix, name);
+    return p;
+  };
+  for (const char* part : cfg.swiglu() ? std::vector<const char*>{"gate", "up"} : std::vector<const char*>{"fc"}) {
+    m.fc.w.push_back(need(std::string(part) + ".weight"));
+    if (cfg.bias) m.fc.b.push_back(need(std::string(part) + ".bias"));
+  }
+  m.proj.w.push_back(need("proj.weight"));
+  if (cfg.bias) m.proj.b.push_back(need("proj.bias"));
+  return m;
+}
+
 Mlp::Mlp(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, const std::string& prefix,
          int chunk)
-    : ops_(ops), par_(par), F_local_(cfg.ffn() / par.grid.tp()) {
+    : ops_(ops), par_(par), swiglu_(cfg.swiglu()), F_local_(cfg.ffn() / par.grid.tp()) {
   const int r = par.coords.tp;
   const int64_t C = cfg.d_model, F = cfg.ffn(), Fl = F_local_;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * cfg.n_layers);
-  fc_w_ = &reg.add({.name = prefix + ".fc.weight", .global_shape = {F, C}, .shard_dim = 0, .shard_offset = r * Fl,
-                    .shard_size = Fl, .decay = true, .init = Init::Normal, .stddev = std, .chunk = chunk});
-  fc_b_ = &reg.add({.name = prefix + ".fc.bias", .global_shape = {F}, .shard_dim = 0, .shard_offset = r * Fl,
-                    .shard_size = Fl, .init = Init::Zeros, .chunk = chunk});
-  proj_w_ = &reg.add({.name = prefix + ".proj.weight", .global_shape = {C, F}, .shard_dim = 1,
-                      .shard_offset = r * Fl, .shard_size = Fl, .decay = true, .init = Init::Normal,
-                      .stddev = proj_std, .chunk = chunk});
-  proj_b_ = &reg.add({.name = prefix + ".proj.bias", .global_shape = {C}, .init = Init::Zeros, .chunk = chunk});
+  const std::vector<const char*> parts = swiglu_ ? std::vector<const char*>{"gate", "up"}
+                                                 : std::vector<const char*>{"fc"};
+  for (size_t i = 0; i < parts.size(); ++i)
+    reg.add({.name = prefix + "." + parts[i] + ".weight", .global_shape = {F, C}, .shard_dim = 0,
+             .shard_offset = r * Fl, .shard_size = Fl, .decay = true, .init = Init::Normal, .stddev = std,
+             .chunk = chunk, .packed = i > 0});
+  if (cfg.bias)
+    for (size_t i = 0; i < parts.size(); ++i)
+      reg.add({.name = prefix + "." + parts[i] + ".bias", .global_shape = {F}, .shard_dim = 0,
+               .shard_offset = r * Fl, .shard_size = Fl, .init = Init::Zeros, .chunk = chunk, .packed = i > 0});
+  reg.add({.name = prefix + ".proj.weight", .global_shape = {C, F}, .shard_dim = 1, .shard_offset = r * Fl,
+           .shard_size = Fl, .decay = true, .init = Init::Normal, .stddev = proj_std, .chunk = chunk});
+  if (cfg.bias) reg.add({.name = prefix + ".proj.bias", .global_shape = {C}, .init = Init::Zeros, .chunk = chunk});
+  p_ = MlpParams::find(reg, cfg, prefix);
+}
+
+void Mlp::activate(Ops& ops, bool swiglu, const MlpParams& p, const Tensor& h, Tensor& fc, Tensor& act) {
+  if (swiglu) {
+    ops.linear_forward(h, p.fc.weight(), p.fc.bias(), fc);
+    ops.swiglu_forward(fc, act);
+  } else {
+    ops.linear_gelu_forward(h, p.fc.weight(), p.fc.bias(), fc, act);  // one GEMM epilogue on CUDA
+  }
 }
 
 void Mlp::forward(const Tensor& h_full, MlpActs& a, Tensor& out_partial) {
   const int64_t N = h_full.size(0);
-  a.fc = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Activations);
-  a.gelu = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Activations);
-  ops_.linear_gelu_forward(h_full, fc_w_->value, fc_b_->value, a.fc, a.gelu);  // one GEMM epilogue on CUDA
-  ops_.linear_forward(a.gelu, proj_w_->value, par_.coords.tp == 0 ? proj_b_->value : Tensor{}, out_partial);
+  a.fc = ops_.empty({N, (swiglu_ ? 2 : 1) * F_local_}, ops_.compute_dtype(), MemCategory::Activations);
+  a.act = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Activations);
+  activate(ops_, swiglu_, p_, h_full, a.fc, a.act);
+  ops_.linear_forward(a.act, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
 }
 
 void Mlp::backward(const Tensor& dout_full, const Tensor& h_full, const MlpActs& a, Tensor& dh_full) {
   const int64_t N = h_full.size(0);
-  Tensor dg = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Workspace);
-  ops_.linear_backward(dout_full, a.gelu, proj_w_->value, dg, proj_w_->grad, proj_b_->grad);
-  ops_.gelu_backward(a.fc, dg, dg);
-  ops_.linear_backward(dg, h_full, fc_w_->value, dh_full, fc_w_->grad, fc_b_->grad);
+  Tensor da = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Workspace);
+  Tensor proj_wgrad = p_.proj.weight_grad(), proj_bgrad = p_.proj.bias_grad();
+  ops_.linear_backward(dout_full, a.act, p_.proj.weight(), da, proj_wgrad, proj_bgrad);
+  Tensor dfc = da;
+  if (swiglu_) {
+    dfc = ops_.empty({N, 2 * F_local_}, ops_.compute_dtype(), MemCategory::Workspace);
+    ops_.swiglu_backward(a.fc, da, dfc);
+    da = Tensor{};
+  } else {
+    ops_.gelu_backward(a.fc, da, da);
+  }
+  Tensor fc_wgrad = p_.fc.weight_grad(), fc_bgrad = p_.fc.bias_grad();
+  ops_.linear_backward(dfc, h_full, p_.fc.weight(), dh_full, fc_wgrad, fc_bgrad);
 }
 
 }  // namespace tripod

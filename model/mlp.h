@@ -1,4 +1,8 @@
-// The MLP with its hidden units split across TP ranks: column-parallel fc, GELU, row-parallel proj.
+// The MLP with its hidden units split across TP ranks: a column-parallel input projection, the
+// activation, a row-parallel output projection. model.mlp = "gelu": "<prefix>.fc" (F, C), GELU,
+// ".proj" (C, F) (GPT-2's). "swiglu": ".gate" and ".up" (F, C), packed so that this rank's
+// shards of both are one GEMM weight, silu(gate x) * up x, ".proj" (C, F) (Llama's down_proj).
+// Biases only with model.bias.
 #pragma once
 
 #include "model/attention.h"
@@ -6,8 +10,13 @@
 namespace tripod {
 
 struct MlpActs {
-  Tensor fc;    // (N, F/tp) before the GELU
-  Tensor gelu;  // (N, F/tp) after it, input of the projection
+  Tensor fc;   // (N, F/tp) before the GELU, or (N, 2F/tp) = [gate | up] for SwiGLU
+  Tensor act;  // (N, F/tp) after the activation, input of the projection
+};
+
+struct MlpParams {
+  LinearParams fc, proj;  // fc: [gate; up] for SwiGLU
+  static MlpParams find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix);
 };
 
 class Mlp {
@@ -19,11 +28,15 @@ class Mlp {
   // dout_full (N, C) -> dh_full (N, C).
   void backward(const Tensor& dout_full, const Tensor& h_full, const MlpActs& a, Tensor& dh_full);
 
+  // The activation part shared with inference: fc (N, F/tp or 2F/tp) from h, then act (N, F/tp).
+  static void activate(Ops& ops, bool swiglu, const MlpParams& p, const Tensor& h, Tensor& fc, Tensor& act);
+
  private:
   Ops& ops_;
   const ParallelContext& par_;
+  bool swiglu_;
   int64_t F_local_;
-  Param *fc_w_, *fc_b_, *proj_w_, *proj_b_;
+  MlpParams p_;
 };
 
 }  // namespace tripod

@@ -19,11 +19,13 @@ Param& ParamRegistry::add(ParamSpec spec) {
                      spec.shard_offset + spec.shard_size <= spec.global_shape[spec.shard_dim],
                  "parameter {}: shard [{}, +{}) of dim {} of {}", spec.name, spec.shard_offset, spec.shard_size,
                  spec.shard_dim, shape_str(spec.global_shape));
+  TRIPOD_CHECK(!spec.packed || !params_.empty(), "parameter {} is packed but has no predecessor", spec.name);
+  const int64_t at = spec.packed ? params_.back().offset + params_.back().numel() : size_;
   Param& p = params_.emplace_back();
   p.spec = std::move(spec);
-  p.offset = size_;
-  int64_t n = p.spec.local_numel();
-  size_ += (n + kAlign - 1) / kAlign * kAlign;
+  p.offset = at;
+  int64_t end = at + p.spec.local_numel();
+  size_ = (end + kAlign - 1) / kAlign * kAlign;
   return p;
 }
 
@@ -43,6 +45,28 @@ Param* ParamRegistry::find(const std::string& name) {
   for (Param& p : params_)
     if (p.spec.name == name) return &p;
   return nullptr;
+}
+
+Tensor ParamRegistry::packed_view(const Tensor& flat, std::span<Param* const> parts) {
+  const Param& first = *parts.front();
+  const Shape local = first.spec.local_shape();
+  const int64_t cols = local.size() > 1 ? first.numel() / local[0] : 1;
+  int64_t end = first.offset;
+  for (const Param* p : parts) {
+    TRIPOD_CHECK(p->offset == end && p->numel() % cols == 0, "parameter {} is not packed after {}", p->spec.name,
+                 first.spec.name);
+    end += p->numel();
+  }
+  return flat.flat(first.offset, end).view({(end - first.offset) / cols, cols});
+}
+
+Tensor LinearParams::view(const std::vector<Param*>& ps, bool grad) const {
+  if (ps.size() == 1) {
+    const Tensor& t = grad ? ps[0]->grad : ps[0]->value;
+    const int64_t cols = t.dim() > 1 ? t.size(-1) : 1;
+    return t.view({t.numel() / cols, cols});
+  }
+  return ParamRegistry::packed_view(grad ? reg->flat_grads() : reg->flat_values(), ps);
 }
 
 void init_shard_values(const ParamSpec& spec, uint64_t seed, float* out) {

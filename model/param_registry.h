@@ -3,12 +3,14 @@
 // checkpoints read this registry; nothing else computes shard shapes.
 //
 // Values live in one flat buffer in the compute dtype and gradients in one flat f32 buffer, both
-// in registration order with each parameter aligned to kAlign elements, so buckets and
-// optimizer shards are plain ranges of those buffers.
+// in registration order with each parameter aligned to kAlign elements (except packed ones, which
+// follow their predecessor directly), so buckets and optimizer shards are plain ranges of those
+// buffers.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,12 @@ struct ParamSpec {
   Init init = Init::Zeros;
   float stddev = 0.f;
   int chunk = 0;  // the pipeline model chunk (virtual stage) of this rank that owns it
+  // Laid out directly after the previously registered parameter, with no alignment gap, so that
+  // consecutive packed parameters sharded on dim 0 form one matrix: q, k and v (whose head counts
+  // differ under grouped-query attention) are one column-parallel GEMM weight, and so are a
+  // SwiGLU's gate and up, while each is still its own tensor (own name, shape and TP shard) for
+  // the optimizer and checkpoints.
+  bool packed = false;
 
   Shape local_shape() const;
   int64_t local_numel() const { return shape_numel(local_shape()); }
@@ -68,6 +76,10 @@ class ParamRegistry {
   std::deque<Param>& params() { return params_; }
   const std::deque<Param>& params() const { return params_; }
   Param* find(const std::string& name);
+  // The values (or f32 gradients: `flat` is either buffer) of parameters each packed after the one
+  // before, as one (rows, cols) matrix: the sum of their local dim-0 extents by the common
+  // remaining extent (cols = 1 for vectors).
+  static Tensor packed_view(const Tensor& flat, std::span<Param* const> parts);
   Tensor& flat_values() { return values_; }
   Tensor& flat_grads() { return grads_; }
   int64_t flat_size() const { return size_; }
@@ -76,6 +88,21 @@ class ParamRegistry {
   std::deque<Param> params_;
   int64_t size_ = 0;
   Tensor values_, grads_;
+};
+
+// The weight (out, in) and optional bias (out) of a linear layer: one parameter each, or several
+// packed ones (q, k, v; gate, up) read as one. The views are valid once the registry is allocated.
+struct LinearParams {
+  ParamRegistry* reg = nullptr;
+  std::vector<Param*> w, b;  // b empty: no bias
+  Tensor weight() const { return view(w, false); }
+  Tensor weight_grad() const { return view(w, true); }
+  Tensor bias() const { return b.empty() ? Tensor{} : view(b, false).view({out_features()}); }
+  Tensor bias_grad() const { return b.empty() ? Tensor{} : view(b, true).view({out_features()}); }
+  int64_t out_features() const { return weight().size(0); }
+
+ private:
+  Tensor view(const std::vector<Param*>& ps, bool grad) const;
 };
 
 // Fills `out` (host f32, the spec's local shape) with the initial values of that shard.

@@ -98,8 +98,8 @@ void measure_elementwise(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
   Tensor w = filled(ops, {C}, a, 1.f), b = filled(ops, {C}, a, 0.f);
   Tensor mean = ops.empty({N}, DType::F32, MemCategory::Workspace), rstd = ops.empty({N}, DType::F32, MemCategory::Workspace);
   Tensor dw = filled(ops, {C}, DType::F32, 0.f), db = filled(ops, {C}, DType::F32, 0.f);
-  ops.layernorm_forward(x, w, b, y, mean, rstd);
-  set(Elementwise::LayerNorm, N * C, median_time(ops, g, [&] { ops.layernorm_forward(x, w, b, y, mean, rstd); }),
+  ops.layernorm_forward(x, w, b, 1e-5f, y, mean, rstd);
+  set(Elementwise::LayerNorm, N * C, median_time(ops, g, [&] { ops.layernorm_forward(x, w, b, 1e-5f, y, mean, rstd); }),
       median_time(ops, g, [&] { ops.layernorm_backward(y, x, w, mean, rstd, dx, dw, db); }));
   set(Elementwise::Gelu, N * C, median_time(ops, g, [&] { ops.gelu_forward(x, y); }),
       median_time(ops, g, [&] { ops.gelu_backward(x, y, dx); }));

@@ -25,13 +25,19 @@ inline std::string tripod_bin() {
 }
 
 // mpirun with the flags a root-run container needs; `np` ranks. The test process is itself an
-// MPI singleton, so its Open MPI / PMIx variables are dropped from the child's environment.
+// MPI singleton, so its Open MPI / PMIx variables are dropped from the child's environment, except
+// those that say where Open MPI and PMIx are installed (a relocated bundle sets OPAL_PREFIX,
+// OPAL_LIBDIR, PMIX_PKGLIBDIR, ... and PMIX_MCA_mca_base_component_path).
 inline std::string mpirun(int np) {
   std::string unset;
   for (char** e = environ; *e; ++e) {
-    std::string kv(*e);
+    const std::string kv(*e), name = kv.substr(0, kv.find('='));
+    const bool location = (name.rfind("OPAL_", 0) == 0 || name.rfind("PMIX_", 0) == 0) &&
+                          ((name.ends_with("DIR") && !name.ends_with("TMPDIR")) || name.ends_with("_PREFIX") ||
+                           name == "PMIX_MCA_mca_base_component_path");
+    if (location) continue;
     for (const char* p : {"OMPI_", "PMIX_", "ORTE_", "OPAL_"})
-      if (kv.rfind(p, 0) == 0) unset += " -u " + kv.substr(0, kv.find('='));
+      if (name.rfind(p, 0) == 0) unset += " -u " + name;
   }
   return "env" + unset + " OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe "
          "--bind-to none -np " + std::to_string(np) + " ";

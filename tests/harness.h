@@ -32,6 +32,20 @@ inline Config tiny_config(int n_layers = 2, int d_model = 32, int n_heads = 4, i
   return c;
 }
 
+// Turns a config's model into a Llama-family decoder of the same size (RMSNorm, rope with theta
+// 500000, SwiGLU, `n_kv_heads` key/value heads, no biases, untied head), as model.arch = "llama".
+inline void make_llama(ModelConfig& m, int n_kv_heads) {
+  m.arch = "llama";
+  m.norm = "rmsnorm";
+  m.position = "rope";
+  m.rope_theta = 500000.0;
+  m.mlp = "swiglu";
+  m.ffn_hidden = 3 * m.d_model;
+  m.n_kv_heads = n_kv_heads;
+  m.bias = false;
+  m.tie_embeddings = false;
+}
+
 // The world's ranks [first, first + grid size) form a context for `grid`; ranks outside get none.
 // Collective over MPI_COMM_WORLD.
 struct SubWorld {

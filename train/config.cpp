@@ -4,11 +4,13 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <variant>
 #include <toml++/toml.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "model/gpt.h"
@@ -117,9 +119,22 @@ struct Field {
 };
 
 std::vector<Field> fields(ModelConfig& m) {
-  return {{"n_layers", &m.n_layers}, {"n_heads", &m.n_heads},       {"d_model", &m.d_model},
-          {"ffn_hidden", &m.ffn_hidden}, {"seq_len", &m.seq_len}, {"max_positions", &m.max_positions},
-          {"vocab_size", &m.vocab_size}};
+  return {{"arch", &m.arch},
+          {"n_layers", &m.n_layers},
+          {"n_heads", &m.n_heads},
+          {"n_kv_heads", &m.n_kv_heads},
+          {"d_model", &m.d_model},
+          {"ffn_hidden", &m.ffn_hidden},
+          {"seq_len", &m.seq_len},
+          {"max_positions", &m.max_positions},
+          {"vocab_size", &m.vocab_size},
+          {"norm", &m.norm},
+          {"norm_eps", &m.norm_eps},
+          {"position", &m.position},
+          {"rope_theta", &m.rope_theta},
+          {"mlp", &m.mlp},
+          {"bias", &m.bias},
+          {"tie_embeddings", &m.tie_embeddings}};
 }
 std::vector<Field> fields(ParallelConfig& p) {
   return {{"tp", &p.tp},
@@ -237,20 +252,52 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   {
     Section s(root, "model", origin);
     ModelConfig& m = c.model;
+    // The preset first: it sets the architecture keys, which the keys given then override.
+    s.get("arch", m.arch);
+    require(m.arch == "gpt2" || m.arch == "llama", origin, "model.arch",
+            fmt::format("= \"{}\" is not one of \"gpt2\", \"llama\"", m.arch));
+    if (m.arch == "llama") {
+      m.norm = "rmsnorm";
+      m.position = "rope";
+      m.mlp = "swiglu";
+      m.bias = false;
+      m.tie_embeddings = false;
+    }
     read_fields(s, fields(m));
     s.finish();
+    auto one_of = [&](const std::string& v, const char* key, const char* a, const char* b) {
+      require(v == a || v == b, origin, fmt::format("model.{}", key),
+              fmt::format("= \"{}\" is not one of \"{}\", \"{}\"", v, a, b));
+    };
+    one_of(m.norm, "norm", "layernorm", "rmsnorm");
+    one_of(m.position, "position", "learned", "rope");
+    one_of(m.mlp, "mlp", "gelu", "swiglu");
+    require(m.norm_eps > 0 && std::isfinite(m.norm_eps), origin, "model.norm_eps",
+            fmt::format("must be a finite number > 0, got {}", m.norm_eps));
+    require(m.rope_theta > 0 && std::isfinite(m.rope_theta), origin, "model.rope_theta",
+            fmt::format("must be a finite number > 0, got {}", m.rope_theta));
     require(m.n_layers >= 1, origin, "model.n_layers", fmt::format("must be >= 1, got {}", m.n_layers));
     require(m.n_heads >= 1, origin, "model.n_heads", fmt::format("must be >= 1, got {}", m.n_heads));
     require(m.d_model >= 1, origin, "model.d_model", fmt::format("must be >= 1, got {}", m.d_model));
     require(m.d_model % m.n_heads == 0, origin, "model.n_heads",
             fmt::format("= {} must divide model.d_model = {}", m.n_heads, m.d_model));
-    require(m.ffn_hidden >= 0, origin, "model.ffn_hidden", fmt::format("must be >= 1 (or 0 for 4*d_model), got {}", m.ffn_hidden));
+    require(m.n_kv_heads >= 0, origin, "model.n_kv_heads",
+            fmt::format("must be >= 1 (or 0 for model.n_heads), got {}", m.n_kv_heads));
+    require(m.n_heads % m.kv_heads() == 0, origin, "model.n_kv_heads",
+            fmt::format("= {} must divide model.n_heads = {} (each key/value head serves a group of query heads)",
+                        m.kv_heads(), m.n_heads));
+    require(!m.rope() || m.head_dim() % 2 == 0, origin, "model.position",
+            fmt::format("= \"rope\" rotates pairs of a head's dimensions: the head dimension model.d_model / "
+                        "model.n_heads = {} / {} = {} must be even", m.d_model, m.n_heads, m.head_dim()));
+    require(m.ffn_hidden >= 0, origin, "model.ffn_hidden", fmt::format("must be >= 1 (or 0: 4*d_model for gelu, Llama's rule for swiglu), got {}", m.ffn_hidden));
     require(m.seq_len >= 1, origin, "model.seq_len", fmt::format("must be >= 1, got {}", m.seq_len));
     require(m.max_positions >= 0, origin, "model.max_positions", fmt::format("must be >= 1 (or 0 for seq_len), got {}", m.max_positions));
     require(m.seq_len <= m.positions(), origin, "model.seq_len",
             fmt::format("= {} exceeds the position table (model.max_positions = {})", m.seq_len, m.positions()));
     require(m.vocab_size >= 2, origin, "model.vocab_size", fmt::format("must be >= 2, got {}", m.vocab_size));
+    require(m.ffn() >= 1, origin, "model.ffn_hidden", fmt::format("= {} after derivation; must be >= 1", m.ffn()));
     m.ffn_hidden = m.ffn();  // resolved: the config records what runs
+    m.n_kv_heads = m.kv_heads();
     m.max_positions = m.positions();
   }
   {
@@ -355,6 +402,9 @@ void validate_layout(Config& cfg, int world_size) {
                      "parallel.tp * parallel.pp * parallel.dp = {} * {} * {} = {} but the world size is {} ranks",
                      p.tp, p.pp, p.dp, p.tp * p.pp * p.dp, world_size);
   TRIPOD_INPUT_CHECK(m.n_heads % p.tp == 0, "parallel.tp = {} must divide model.n_heads = {}", p.tp, m.n_heads);
+  TRIPOD_INPUT_CHECK(m.kv_heads() % p.tp == 0,
+                     "parallel.tp = {} must divide model.n_kv_heads = {} (each TP rank holds whole key/value heads)",
+                     p.tp, m.kv_heads());
   TRIPOD_INPUT_CHECK(m.ffn() % p.tp == 0, "parallel.tp = {} must divide the MLP width (model.ffn_hidden) = {}", p.tp,
                      m.ffn());
   TrainConfig& t = cfg.train;
@@ -376,6 +426,21 @@ void validate_layout(Config& cfg, int world_size) {
                      "(use schedule = \"interleaved\" with vp > 1, or \"gpipe\"/\"1f1b\" with vp = 1)",
                      p.schedule, p.vp);
   layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
+}
+
+nlohmann::json model_to_json(const ModelConfig& model) {
+  ModelConfig m = model;  // the field list takes mutable references
+  nlohmann::json out = nlohmann::json::object();
+  for (const Field& f : fields(m))
+    std::visit(
+        [&](auto* ptr) {
+          using T = std::remove_pointer_t<decltype(ptr)>;
+          if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double> || std::is_same_v<T, bool> ||
+                        std::is_same_v<T, std::string>)
+            out[f.key] = *ptr;
+        },
+        f.ref);
+  return out;
 }
 
 std::string config_to_toml(const Config& cfg) {

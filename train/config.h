@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "model/config.h"
 
 namespace tripod {
@@ -76,6 +78,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides = {});
 // The resolved configuration as TOML (every key, defaults filled in).
 std::string config_to_toml(const Config& cfg);
+// Every [model] key with its resolved value, as JSON (checkpoint metadata).
+nlohmann::json model_to_json(const ModelConfig& m);
 // Checks that need the world size; fills parallel.dp and train.global_batch_size when derived.
 void validate_layout(Config& cfg, int world_size);
 

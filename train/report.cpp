@@ -866,6 +866,14 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
     mc.seq_len = static_cast<int>(cfg.i("model", "seq_len", 0));
     mc.max_positions = static_cast<int>(cfg.i("model", "max_positions", 0));
     mc.vocab_size = static_cast<int>(cfg.i("model", "vocab_size", 0));
+    if (!cfg.s("model", "norm").empty()) {  // the architecture keys (run directories of older versions lack them)
+      mc.norm = cfg.s("model", "norm");
+      mc.position = cfg.s("model", "position");
+      mc.mlp = cfg.s("model", "mlp");
+      mc.n_kv_heads = static_cast<int>(cfg.i("model", "n_kv_heads", 0));
+      mc.bias = cfg.b("model", "bias");
+      mc.tie_embeddings = cfg.b("model", "tie_embeddings");
+    }
     cards += card("Model", mc.d_model > 0 ? format_count(static_cast<double>(mc.num_params(1))) + " parameters" : "?",
                   fmt::format("{} layers, d_model {}, {} heads, seq {}, vocab {}", mc.n_layers, mc.d_model, mc.n_heads,
                               mc.seq_len, mc.vocab_size),

@@ -1,10 +1,14 @@
 // GPU training throughput: GPT-2 124M and 350M at seq 1024 on one GPU, through the real trainer
 // step (forward, backward, grad norm, AdamW), with the largest micro-batch that fits. Prints one
-// table row per model: tokens/s, MFU (DESIGN.md: 6N + 6LCT FLOPs per token over 989 TFLOP/s),
-// peak memory, and the share of the step's time spent in GEMMs, attention and everything else
-// (from cudaEvent pairs around each op).
+// table row per model: tokens/s, MFU (DESIGN.md: 6N + 6LCT FLOPs per token over this GPU's dense
+// bf16 peak, 989 TFLOP/s for H100 SXM), peak memory, and the share of the step's wall time spent
+// in GEMMs, attention and the other ops (GPU time from cudaEvent pairs around each op, in separate
+// steps) and the rest, the host gap (the GPU idle, waiting for the host).
 //
 //   tripod_gpu_bench [--model 124M|350M|all] [--micro-batch B] [--steps N] [--warmup N]
+//                    [--json FILE] [--no-split]
+// --json writes the rows as one JSON object (bench/gpu/summary.py reads it beside the PyTorch
+// baseline's); --no-split skips the timed steps (for profilers).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -12,7 +16,10 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "core/log.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -53,7 +60,7 @@ struct Result {
   int micro_batch = 0;
   double tokens_per_s = 0, mfu = 0, step_ms = 0;
   int64_t peak_bytes = 0, reserved_bytes = 0;
-  double gemm = 0, attention = 0;  // shares of the step time
+  double gemm = 0, attention = 0, other = 0;  // shares of the step's wall time; the rest is host gap
   std::string attention_impl;
 };
 
@@ -65,7 +72,7 @@ bool is_out_of_memory(const std::exception& e) {
 
 // Runs warmup + measured steps at one micro-batch size; nullopt when it does not fit.
 std::optional<Result> run(cuda::CudaOps& ops, ParallelContext& par, const Shape& s, int B, int warmup, int steps,
-                          const std::string& out_dir) {
+                          bool split, const std::string& out_dir) {
   Result r;
   r.micro_batch = B;
   try {
@@ -83,6 +90,11 @@ std::optional<Result> run(cuda::CudaOps& ops, ParallelContext& par, const Shape&
     r.step_ms = 1e3 * time_s / steps;
     r.tokens_per_s = static_cast<double>(B) * cfg.model.seq_len * steps / time_s;
     r.reserved_bytes = static_cast<int64_t>(ops.allocator().reserved_bytes());
+    r.attention_impl = ops.attention_impl();
+    if (!split) {
+      ops.allocator().release_cache();
+      return r;
+    }
     // The time shares come from separate steps with the per-op events on (they cost a little).
     ops.set_timing(true);
     ops.take_times();
@@ -93,7 +105,7 @@ std::optional<Result> run(cuda::CudaOps& ops, ParallelContext& par, const Shape&
     ops.set_timing(false);
     r.gemm = t.ms[static_cast<int>(cuda::OpFamily::Gemm)] / (1e3 * timed_s);
     r.attention = t.ms[static_cast<int>(cuda::OpFamily::Attention)] / (1e3 * timed_s);
-    r.attention_impl = ops.attention_impl();
+    r.other = t.ms[static_cast<int>(cuda::OpFamily::Other)] / (1e3 * timed_s);
   } catch (const std::exception& e) {
     ops.set_timing(false);
     ops.synchronize();
@@ -109,10 +121,14 @@ int bench_main(int argc, char** argv) {
   CLI::App app{"GPU training throughput of GPT-2 124M / 350M at seq 1024"};
   std::string model = "all";
   int micro_batch = 0, steps = 10, warmup = 3;
+  std::string json_path;
+  bool no_split = false;
   app.add_option("--model", model, "124M, 350M or all")->check(CLI::IsMember({"124M", "350M", "all"}));
   app.add_option("--micro-batch", micro_batch, "Micro-batch size (0: the largest that fits)");
   app.add_option("--steps", steps, "Measured steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "Steps before measuring")->check(CLI::NonNegativeNumber);
+  app.add_option("--json", json_path, "Also write the results as one JSON object to this file");
+  app.add_flag("--no-split", no_split, "Skip the per-op timed steps (GEMM/attention/other/host gap)");
   CLI11_PARSE(app, argc, argv);
 
   MpiSession mpi;
@@ -126,15 +142,22 @@ int bench_main(int argc, char** argv) {
   const std::string out_dir =
       (std::filesystem::temp_directory_path() / fmt::format("tripod_gpu_bench_{}", getpid())).string();
 
-  fmt::print("{:>6} {:>8} {:>5} {:>11} {:>6} {:>9} {:>10} {:>10} {:>6} {:>6} {:>6}  {}\n", "model", "params", "B",
-             "tokens/s", "MFU", "step ms", "peak GiB", "resv GiB", "GEMM", "attn", "other", "attention");
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  nlohmann::json out = {{"bench", "tripod"},
+                        {"gpu", ops.device_name()},
+                        {"peak_tflops", ops.peak_flops() / 1e12},
+                        {"seq_len", 1024},
+                        {"models", nlohmann::json::array()}};
+  fmt::print("GPU 0: {}, MFU against {:.0f} TFLOP/s dense bf16\n", ops.device_name(), ops.peak_flops() / 1e12);
+  fmt::print("{:>6} {:>8} {:>5} {:>11} {:>6} {:>9} {:>10} {:>10} {:>6} {:>6} {:>6} {:>6}  {}\n", "model", "params",
+             "B", "tokens/s", "MFU", "step ms", "peak GiB", "resv GiB", "GEMM", "attn", "other", "gap", "attention");
   for (const Shape& s : kShapes) {
     if (model != "all" && model != s.name) continue;
     std::optional<Result> best;
     const std::vector<int> candidates =
         micro_batch > 0 ? std::vector<int>{micro_batch} : std::vector<int>{128, 96, 64, 48, 32, 24, 16, 12, 8, 4, 2, 1};
     for (int B : candidates) {
-      best = run(ops, par, s, B, warmup, steps, out_dir);
+      best = run(ops, par, s, B, warmup, steps, !no_split, out_dir);
       if (best) break;
       fmt::print(stderr, "{}: micro-batch {} does not fit\n", s.name, B);
     }
@@ -143,13 +166,27 @@ int bench_main(int argc, char** argv) {
       continue;
     }
     const Result& r = *best;
-    const double gib = 1024.0 * 1024.0 * 1024.0;
     ModelConfig mc = make_config(s, r.micro_batch, out_dir).model;
-    fmt::print("{:>6} {:>7.1f}M {:>5} {:>11.0f} {:>5.1f}% {:>9.1f} {:>10.2f} {:>10.2f} {:>5.1f}% {:>5.1f}% {:>5.1f}%  {}\n",
+    const double gap = no_split ? 0 : 1 - r.gemm - r.attention - r.other;
+    fmt::print("{:>6} {:>7.1f}M {:>5} {:>11.0f} {:>5.1f}% {:>9.1f} {:>10.2f} {:>10.2f} {:>5.1f}% {:>5.1f}% {:>5.1f}% {:>5.1f}%  {}\n",
                s.name, mc.num_params() / 1e6, r.micro_batch, r.tokens_per_s, 100 * r.mfu, r.step_ms,
-               r.peak_bytes / gib, r.reserved_bytes / gib, 100 * r.gemm, 100 * r.attention,
-               100 * (1 - r.gemm - r.attention), r.attention_impl);
+               r.peak_bytes / gib, r.reserved_bytes / gib, 100 * r.gemm, 100 * r.attention, 100 * r.other, 100 * gap,
+               r.attention_impl);
+    out["models"].push_back({{"model", s.name},
+                             {"params", mc.num_params()},
+                             {"micro_batch", r.micro_batch},
+                             {"tokens_per_s", r.tokens_per_s},
+                             {"mfu", r.mfu},
+                             {"step_ms", r.step_ms},
+                             {"peak_gib", r.peak_bytes / gib},
+                             {"reserved_gib", r.reserved_bytes / gib},
+                             {"gemm", r.gemm},
+                             {"attention", r.attention},
+                             {"other", r.other},
+                             {"host_gap", gap},
+                             {"attention_impl", r.attention_impl}});
   }
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
   std::filesystem::remove_all(out_dir);
   return 0;
 }

@@ -1,12 +1,10 @@
-// LayerNorm forward and backward on the CPU (eps 1e-5, statistics in f32 as GPT-2 does).
+// LayerNorm forward and backward on the CPU (statistics in f32 as GPT-2 does).
 #include "kernels/cpu/cpu_ops.h"
 
 namespace tripod::cpu {
 
-static constexpr float kEps = 1e-5f;
-
-void CpuOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Tensor& mean,
-                               Tensor& rstd) {
+void CpuOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
+                               Tensor& mean, Tensor& rstd) {
   const int64_t C = w.numel(), N = x.numel() / C;
   const float* px = x.data<float>();
   const float* pw = w.data<float>();
@@ -24,7 +22,7 @@ void CpuOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b
     float v = 0;
 #pragma omp simd reduction(+ : v)
     for (int64_t c = 0; c < C; ++c) v += (xn[c] - m) * (xn[c] - m);
-    float r = 1.0f / std::sqrt(v / C + kEps);
+    float r = 1.0f / std::sqrt(v / C + eps);
     float* yn = py + n * C;
     for (int64_t c = 0; c < C; ++c) yn[c] = (xn[c] - m) * r * pw[c] + pb[c];
     pm[n] = m;

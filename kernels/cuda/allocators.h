@@ -8,7 +8,7 @@
 namespace tripod::cuda {
 
 // Device memory of the current GPU. Blocks freed by tensors are reused at once: every kernel runs
-// on the backend's compute stream in issue order, and the communication stream joins it before
+// on the backend's compute stream in issue order, and each NCCL communicator's stream joins it before
 // and after each transfer (see CudaOps), so a reused block is never still being read or written.
 class DeviceAllocator final : public Allocator {
  public:

@@ -4,10 +4,14 @@
 // engine, and the finalized execution plan is cached per shape. Shapes cuDNN declines run on the
 // reference kernels (attention_ref.cu).
 //
-// Layouts as cuDNN sees them, logical dims (b, h, s, d) with strides into our buffers:
-//   Q, V     qkv (B, T, 3, H, D) at offsets 0 and 2*H*D: dims (B, H, T, D), strides (3HD*T, D, 3HD, 1)
-//   K^T      offset H*D: dims (B, H, D, T), strides (3HD*T, D, 1, 3HD)
+// Layouts as cuDNN sees them, logical dims (b, h, s, d) with strides into our buffers, for
+// qkv (B, T, H + 2 Hkv, D) with W = (H + 2 Hkv) D elements per token:
+//   Q        offset 0: dims (B, H, T, D), strides (W*T, D, W, 1)
+//   K^T      offset H*D: dims (B, Hkv, D, T), strides (W*T, D, 1, W); V at (H + Hkv)*D: (B, Hkv, T, D)
 //   O, dO    (B, T, H, D): dims (B, H, T, D), strides (HD*T, D, HD, 1)
+// With Hkv < H (grouped-query attention) K, V, dK and dV have Hkv heads: cuDNN's fused engines
+// take such graphs (query head h reads key/value head h / (H/Hkv), dK and dV summed over each
+// group); where an engine declines one, the reference kernels run it.
 //   Stats    lse (B, H, T) f32: dims (B, H, T, 1), natural-log log-sum-exp of the scaled scores,
 //            the same quantity the CPU backend and the reference kernels store.
 #include <spdlog/spdlog.h>
@@ -246,7 +250,8 @@ using cudnn_graph::Dims;
 using namespace cudnn_graph;  // the uids
 
 struct Layout {
-  Dims q_dims, q_strides;    // Q, V, dQ, dK, dV in qkv / dqkv
+  Dims q_dims, q_strides;    // Q, dQ in qkv / dqkv
+  Dims kv_dims, kv_strides;  // K, V, dK, dV in qkv / dqkv
   Dims kt_dims, kt_strides;  // K^T (and V^T) in qkv
   Dims o_dims, o_strides;    // O, dO
   Dims row_dims, row_strides;    // (b, h, s, 1) statistics
@@ -254,20 +259,22 @@ struct Layout {
   Dims st_dims, st_strides;      // scores transposed, (b, h, s_kv, s_q)
 };
 
-Layout layout_of(int64_t B, int64_t T, int64_t H, int64_t D) {
-  const int64_t tq = 3 * H * D, to = H * D;
-  return {{B, H, T, D}, {T * tq, D, tq, 1}, {B, H, D, T}, {T * tq, D, 1, tq}, {B, H, T, D}, {T * to, D, to, 1},
-          {B, H, T, 1}, {H * T, T, 1, 1},   {B, H, T, T}, {H * T * T, T * T, T, 1}, {B, H, T, T},
-          {H * T * T, T * T, 1, T}};
+Layout layout_of(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  const int64_t tq = (H + 2 * Hkv) * D, to = H * D;
+  return {{B, H, T, D},         {T * tq, D, tq, 1},         {B, Hkv, T, D},      {T * tq, D, tq, 1},
+          {B, Hkv, D, T},       {T * tq, D, 1, tq},         {B, H, T, D},        {T * to, D, to, 1},
+          {B, H, T, 1},         {H * T, T, 1, 1},           {B, H, T, T},        {H * T * T, T * T, T, 1},
+          {B, H, T, T},         {H * T * T, T * T, 1, T}};
 }
 
 // Forward: S = Q K^T; S *= scale; causal mask; softmax with Stats = max + log(sum exp); O = P V.
-std::unique_ptr<AttentionRunner::Plan> build_forward(cudnnHandle_t h, int64_t B, int64_t T, int64_t H, int64_t D) {
-  const Layout L = layout_of(B, T, H, D);
-  GraphBuilder g(h, fmt::format("cuDNN attention forward B={} T={} H={} D={}", B, T, H, D));
+std::unique_ptr<AttentionRunner::Plan> build_forward(cudnnHandle_t h, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                                     int64_t D) {
+  const Layout L = layout_of(B, T, H, Hkv, D);
+  GraphBuilder g(h, fmt::format("cuDNN attention forward B={} T={} H={} Hkv={} D={}", B, T, H, Hkv, D));
   auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
   auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, L.kt_dims, L.kt_strides);
-  auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
+  auto v = g.tensor(kV, CUDNN_DATA_BFLOAT16, L.kv_dims, L.kv_strides);
   auto o = g.tensor(kO, CUDNN_DATA_BFLOAT16, L.o_dims, L.o_strides);
   auto stats = g.tensor(kStats, CUDNN_DATA_FLOAT, L.row_dims, L.row_strides);
   auto scale = g.scalar(kScale);
@@ -300,9 +307,10 @@ std::unique_ptr<AttentionRunner::Plan> build_forward(cudnnHandle_t h, int64_t B,
 
 // Backward (flash attention's): softmax_sum = rowsum(dO * O); P = exp(scale Q K^T - Stats) masked;
 // dV = P^T dO; dS = P (dO V^T - softmax_sum) scale; dK = dS^T Q; dQ = dS K (accumulated in f32).
-std::unique_ptr<AttentionRunner::Plan> build_backward(cudnnHandle_t h, int64_t B, int64_t T, int64_t H, int64_t D) {
-  const Layout L = layout_of(B, T, H, D);
-  GraphBuilder g(h, fmt::format("cuDNN attention backward B={} T={} H={} D={}", B, T, H, D));
+std::unique_ptr<AttentionRunner::Plan> build_backward(cudnnHandle_t h, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                                                      int64_t D) {
+  const Layout L = layout_of(B, T, H, Hkv, D);
+  GraphBuilder g(h, fmt::format("cuDNN attention backward B={} T={} H={} Hkv={} D={}", B, T, H, Hkv, D));
   auto q = g.tensor(kQ, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
   auto kt = g.tensor(kK, CUDNN_DATA_BFLOAT16, L.kt_dims, L.kt_strides);
   auto vt = g.tensor(kV, CUDNN_DATA_BFLOAT16, L.kt_dims, L.kt_strides);
@@ -313,8 +321,8 @@ std::unique_ptr<AttentionRunner::Plan> build_backward(cudnnHandle_t h, int64_t B
   auto lowest = g.scalar(kNegInf);
   auto one = g.scalar(kOne);
   auto dq = g.tensor(kDQ, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
-  auto dk = g.tensor(kDK, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
-  auto dv = g.tensor(kDV, CUDNN_DATA_BFLOAT16, L.q_dims, L.q_strides);
+  auto dk = g.tensor(kDK, CUDNN_DATA_BFLOAT16, L.kv_dims, L.kv_strides);
+  auto dv = g.tensor(kDV, CUDNN_DATA_BFLOAT16, L.kv_dims, L.kv_strides);
   auto softmax_sum = g.tensor(kSoftmaxSum, CUDNN_DATA_FLOAT, L.row_dims, L.row_strides);
   auto dq_accum = g.tensor(kDQAccum, CUDNN_DATA_FLOAT, L.q_dims, {H * T * D, T * D, D, 1});
 
@@ -359,7 +367,7 @@ std::unique_ptr<AttentionRunner::Plan> build_backward(cudnnHandle_t h, int64_t B
   g.matmul(ds_t, q, dk);
 
   // dQ = dS K, accumulated in f32 then converted
-  auto k = g.virt(CUDNN_DATA_FLOAT, L.q_dims, L.q_strides);
+  auto k = g.virt(CUDNN_DATA_FLOAT, L.kv_dims, L.kv_strides);
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, CUDNN_DATA_FLOAT, dq_accum, nullptr, nullptr, dq);
@@ -370,12 +378,18 @@ std::unique_ptr<AttentionRunner::Plan> build_backward(cudnnHandle_t h, int64_t B
 }
 
 struct Qkv {
-  int64_t B, T, H, D;
+  int64_t B, T, H, Hkv, D;
 };
 
-Qkv qkv_dims(const Tensor& qkv, const char* op) {
-  TRIPOD_CHECK(qkv.dim() == 5 && qkv.size(2) == 3, "{}: qkv must be (B, T, 3, H, D), got {}", op, qkv.str());
-  return {qkv.size(0), qkv.size(1), qkv.size(3), qkv.size(4)};
+// qkv (B, T, H + 2 Hkv, D) (or (B, T, 3, H, D)); H from `out`, which holds (B, T, H, D) elements.
+Qkv qkv_dims(const Tensor& qkv, const Tensor& out, const char* op) {
+  TRIPOD_CHECK(qkv.dim() == 4 || (qkv.dim() == 5 && qkv.size(2) == 3), "{}: qkv must be (B, T, H + 2 Hkv, D), got {}",
+               op, qkv.str());
+  const int64_t B = qkv.size(0), T = qkv.size(1), D = qkv.size(-1);
+  const int64_t heads = qkv.numel() / (B * T * D), H = out.numel() / (B * T * D), Hkv = (heads - H) / 2;
+  TRIPOD_CHECK(H >= 1 && Hkv >= 1 && H + 2 * Hkv == heads && H % Hkv == 0 && out.numel() == B * T * H * D,
+               "{}: qkv {} and out {}: not H + 2 Hkv heads with Hkv dividing H", op, qkv.str(), out.str());
+  return {B, T, H, Hkv, D};
 }
 
 }  // namespace
@@ -411,24 +425,40 @@ AttentionRunner::Plan* AttentionRunner::plan_for(const Shape& s) {
         TRIPOD_CUDNN_CHECK(cudnnCreate(&handle_), "cuDNN handle on GPU {}", ops_.device_index());
         TRIPOD_CUDNN_CHECK(cudnnSetStream(handle_, ops_.compute_stream()), "cuDNN stream");
       }
-      plan = s.backward ? build_backward(handle_, s.B, s.T, s.H, s.D) : build_forward(handle_, s.B, s.T, s.H, s.D);
+      plan = s.backward ? build_backward(handle_, s.B, s.T, s.H, s.Hkv, s.D)
+                        : build_forward(handle_, s.B, s.T, s.H, s.Hkv, s.D);
     } catch (const Error& e) {
       why = e.what();
     }
   }
   if (!plan) {
-    TRIPOD_CHECK(mode_ != Mode::Cudnn, "attention {} B={} T={} H={} D={}: cuDNN fused attention is unavailable "
-                 "(TRIPOD_ATTENTION=cudnn): {}", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);
-    spdlog::warn("attention {} B={} T={} H={} D={}: cuDNN fused attention is unavailable ({}); using the slower "
-                 "reference kernels", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);
+    TRIPOD_CHECK(mode_ != Mode::Cudnn, "attention {} B={} T={} H={} Hkv={} D={}: cuDNN fused attention is "
+                 "unavailable (TRIPOD_ATTENTION=cudnn): {}", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.Hkv,
+                 s.D, why);
+    spdlog::warn("attention {} B={} T={} H={} Hkv={} D={}: cuDNN fused attention is unavailable ({}); using the "
+                 "slower reference kernels", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.Hkv, s.D, why);
   }
   return plans_.emplace(s, std::move(plan)).first->second.get();
 }
 
+bool AttentionRunner::executed(int status, const Shape& s) {
+  if (status == CUDNN_STATUS_SUCCESS) return true;
+  const std::string why = cudnn_error(static_cast<cudnnStatus_t>(status));
+  cudaGetLastError();  // a launch error that is not sticky must not reach the next check
+  TRIPOD_CHECK(mode_ != Mode::Cudnn, "attention {} B={} T={} H={} D={}: cuDNN failed to execute its plan "
+               "(TRIPOD_ATTENTION=cudnn): {}", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);
+  spdlog::warn("attention {} B={} T={} H={} D={}: cuDNN failed to execute its plan ({}); this shape uses the slower "
+               "reference kernels from now on", s.backward ? "backward" : "forward", s.B, s.T, s.H, s.D, why);
+  plans_[s].reset();
+  return false;
+}
+
 namespace {
 
-void execute(CudaOps& ops, cudnnHandle_t handle, const AttentionRunner::Plan& plan, std::span<const int64_t> uids,
-             std::span<void* const> ptrs, const std::string& what) {
+// Runs a plan; the status of the execution itself is returned (an engine may still refuse a shape
+// here), everything before it throws.
+cudnnStatus_t execute(CudaOps& ops, cudnnHandle_t handle, const AttentionRunner::Plan& plan,
+                      std::span<const int64_t> uids, std::span<void* const> ptrs, const std::string& what) {
   Tensor workspace;
   void* ws = nullptr;
   if (plan.workspace > 0) {
@@ -446,7 +476,7 @@ void execute(CudaOps& ops, cudnnHandle_t handle, const AttentionRunner::Plan& pl
       cudnnBackendSetAttribute(pack.get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws),
       "{}: variant pack", what);
   TRIPOD_CUDNN_CHECK(cudnnBackendFinalize(pack.get()), "{}: variant pack", what);
-  TRIPOD_CUDNN_CHECK(cudnnBackendExecute(handle, plan.plan, pack.get()), "{}", what);
+  return cudnnBackendExecute(handle, plan.plan, pack.get());
 }
 
 void* mut(const void* p) { return const_cast<void*>(p); }
@@ -455,24 +485,26 @@ void* mut(const void* p) { return const_cast<void*>(p); }
 
 void AttentionRunner::forward(const Tensor& qkv, Tensor& out, Tensor& lse) {
   const char* op = "attention_forward";
-  auto [B, T, H, D] = qkv_dims(qkv, op);
-  expect(qkv, DType::BF16, B * T * 3 * H * D, op, "qkv");
+  auto [B, T, H, Hkv, D] = qkv_dims(qkv, out, op);
+  expect(qkv, DType::BF16, B * T * (H + 2 * Hkv) * D, op, "qkv");
   expect(out, DType::BF16, B * T * H * D, op, "out");
   expect(lse, DType::F32, B * H * T, op, "lse");
   float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  if (Plan* plan = plan_for({B, T, H, D, false})) {
+  if (Plan* plan = plan_for({B, T, H, Hkv, D, false})) {
     const bf16* q = qkv.data<bf16>();
     float lowest = std::numeric_limits<float>::lowest();
     const std::array<int64_t, 7> uids{kQ, kK, kV, kO, kStats, kScale, kNegInf};
-    const std::array<void*, 7> ptrs{mut(q), mut(q + H * D), mut(q + 2 * H * D), out.raw(), lse.raw(), &scale,
+    const std::array<void*, 7> ptrs{mut(q), mut(q + H * D), mut(q + (H + Hkv) * D), out.raw(), lse.raw(), &scale,
                                     &lowest};
-    execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str()));
-    last_impl_ = "cudnn";
-    return;
+    if (executed(execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str())),
+                 {B, T, H, Hkv, D, false})) {
+      last_impl_ = "cudnn";
+      return;
+    }
   }
   TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
                k::kMaxRefHeadDim);
-  k::attention_forward(qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), B, T, H, D, scale,
+  k::attention_forward(qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), B, T, H, Hkv, D, scale,
                        ops_.compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
   last_impl_ = "reference";
@@ -481,14 +513,14 @@ void AttentionRunner::forward(const Tensor& qkv, Tensor& out, Tensor& lse) {
 void AttentionRunner::backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                Tensor& dqkv) {
   const char* op = "attention_backward";
-  auto [B, T, H, D] = qkv_dims(qkv, op);
-  expect(qkv, DType::BF16, B * T * 3 * H * D, op, "qkv");
-  expect(dqkv, DType::BF16, B * T * 3 * H * D, op, "dqkv");
+  auto [B, T, H, Hkv, D] = qkv_dims(qkv, out, op);
+  expect(qkv, DType::BF16, B * T * (H + 2 * Hkv) * D, op, "qkv");
+  expect(dqkv, DType::BF16, B * T * (H + 2 * Hkv) * D, op, "dqkv");
   expect(out, DType::BF16, B * T * H * D, op, "out");
   expect(dout, DType::BF16, B * T * H * D, op, "dout");
   expect(lse, DType::F32, B * H * T, op, "lse");
   float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  if (Plan* plan = plan_for({B, T, H, D, true})) {
+  if (Plan* plan = plan_for({B, T, H, Hkv, D, true})) {
     Tensor softmax_sum = ops_.empty({B, H, T}, DType::F32, MemCategory::Workspace);
     Tensor dq_accum = ops_.empty({B, H, T, D}, DType::F32, MemCategory::Workspace);
     TRIPOD_CUDA_CHECK(cudaMemsetAsync(dq_accum.raw(), 0, dq_accum.nbytes(), ops_.compute_stream()),
@@ -498,18 +530,21 @@ void AttentionRunner::backward(const Tensor& dout, const Tensor& qkv, const Tens
     float lowest = std::numeric_limits<float>::lowest(), one = 1.0f;
     const std::array<int64_t, 14> uids{kQ,  kK,  kV,  kO,  kDO,  kStats,      kScale, kNegInf,
                                        kOne, kDQ, kDK, kDV, kSoftmaxSum, kDQAccum};
-    const std::array<void*, 14> ptrs{mut(q),    mut(q + H * D), mut(q + 2 * H * D), mut(out.raw()), mut(dout.raw()),
-                                     mut(lse.raw()), &scale,   &lowest,            &one,           dq,
-                                     dq + H * D, dq + 2 * H * D, softmax_sum.raw(),  dq_accum.raw()};
-    execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str()));
-    last_impl_ = "cudnn";
-    return;
+    const int64_t ko = H * D, vo = (H + Hkv) * D;  // key and value offsets in a token's row
+    const std::array<void*, 14> ptrs{mut(q),         mut(q + ko), mut(q + vo), mut(out.raw()), mut(dout.raw()),
+                                     mut(lse.raw()), &scale,      &lowest,     &one,           dq,
+                                     dq + ko,        dq + vo,     softmax_sum.raw(), dq_accum.raw()};
+    if (executed(execute(ops_, handle_, *plan, uids, ptrs, fmt::format("{} qkv {} (cuDNN)", op, qkv.str())),
+                 {B, T, H, Hkv, D, true})) {
+      last_impl_ = "cudnn";
+      return;
+    }
   }
   TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
                k::kMaxRefHeadDim);
   Tensor delta = ops_.empty({B, H, T}, DType::F32, MemCategory::Workspace);
   k::attention_backward(dout.data<bf16>(), qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), dqkv.data<bf16>(),
-                        delta.data<float>(), B, T, H, D, scale, ops_.compute_stream());
+                        delta.data<float>(), B, T, H, Hkv, D, scale, ops_.compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
   last_impl_ = "reference";
 }
@@ -530,18 +565,18 @@ void CudaOps::attention_backward(const Tensor& dout, const Tensor& qkv, const Te
 void CudaOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) {
   ScopedTimer timer(*this, OpFamily::Attention);
   const char* op = "attention_decode";
-  auto [B, n, H, D] = qkv_dims(qkv, op);
-  TRIPOD_CHECK(k_cache.dim() == 4 && k_cache.size(0) == B && k_cache.size(1) == H && k_cache.size(3) == D,
-               "{}: k_cache {} must be (B, H, T_max, D) = ({}, {}, T_max, {})", op, k_cache.str(), B, H, D);
+  auto [B, n, H, Hkv, D] = qkv_dims(qkv, out, op);
+  TRIPOD_CHECK(k_cache.dim() == 4 && k_cache.size(0) == B && k_cache.size(1) == Hkv && k_cache.size(3) == D,
+               "{}: k_cache {} must be (B, Hkv, T_max, D) = ({}, {}, T_max, {})", op, k_cache.str(), B, Hkv, D);
   const int64_t Tmax = k_cache.size(2);
   TRIPOD_CHECK(pos >= 0 && pos + n <= Tmax, "{}: positions [{}, {}) beyond the cache's {}", op, pos, pos + n, Tmax);
   TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the kernels' {}", op, D, k::kMaxRefHeadDim);
-  expect(qkv, DType::BF16, B * n * 3 * H * D, op, "qkv");
-  expect(k_cache, DType::BF16, B * H * Tmax * D, op, "k_cache");
-  expect(v_cache, DType::BF16, B * H * Tmax * D, op, "v_cache");
+  expect(qkv, DType::BF16, B * n * (H + 2 * Hkv) * D, op, "qkv");
+  expect(k_cache, DType::BF16, B * Hkv * Tmax * D, op, "k_cache");
+  expect(v_cache, DType::BF16, B * Hkv * Tmax * D, op, "v_cache");
   expect(out, DType::BF16, B * n * H * D, op, "out");
-  k::attention_decode(qkv.data<bf16>(), k_cache.data<bf16>(), v_cache.data<bf16>(), out.data<bf16>(), B, n, H, D,
-                      Tmax, pos, 1.0f / std::sqrt(static_cast<float>(D)), compute_stream());
+  k::attention_decode(qkv.data<bf16>(), k_cache.data<bf16>(), v_cache.data<bf16>(), out.data<bf16>(), B, n, H, Hkv,
+                      D, Tmax, pos, 1.0f / std::sqrt(static_cast<float>(D)), compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} qkv {} cache {} pos {}", op, qkv.str(), k_cache.str(), pos);
 }
 

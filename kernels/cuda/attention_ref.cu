@@ -2,9 +2,10 @@
 // exact softmax in f32 with the online max/sum. Simple and deterministic rather than fast; the
 // fast path is cuDNN's fused attention (attention.cpp), this one serves shapes cuDNN declines.
 //
-// qkv (B, T, 3, H, D): q of token t, head h of batch b starts at ((b*T + t)*3 + 0)*H*D + h*D,
-// k at ... + 1*H*D, v at ... + 2*H*D (tokens 3*H*D apart). out, dout (B, T, H, D): tokens H*D
-// apart. lse, delta (B, H, T). Lane l of a warp holds elements d = l, l + 32, ... of a head row.
+// qkv (B, T, H + 2 Hkv, D): q of token t, head h of batch b starts at (b*T + t)*W + h*D with
+// W = (H + 2 Hkv) D, its key at ... + (H + h/g)*D and value at ... + (H + Hkv + h/g)*D (g = H/Hkv
+// query heads per key/value head). out, dout (B, T, H, D): tokens H*D apart. lse, delta
+// (B, H, T). Lane l of a warp holds elements d = l, l + 32, ... of a head row.
 #include <cmath>
 
 #include "kernels/cuda/device_utils.cuh"
@@ -17,9 +18,11 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
 struct Geometry {
-  int64_t B, T, H, D;
-  __host__ __device__ int64_t tok_qkv() const { return 3 * H * D; }  // between tokens in qkv
-  __host__ __device__ int64_t tok_out() const { return H * D; }      // between tokens in out
+  int64_t B, T, H, Hkv, D;
+  __host__ __device__ int64_t tok_qkv() const { return (H + 2 * Hkv) * D; }  // between tokens in qkv
+  __host__ __device__ int64_t tok_out() const { return H * D; }              // between tokens in out
+  __host__ __device__ int64_t k_off(int64_t h) const { return (H + h / (H / Hkv)) * D; }  // query head h's key
+  __host__ __device__ int64_t v_off(int64_t h) const { return (H + Hkv + h / (H / Hkv)) * D; }
 };
 
 // Per-lane slice of one head row (NPL = elements per lane).
@@ -69,20 +72,20 @@ __global__ void forward_kernel(const bf16_t* qkv, bf16_t* out, float* lse, Geome
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (w >= g.B * g.H * g.T) return;
   const int64_t t = w % g.T, bh = w / g.T, b = bh / g.H, h = bh % g.H;
-  const bf16_t* base = qkv + b * g.T * g.tok_qkv() + h * g.D;
+  const bf16_t* base = qkv + b * g.T * g.tok_qkv();
   Row<NPL> q, acc;
-  q.load(base + t * g.tok_qkv(), g.D, lane);
+  q.load(base + t * g.tok_qkv() + h * g.D, g.D, lane);
   acc.zero();
   float m = -INFINITY, l = 0.f;
   for (int64_t j = 0; j <= t; ++j) {
-    const bf16_t* kj = base + j * g.tok_qkv() + g.H * g.D;
+    const bf16_t* kj = base + j * g.tok_qkv() + g.k_off(h);
     const float s = q.dot(kj, g.D, lane) * scale;
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), p = expf(s - m_new);
     l = l * corr + p;
 #pragma unroll
     for (int i = 0; i < NPL; ++i) acc.v[i] *= corr;
-    acc.axpy(p, kj + g.H * g.D, g.D, lane);  // v_j
+    acc.axpy(p, base + j * g.tok_qkv() + g.v_off(h), g.D, lane);  // v_j
     m = m_new;
   }
   acc.store(out + (b * g.T + t) * g.tok_out() + h * g.D, g.D, lane, 1.0f / l);
@@ -111,46 +114,50 @@ __global__ void dq_kernel(const bf16_t* dout, const bf16_t* qkv, const float* ls
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (w >= g.B * g.H * g.T) return;
   const int64_t t = w % g.T, bh = w / g.T, b = bh / g.H, h = bh % g.H;
-  const bf16_t* base = qkv + b * g.T * g.tok_qkv() + h * g.D;
+  const bf16_t* base = qkv + b * g.T * g.tok_qkv();
   Row<NPL> q, d, dq;
-  q.load(base + t * g.tok_qkv(), g.D, lane);
+  q.load(base + t * g.tok_qkv() + h * g.D, g.D, lane);
   d.load(dout + (b * g.T + t) * g.tok_out() + h * g.D, g.D, lane);
   dq.zero();
   const float l = lse[bh * g.T + t], dl = delta[bh * g.T + t];
   for (int64_t j = 0; j <= t; ++j) {
-    const bf16_t* kj = base + j * g.tok_qkv() + g.H * g.D;
+    const bf16_t* kj = base + j * g.tok_qkv() + g.k_off(h);
     const float p = expf(q.dot(kj, g.D, lane) * scale - l);
-    const float ds = p * (d.dot(kj + g.H * g.D, g.D, lane) - dl);
+    const float ds = p * (d.dot(base + j * g.tok_qkv() + g.v_off(h), g.D, lane) - dl);
     dq.axpy(ds, kj, g.D, lane);
   }
   dq.store(dqkv + (b * g.T + t) * g.tok_qkv() + h * g.D, g.D, lane, scale);
 }
 
-// Warp per key (b, h, j): dv = sum_{t>=j} p_tj dO_t; dk = scale sum_{t>=j} p_tj (dO_t . v_j - delta_t) q_t.
+// Warp per key (b, key/value head kv, j): over the query heads h of its group and t >= j,
+// dv = sum p_tj dO_t; dk = scale sum p_tj (dO_t . v_j - delta_t) q_t.
 template <int NPL>
 __global__ void dkv_kernel(const bf16_t* dout, const bf16_t* qkv, const float* lse, const float* delta, bf16_t* dqkv,
                            Geometry g, float scale) {
   const int lane = threadIdx.x % 32;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (w >= g.B * g.H * g.T) return;
-  const int64_t j = w % g.T, bh = w / g.T, b = bh / g.H, h = bh % g.H;
-  const bf16_t* base = qkv + b * g.T * g.tok_qkv() + h * g.D;
+  if (w >= g.B * g.Hkv * g.T) return;
+  const int64_t j = w % g.T, bk = w / g.T, b = bk / g.Hkv, kv = bk % g.Hkv, group = g.H / g.Hkv;
+  const bf16_t* base = qkv + b * g.T * g.tok_qkv();
   Row<NPL> k, v, dk, dv;
-  k.load(base + j * g.tok_qkv() + g.H * g.D, g.D, lane);
-  v.load(base + j * g.tok_qkv() + 2 * g.H * g.D, g.D, lane);
+  k.load(base + j * g.tok_qkv() + (g.H + kv) * g.D, g.D, lane);
+  v.load(base + j * g.tok_qkv() + (g.H + g.Hkv + kv) * g.D, g.D, lane);
   dk.zero();
   dv.zero();
-  for (int64_t t = j; t < g.T; ++t) {
-    const bf16_t* qt = base + t * g.tok_qkv();
-    const bf16_t* dot_row = dout + (b * g.T + t) * g.tok_out() + h * g.D;
-    const float p = expf(k.dot(qt, g.D, lane) * scale - lse[bh * g.T + t]);
-    dv.axpy(p, dot_row, g.D, lane);
-    const float ds = p * (v.dot(dot_row, g.D, lane) - delta[bh * g.T + t]);
-    dk.axpy(ds, qt, g.D, lane);
+  for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+    const int64_t bh = b * g.H + h;
+    for (int64_t t = j; t < g.T; ++t) {
+      const bf16_t* qt = base + t * g.tok_qkv() + h * g.D;
+      const bf16_t* dot_row = dout + (b * g.T + t) * g.tok_out() + h * g.D;
+      const float p = expf(k.dot(qt, g.D, lane) * scale - lse[bh * g.T + t]);
+      dv.axpy(p, dot_row, g.D, lane);
+      const float ds = p * (v.dot(dot_row, g.D, lane) - delta[bh * g.T + t]);
+      dk.axpy(ds, qt, g.D, lane);
+    }
   }
-  bf16_t* dst = dqkv + (b * g.T + j) * g.tok_qkv() + h * g.D;
-  dk.store(dst + g.H * g.D, g.D, lane, scale);
-  dv.store(dst + 2 * g.H * g.D, g.D, lane, 1.0f);
+  bf16_t* dst = dqkv + (b * g.T + j) * g.tok_qkv();
+  dk.store(dst + (g.H + kv) * g.D, g.D, lane, scale);
+  dv.store(dst + (g.H + g.Hkv + kv) * g.D, g.D, lane, 1.0f);
 }
 
 template <int NPL> void run_forward(const bf16_t* qkv, bf16_t* out, float* lse, Geometry g, float scale,
@@ -163,38 +170,41 @@ template <int NPL>
 void run_backward(const bf16_t* dout, const bf16_t* qkv, const bf16_t* out, const float* lse, bf16_t* dqkv,
                   float* delta, Geometry g, float scale, cudaStream_t s) {
   const unsigned blocks = static_cast<unsigned>((g.B * g.H * g.T + kWarps - 1) / kWarps);
+  const unsigned kv_blocks = static_cast<unsigned>((g.B * g.Hkv * g.T + kWarps - 1) / kWarps);
   delta_kernel<NPL><<<blocks, kThreads, 0, s>>>(dout, out, delta, g);
   dq_kernel<NPL><<<blocks, kThreads, 0, s>>>(dout, qkv, lse, delta, dqkv, g, scale);
-  dkv_kernel<NPL><<<blocks, kThreads, 0, s>>>(dout, qkv, lse, delta, dqkv, g, scale);
+  dkv_kernel<NPL><<<kv_blocks, kThreads, 0, s>>>(dout, qkv, lse, delta, dqkv, g, scale);
 }
 
-// Thread per element: the new tokens' k and v (qkv (B, n, 3, H, D)) into the caches
-// (B, H, T_max, D) at positions [pos, pos + n). Element i = ((b*n + t)*H + h)*D + d.
+// Thread per element: the new tokens' k and v (qkv (B, n, H + 2 Hkv, D)) into the caches
+// (B, Hkv, T_max, D) at positions [pos, pos + n). Element i = ((b*n + t)*Hkv + kv)*D + d.
 __global__ void kv_append_kernel(const bf16_t* qkv, bf16_t* k_cache, bf16_t* v_cache, int64_t B, int64_t n,
-                                 int64_t H, int64_t D, int64_t Tmax, int64_t pos) {
+                                 int64_t H, int64_t Hkv, int64_t D, int64_t Tmax, int64_t pos) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= B * n * H * D) return;
-  const int64_t d = i % D, h = (i / D) % H, t = (i / (D * H)) % n, b = i / (D * H * n);
-  const bf16_t* src = qkv + (b * n + t) * 3 * H * D + h * D + d;
-  const int64_t dst = ((b * H + h) * Tmax + pos + t) * D + d;
-  k_cache[dst] = src[H * D];
-  v_cache[dst] = src[2 * H * D];
+  if (i >= B * n * Hkv * D) return;
+  const int64_t d = i % D, kv = (i / D) % Hkv, t = (i / (D * Hkv)) % n, b = i / (D * Hkv * n);
+  const bf16_t* src = qkv + (b * n + t) * (H + 2 * Hkv) * D + d;
+  const int64_t dst = ((b * Hkv + kv) * Tmax + pos + t) * D + d;
+  k_cache[dst] = src[(H + kv) * D];
+  v_cache[dst] = src[(H + Hkv + kv) * D];
 }
 
 // Warp per (b, h, t) of the new tokens: out = softmax(scale q K^T over cache positions
-// 0..pos+t) V, with the online max/sum of forward_kernel. Keys of one head are D apart.
+// 0..pos+t) V against key/value head h / (H/Hkv), with the online max/sum of forward_kernel.
+// Keys of one head are D apart.
 template <int NPL>
 __global__ void decode_kernel(const bf16_t* qkv, const bf16_t* k_cache, const bf16_t* v_cache, bf16_t* out,
-                              int64_t B, int64_t n, int64_t H, int64_t D, int64_t Tmax, int64_t pos, float scale) {
+                              int64_t B, int64_t n, int64_t H, int64_t Hkv, int64_t D, int64_t Tmax, int64_t pos,
+                              float scale) {
   const int lane = threadIdx.x % 32;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (w >= B * H * n) return;
-  const int64_t t = w % n, bh = w / n, b = bh / H, h = bh % H;
+  const int64_t t = w % n, bh = w / n, b = bh / H, h = bh % H, bk = b * Hkv + h / (H / Hkv);
   Row<NPL> q, acc;
-  q.load(qkv + (b * n + t) * 3 * H * D + h * D, D, lane);
+  q.load(qkv + (b * n + t) * (H + 2 * Hkv) * D + h * D, D, lane);
   acc.zero();
-  const bf16_t* K = k_cache + bh * Tmax * D;
-  const bf16_t* V = v_cache + bh * Tmax * D;
+  const bf16_t* K = k_cache + bk * Tmax * D;
+  const bf16_t* V = v_cache + bk * Tmax * D;
   float m = -INFINITY, l = 0.f;
   for (int64_t j = 0; j <= pos + t; ++j) {
     const float s = q.dot(K + j * D, D, lane) * scale;
@@ -211,32 +221,32 @@ __global__ void decode_kernel(const bf16_t* qkv, const bf16_t* k_cache, const bf
 
 template <int NPL>
 void run_decode(const bf16_t* qkv, const bf16_t* k, const bf16_t* v, bf16_t* out, int64_t B, int64_t n, int64_t H,
-                int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s) {
+                int64_t Hkv, int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s) {
   const unsigned blocks = static_cast<unsigned>((B * H * n + kWarps - 1) / kWarps);
-  decode_kernel<NPL><<<blocks, kThreads, 0, s>>>(qkv, k, v, out, B, n, H, D, Tmax, pos, scale);
+  decode_kernel<NPL><<<blocks, kThreads, 0, s>>>(qkv, k, v, out, B, n, H, Hkv, D, Tmax, pos, scale);
 }
 
 }  // namespace
 
 void attention_decode(const bf16* qkv, bf16* k_cache, bf16* v_cache, bf16* out, int64_t B, int64_t n, int64_t H,
-                      int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s) {
-  const int64_t elems = B * n * H * D;
+                      int64_t Hkv, int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s) {
+  const int64_t elems = B * n * Hkv * D;
   if (elems == 0) return;
   kv_append_kernel<<<static_cast<unsigned>((elems + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-      dev(qkv), dev(k_cache), dev(v_cache), B, n, H, D, Tmax, pos);
+      dev(qkv), dev(k_cache), dev(v_cache), B, n, H, Hkv, D, Tmax, pos);
   if (D <= 32)
-    run_decode<1>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, D, Tmax, pos, scale, s);
+    run_decode<1>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, Hkv, D, Tmax, pos, scale, s);
   else if (D <= 64)
-    run_decode<2>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, D, Tmax, pos, scale, s);
+    run_decode<2>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, Hkv, D, Tmax, pos, scale, s);
   else if (D <= 128)
-    run_decode<4>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, D, Tmax, pos, scale, s);
+    run_decode<4>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, Hkv, D, Tmax, pos, scale, s);
   else
-    run_decode<8>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, D, Tmax, pos, scale, s);
+    run_decode<8>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, Hkv, D, Tmax, pos, scale, s);
 }
 
-void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                       float scale, cudaStream_t s) {
-  const Geometry g{B, T, H, D};
+void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                       int64_t D, float scale, cudaStream_t s) {
+  const Geometry g{B, T, H, Hkv, D};
   if (B * H * T == 0) return;
   if (D <= 32)
     run_forward<1>(dev(qkv), dev(out), lse, g, scale, s);
@@ -249,8 +259,9 @@ void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_
 }
 
 void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, const float* lse, bf16* dqkv,
-                        float* delta, int64_t B, int64_t T, int64_t H, int64_t D, float scale, cudaStream_t s) {
-  const Geometry g{B, T, H, D};
+                        float* delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
+                        cudaStream_t s) {
+  const Geometry g{B, T, H, Hkv, D};
   if (B * H * T == 0) return;
   if (D <= 32)
     run_backward<1>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);

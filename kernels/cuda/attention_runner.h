@@ -3,7 +3,7 @@
 // shapes cuDNN has no engine for, or when asked for.
 //
 // TRIPOD_ATTENTION = auto (default: cuDNN, the reference kernels with a warning when cuDNN
-// declines a shape) | cudnn (cuDNN or fail) | reference.
+// declines a shape, at planning or at its first execution) | cudnn (cuDNN or fail) | reference.
 #pragma once
 
 #include <compare>
@@ -26,9 +26,9 @@ class AttentionRunner {
   AttentionRunner(const AttentionRunner&) = delete;
   AttentionRunner& operator=(const AttentionRunner&) = delete;
 
-  // qkv (B, T, 3, H, D) -> out (B, T, H, D), lse (B, H, T) f32.
+  // qkv (B, T, H + 2 Hkv, D) -> out (B, T, H, D), lse (B, H, T) f32.
   void forward(const Tensor& qkv, Tensor& out, Tensor& lse);
-  // dout (B, T, H, D) -> dqkv (B, T, 3, H, D).
+  // dout (B, T, H, D) -> dqkv (B, T, H + 2 Hkv, D).
   void backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv);
   // "cudnn" or "reference": what the last call ran.
   const char* last_impl() const { return last_impl_; }
@@ -38,12 +38,15 @@ class AttentionRunner {
  private:
   enum class Mode { Auto, Cudnn, Reference };
   struct Shape {
-    int64_t B, T, H, D;
+    int64_t B, T, H, Hkv, D;
     bool backward;
     auto operator<=>(const Shape&) const = default;
   };
   // The cached plan for a shape, built on first use; null when cuDNN declined it (Auto mode).
   Plan* plan_for(const Shape& s);
+  // True when a plan's execution succeeded (a cudnnStatus_t); otherwise the shape falls back to
+  // the reference kernels for good, with a warning (an error under TRIPOD_ATTENTION=cudnn).
+  bool executed(int status, const Shape& s);
 
   CudaOps& ops_;
   cudnnContext* handle_ = nullptr;

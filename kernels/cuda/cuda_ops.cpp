@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string_view>
 
+#include <spdlog/spdlog.h>
+
 #include "kernels/cuda/attention_runner.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/gemm_runner.h"
@@ -36,9 +38,16 @@ std::unique_ptr<Ops> make_cuda_ops(int index) { return std::make_unique<CudaOps>
 
 CudaOps::CudaOps(int device_index) : device_(device_index) {
   TRIPOD_CUDA_CHECK(cudaSetDevice(device_), "selecting GPU {}", device_);
+  cudaDeviceProp prop{};
+  TRIPOD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_), "properties of GPU {}", device_);
+  device_name_ = prop.name;
+  peak_flops_ = gpu_peak_flops(device_name_);
+  if (peak_flops_ == 0) {
+    spdlog::warn("GPU {} ({}): its peak is not known, MFU uses 989 TFLOP/s (H100 SXM); set TRIPOD_PEAK_TFLOPS",
+                 device_, device_name_);
+    peak_flops_ = 989e12;
+  }
   TRIPOD_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking), "compute stream on GPU {}", device_);
-  TRIPOD_CUDA_CHECK(cudaStreamCreateWithFlags(&comm_, cudaStreamNonBlocking), "communication stream on GPU {}",
-                    device_);
   TRIPOD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&reduce_dev_), (k::kReduceBlocks + 1) * sizeof(double)), "reduction buffer");
   TRIPOD_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&reduce_host_), sizeof(double)), "reduction result buffer");
   gemm_ = std::make_unique<GemmRunner>(*this);
@@ -50,7 +59,6 @@ CudaOps::CudaOps(int device_index) : device_(device_index) {
 CudaOps::~CudaOps() {
   // Destructors do not throw: errors here (a GPU already in a failed state) are ignored.
   cudaStreamSynchronize(compute_);
-  cudaStreamSynchronize(comm_);
   for (Upload& u : uploads_) cudaEventDestroy(u.done);
   uploads_.clear();
   attention_.reset();
@@ -65,14 +73,12 @@ CudaOps::~CudaOps() {
   cudaFreeHost(reduce_host_);
   device_alloc_.release_cache();
   pinned_alloc_.release_cache();
-  cudaStreamDestroy(comm_);
   cudaStreamDestroy(compute_);
   cudaGetLastError();
 }
 
 void CudaOps::synchronize() {
   TRIPOD_CUDA_CHECK(cudaStreamSynchronize(compute_), "synchronize (compute stream, GPU {})", device_);
-  TRIPOD_CUDA_CHECK(cudaStreamSynchronize(comm_), "synchronize (communication stream, GPU {})", device_);
 }
 
 // ---- timing ----------------------------------------------------------------------------------
@@ -90,9 +96,11 @@ cudaEvent_t CudaOps::take_event() {
 
 CudaOps::ScopedTimer::ScopedTimer(CudaOps& ops, OpFamily f) : family_(f) {
   if (!ops.timing_) return;
-  ops_ = &ops;
   start_ = ops.take_event();
-  TRIPOD_CUDA_CHECK(cudaEventRecord(start_, ops.compute_), "timing event");
+  const cudaError_t err = cudaEventRecord(start_, ops.compute_);
+  if (err != cudaSuccess) ops.free_events_.push_back(start_);  // back to the pool, not leaked
+  TRIPOD_CUDA_CHECK(err, "timing event");
+  ops_ = &ops;
 }
 
 CudaOps::ScopedTimer::~ScopedTimer() {
@@ -257,7 +265,9 @@ void CudaOps::upload(const Tensor& src, Tensor& dst) {
                     "copy {} -> {}", src.str(), dst.str());
   cudaEvent_t done;
   TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "copy {} -> {}", src.str(), dst.str());
-  TRIPOD_CUDA_CHECK(cudaEventRecord(done, compute_), "copy {} -> {}", src.str(), dst.str());
+  const cudaError_t err = cudaEventRecord(done, compute_);
+  if (err != cudaSuccess) cudaEventDestroy(done);
+  TRIPOD_CUDA_CHECK(err, "copy {} -> {}", src.str(), dst.str());
   uploads_.push_back({std::move(staging), done});
 }
 

@@ -2,9 +2,9 @@
 // GEMMs on cuBLASLt (bias and GELU fused in epilogues), causal attention through cuDNN's fused
 // scaled-dot-product attention, own kernels for the rest. One instance per rank and GPU.
 //
-// Streams: every op runs on the compute stream, in issue order. NCCL transfers run on the
-// communication stream, which waits for the compute stream before each transfer and is waited for
-// by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute. The host
+// Streams: every op runs on the compute stream, in issue order. NCCL transfers run on each
+// communicator's own stream, which waits for the compute stream before each transfer and is
+// waited for by it afterwards (parallel/comm/nccl_comm.cpp), so communication overlaps compute. The host
 // waits for the GPU only where a number is asked for on the host (sum, sum_squares, copies to
 // host memory) and in synchronize().
 //
@@ -17,6 +17,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/allocators.h"
@@ -55,8 +56,9 @@ class CudaOps final : public Ops {
   DType compute_dtype() const override { return DType::BF16; }
   Allocator& allocator() override { return device_alloc_; }
   Allocator& host_allocator() override { return pinned_alloc_; }
-  // H100 SXM dense bf16, DESIGN.md's MFU denominator.
-  double peak_flops() override { return 989e12; }
+  // This GPU's dense bf16 peak from its name (gpu_peak_flops; 989 TFLOP/s, H100 SXM, with a
+  // warning when the name is unknown), DESIGN.md's MFU denominator.
+  double peak_flops() override { return peak_flops_; }
   void synchronize() override;
 
   void fill(Tensor& t, float value) override;
@@ -72,10 +74,16 @@ class CudaOps final : public Ops {
   void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte, Tensor& dwpe,
                           int64_t T) override;
 
-  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Tensor& mean,
+  void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;
   void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean, const Tensor& rstd,
                           Tensor& dx, Tensor& dw, Tensor& db) override;
+  void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) override;
+  void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
+                        Tensor& dw) override;
+  void rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) override;
+  void swiglu_forward(const Tensor& gu, Tensor& y) override;
+  void swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) override;
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override;
   void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre, Tensor& y) override;
@@ -90,7 +98,8 @@ class CudaOps final : public Ops {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& probs, Tensor& dqkv) override;
-  // One warp per (b, h, new token) over the cache (attention_ref.cu), bf16 in, f32 softmax.
+  // One warp per (b, query head, new token) over its group's cache (attention_ref.cu), bf16 in,
+  // f32 softmax.
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) override;
 
   void xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
@@ -104,8 +113,8 @@ class CudaOps final : public Ops {
 
   // ---- for the communicators and benchmarks ---------------------------------------------------
   int device_index() const { return device_; }
+  const std::string& device_name() const { return device_name_; }
   cudaStream_t compute_stream() const { return compute_; }
-  cudaStream_t comm_stream() const { return comm_; }
   // Which attention implementation ran last: "cudnn" or "reference" (see attention.cpp).
   const char* attention_impl() const;
 
@@ -141,7 +150,9 @@ class CudaOps final : public Ops {
   void reap_uploads();
 
   int device_ = 0;
-  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  std::string device_name_;
+  double peak_flops_ = 0;
+  cudaStream_t compute_ = nullptr;
   DeviceAllocator device_alloc_;
   PinnedAllocator pinned_alloc_;
   std::unique_ptr<GemmRunner> gemm_;

@@ -1,4 +1,5 @@
 // Elementwise kernels of the CUDA backend: fill, dtype conversion, add, accumulate, scale, GELU,
+// rotary embeddings, SwiGLU,
 // the embedding lookup and its gradient, deterministic sums and the multi-range AdamW.
 #include "kernels/cuda/device_utils.cuh"
 
@@ -261,6 +262,66 @@ void gelu_forward(const bf16* x, bf16* y, int64_t n, cudaStream_t s) { map1(dev(
 
 void gelu_backward(const bf16* x, const bf16* dy, bf16* dx, int64_t n, cudaStream_t s) {
   map2(dev(x), dev(dy), dev(dx), n, GeluGrad{}, s);
+}
+
+namespace {
+
+// Thread per (row n, rotated head, pair i < D/2).
+__global__ void rope_kernel(bf16_t* x, int64_t N, int64_t heads, int64_t D, int64_t rot, int64_t T, int64_t pos0,
+                            double theta, bool inverse) {
+  const int64_t h = D / 2, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < N * rot * h; e += stride) {
+    const int64_t i = e % h, hd = (e / h) % rot, n = e / (h * rot);
+    const double a =
+        static_cast<double>(pos0 + n % T) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+    double sn, cs;
+    sincos(a, &sn, &cs);
+    const float c = static_cast<float>(cs), s = static_cast<float>(inverse ? -sn : sn);
+    bf16_t* v = x + (n * heads + hd) * D;
+    const float x1 = to_float(v[i]), x2 = to_float(v[i + h]);
+    v[i] = from_float<bf16_t>(x1 * c - x2 * s);
+    v[i + h] = from_float<bf16_t>(x2 * c + x1 * s);
+  }
+}
+
+// Thread per (n, f).
+__global__ void swiglu_forward_kernel(const bf16_t* gu, bf16_t* y, int64_t N, int64_t F) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < N * F; e += stride) {
+    const int64_t n = e / F, f = e % F;
+    const float g = to_float(gu[n * 2 * F + f]), u = to_float(gu[n * 2 * F + F + f]);
+    y[e] = from_float<bf16_t>(g / (1.0f + expf(-g)) * u);
+  }
+}
+
+__global__ void swiglu_backward_kernel(const bf16_t* gu, const bf16_t* dy, bf16_t* dgu, int64_t N, int64_t F) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < N * F; e += stride) {
+    const int64_t n = e / F, f = e % F;
+    const float g = to_float(gu[n * 2 * F + f]), u = to_float(gu[n * 2 * F + F + f]), d = to_float(dy[e]);
+    const float sg = 1.0f / (1.0f + expf(-g));
+    dgu[n * 2 * F + f] = from_float<bf16_t>(d * u * sg * (1.0f + g * (1.0f - sg)));
+    dgu[n * 2 * F + F + f] = from_float<bf16_t>(d * g * sg);
+  }
+}
+
+}  // namespace
+
+void rope(bf16* x, int64_t N, int64_t heads, int64_t D, int64_t rot_heads, int64_t T, int64_t pos0, double theta,
+          bool inverse, cudaStream_t s) {
+  const int64_t n = N * rot_heads * (D / 2);
+  if (n == 0) return;
+  rope_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(dev(x), N, heads, D, rot_heads, T, pos0, theta, inverse);
+}
+
+void swiglu_forward(const bf16* gu, bf16* y, int64_t N, int64_t F, cudaStream_t s) {
+  if (N * F == 0) return;
+  swiglu_forward_kernel<<<blocks_for(N * F, kThreads), kThreads, 0, s>>>(dev(gu), dev(y), N, F);
+}
+
+void swiglu_backward(const bf16* gu, const bf16* dy, bf16* dgu, int64_t N, int64_t F, cudaStream_t s) {
+  if (N * F == 0) return;
+  swiglu_backward_kernel<<<blocks_for(N * F, kThreads), kThreads, 0, s>>>(dev(gu), dev(dy), dev(dgu), N, F);
 }
 
 void embedding_forward(const int32_t* tok, int64_t N, const bf16* wte, int64_t V, int64_t C, int64_t vocab_start,

@@ -45,6 +45,15 @@ void gelu_forward(const bf16* x, bf16* y, int64_t n, cudaStream_t s);
 // dx = dy * gelu'(x); dx may alias dy.
 void gelu_backward(const bf16* x, const bf16* dy, bf16* dx, int64_t n, cudaStream_t s);
 
+// ---- rotary embeddings, SwiGLU (elementwise.cu) ----------------------------------------------
+// In place on x (N, heads, D): heads [0, rot_heads) of row n rotated by the angles of position
+// pos0 + n % T (Ops::rope's convention; angles in double); `inverse` rotates back.
+void rope(bf16* x, int64_t N, int64_t heads, int64_t D, int64_t rot_heads, int64_t T, int64_t pos0, double theta,
+          bool inverse, cudaStream_t s);
+// gu (N, 2F) = [gate | up] -> y (N, F) = silu(gate) up; backward: dgu (N, 2F) from dy (N, F).
+void swiglu_forward(const bf16* gu, bf16* y, int64_t N, int64_t F, cudaStream_t s);
+void swiglu_backward(const bf16* gu, const bf16* dy, bf16* dgu, int64_t N, int64_t F, cudaStream_t s);
+
 // ---- embedding (elementwise.cu) -------------------------------------------------------------
 // out (N, C) = wte[tok - vocab_start] (0 outside [0, V)) + wpe[n % T] (when wpe is not null).
 void embedding_forward(const int32_t* tok, int64_t N, const bf16* wte, int64_t V, int64_t C, int64_t vocab_start,
@@ -63,13 +72,20 @@ void adamw(float* p, const float* g, float* m, float* v, bf16* copy, const Chunk
            const AdamWArgs& a, cudaStream_t s);
 
 // ---- LayerNorm, bias gradient, softmax cross-entropy (norm_xent.cu) --------------------------
-// x (N, C) -> y (N, C); mean, rstd (N) f32. eps 1e-5.
+// x (N, C) -> y (N, C); mean, rstd (N) f32.
 void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t N,
-                       int64_t C, cudaStream_t s);
+                       int64_t C, float eps, cudaStream_t s);
 // dx (N, C) += d/dx. The weight and bias gradients (f32, += into dw, db) go through `scratch`
 // (column_partial_rows(N) * 2 * C floats).
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
                         float* dw, float* db, int64_t N, int64_t C, float* scratch, cudaStream_t s);
+// RMSNorm: x (N, C) -> y = x rstd w; rstd (N) f32.
+void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t N, int64_t C, float eps,
+                     cudaStream_t s);
+// dx (N, C) += d/dx; dw (C) f32 +=. db_scratch: C floats that receive the (unused) column sums of
+// dy; scratch as layernorm_backward's.
+void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, bf16* dx, float* dw,
+                      float* db_scratch, int64_t N, int64_t C, float* scratch, cudaStream_t s);
 // db (O) f32 += sum over the N rows of dy (N, O); scratch: column_partial_rows(N) * O floats.
 void bias_grad(const bf16* dy, int64_t N, int64_t O, float* db, float* scratch, cudaStream_t s);
 // Row chunks of the column reductions above (each writes one partial row, summed in order).
@@ -87,17 +103,20 @@ void xent_backward(bf16* logits, int64_t N, int64_t V, const int32_t* targets, i
 
 // ---- reference causal attention (attention_ref.cu) ------------------------------------------
 // Exact (non-tiled) kernels used when cuDNN has no engine for a shape, or on request
-// (TRIPOD_ATTENTION=reference). qkv (B, T, 3, H, D), out (B, T, H, D) bf16, lse (B, H, T) f32.
-void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t D,
-                       float scale, cudaStream_t s);
-// dqkv (B, T, 3, H, D) from dout (B, T, H, D); delta: B*H*T floats of scratch.
+// (TRIPOD_ATTENTION=reference). qkv (B, T, H + 2 Hkv, D) (Ops' grouped layout), out (B, T, H, D)
+// bf16, lse (B, H, T) f32.
+void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
+                       int64_t D, float scale, cudaStream_t s);
+// dqkv (B, T, H + 2 Hkv, D) from dout (B, T, H, D) (a key/value head's gradient sums over its
+// query group); delta: B*H*T floats of scratch.
 void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, const float* lse, bf16* dqkv,
-                        float* delta, int64_t B, int64_t T, int64_t H, int64_t D, float scale, cudaStream_t s);
-// Attention against a KV cache (inference): the n new tokens of qkv (B, n, 3, H, D) at positions
-// [pos, pos + n) append their k, v to k_cache, v_cache (B, H, T_max, D); out (B, n, H, D) is
-// each new token's causal attention over the cache. bf16 in and out, f32 softmax.
+                        float* delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
+                        cudaStream_t s);
+// Attention against a KV cache (inference): the n new tokens of qkv (B, n, H + 2 Hkv, D) at
+// positions [pos, pos + n) append their k, v to k_cache, v_cache (B, Hkv, T_max, D); out
+// (B, n, H, D) is each new token's causal attention over the cache. bf16 in and out, f32 softmax.
 void attention_decode(const bf16* qkv, bf16* k_cache, bf16* v_cache, bf16* out, int64_t B, int64_t n, int64_t H,
-                      int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s);
+                      int64_t Hkv, int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s);
 // Largest head dimension the reference kernels take.
 inline constexpr int64_t kMaxRefHeadDim = 256;
 

@@ -1,4 +1,5 @@
-// The CUDA backend's layer ops: embedding, LayerNorm, GELU, softmax cross-entropy and AdamW.
+// The CUDA backend's layer ops: embedding, LayerNorm, RMSNorm, rotary embeddings, GELU, SwiGLU,
+// softmax cross-entropy and AdamW.
 // Each checks its arguments (device, dtype, size), launches the kernels of kernels.h on the
 // compute stream and checks the launch, naming the op and the shapes.
 #include <cmath>
@@ -53,8 +54,8 @@ void CudaOps::embedding_backward(const Tensor& tokens, const Tensor& dout, int64
   TRIPOD_CUDA_LAUNCHED("{} tokens {} dout {} dwte {}", op, tokens.str(), dout.str(), dwte.str());
 }
 
-void CudaOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y, Tensor& mean,
-                                Tensor& rstd) {
+void CudaOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
+                                Tensor& mean, Tensor& rstd) {
   ScopedTimer timer(*this, OpFamily::Other);
   const char* op = "layernorm_forward";
   expect_on_device(w, op, "w");
@@ -68,7 +69,7 @@ void CudaOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& 
   expect(mean, DType::F32, N, op, "mean");
   expect(rstd, DType::F32, N, op, "rstd");
   k::layernorm_forward(x.data<bf16>(), w.data<bf16>(), b.data<bf16>(), y.data<bf16>(), mean.data<float>(),
-                       rstd.data<float>(), N, C, compute_);
+                       rstd.data<float>(), N, C, eps, compute_);
   TRIPOD_CUDA_LAUNCHED("{} x {} y {}", op, x.str(), y.str());
 }
 
@@ -92,6 +93,72 @@ void CudaOps::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor
   k::layernorm_backward(dy.data<bf16>(), x.data<bf16>(), w.data<bf16>(), mean.data<float>(), rstd.data<float>(),
                         dx.data<bf16>(), dw.data<float>(), db.data<float>(), N, C, scratch.data<float>(), compute_);
   TRIPOD_CUDA_LAUNCHED("{} dy {} x {} dx {}", op, dy.str(), x.str(), dx.str());
+}
+
+void CudaOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
+  ScopedTimer timer(*this, OpFamily::Other);
+  const char* op = "rmsnorm_forward";
+  expect_on_device(w, op, "w");
+  const int64_t C = w.numel();
+  TRIPOD_CHECK(C > 0 && x.numel() % C == 0, "{}: x {} is not rows of {} columns", op, x.str(), C);
+  const int64_t N = x.numel() / C;
+  expect(x, DType::BF16, N * C, op, "x");
+  expect(w, DType::BF16, C, op, "w");
+  expect(y, DType::BF16, N * C, op, "y");
+  expect(rstd, DType::F32, N, op, "rstd");
+  k::rmsnorm_forward(x.data<bf16>(), w.data<bf16>(), y.data<bf16>(), rstd.data<float>(), N, C, eps, compute_);
+  TRIPOD_CUDA_LAUNCHED("{} x {} y {}", op, x.str(), y.str());
+}
+
+void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
+                               Tensor& dw) {
+  ScopedTimer timer(*this, OpFamily::Other);
+  const char* op = "rmsnorm_backward";
+  expect_on_device(w, op, "w");
+  const int64_t C = w.numel();
+  TRIPOD_CHECK(C > 0 && x.numel() % C == 0, "{}: x {} is not rows of {} columns", op, x.str(), C);
+  const int64_t N = x.numel() / C;
+  expect(dy, DType::BF16, N * C, op, "dy");
+  expect(x, DType::BF16, N * C, op, "x");
+  expect(w, DType::BF16, C, op, "w");
+  expect(rstd, DType::F32, N, op, "rstd");
+  expect(dx, DType::BF16, N * C, op, "dx");
+  expect(dw, DType::F32, C, op, "dw");
+  Tensor scratch = empty({k::column_partial_rows(N) * 2 * C + C}, DType::F32, MemCategory::Workspace);
+  float* sums = scratch.data<float>();
+  k::rmsnorm_backward(dy.data<bf16>(), x.data<bf16>(), w.data<bf16>(), rstd.data<float>(), dx.data<bf16>(),
+                      dw.data<float>(), sums + k::column_partial_rows(N) * 2 * C, N, C, sums, compute_);
+  TRIPOD_CUDA_LAUNCHED("{} dy {} x {} dx {}", op, dy.str(), x.str(), dx.str());
+}
+
+void CudaOps::rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) {
+  ScopedTimer timer(*this, OpFamily::Other);
+  const char* op = "rope";
+  TRIPOD_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && rot_heads <= x.size(1) && T >= 1 && x.size(0) % T == 0,
+               "{}: x {} must be (N, heads, D) with D even, N a multiple of T = {}, rot_heads {}", op, x.str(), T,
+               rot_heads);
+  expect(x, DType::BF16, x.numel(), op, "x");
+  k::rope(x.data<bf16>(), x.size(0), x.size(1), x.size(2), rot_heads, T, pos0, theta, inverse, compute_);
+  TRIPOD_CUDA_LAUNCHED("{} x {} pos0 {}", op, x.str(), pos0);
+}
+
+void CudaOps::swiglu_forward(const Tensor& gu, Tensor& y) {
+  ScopedTimer timer(*this, OpFamily::Other);
+  const int64_t F = y.size(-1), N = y.numel() / F;
+  expect(gu, DType::BF16, 2 * N * F, "swiglu_forward", "gu");
+  expect(y, DType::BF16, N * F, "swiglu_forward", "y");
+  k::swiglu_forward(gu.data<bf16>(), y.data<bf16>(), N, F, compute_);
+  TRIPOD_CUDA_LAUNCHED("swiglu_forward gu {} y {}", gu.str(), y.str());
+}
+
+void CudaOps::swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) {
+  ScopedTimer timer(*this, OpFamily::Other);
+  const int64_t F = dy.size(-1), N = dy.numel() / F;
+  expect(gu, DType::BF16, 2 * N * F, "swiglu_backward", "gu");
+  expect(dy, DType::BF16, N * F, "swiglu_backward", "dy");
+  expect(dgu, DType::BF16, 2 * N * F, "swiglu_backward", "dgu");
+  k::swiglu_backward(gu.data<bf16>(), dy.data<bf16>(), dgu.data<bf16>(), N, F, compute_);
+  TRIPOD_CUDA_LAUNCHED("swiglu_backward gu {} dy {} dgu {}", gu.str(), dy.str(), dgu.str());
 }
 
 void CudaOps::gelu_forward(const Tensor& x, Tensor& y) {

@@ -1,4 +1,4 @@
-// Row-wise kernels of the CUDA backend: LayerNorm forward/backward, bias gradients (column sums)
+// Row-wise kernels of the CUDA backend: LayerNorm and RMSNorm forward/backward, bias gradients (column sums)
 // and the fused softmax cross-entropy over (vocabulary-parallel) logits.
 #include <cmath>
 
@@ -10,14 +10,13 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr float kEps = 1e-5f;
 constexpr int64_t kMaxPartialRows = 128;
 
 // ---- LayerNorm forward: one warp per row, statistics in f32 ----------------------------------
 // V elements per load: 8 (16 bytes) when C % 8 == 0 and the pointers are aligned, else 1.
 template <int V>
 __global__ void layernorm_forward_kernel(const bf16_t* x, const bf16_t* w, const bf16_t* b, bf16_t* y, float* mean,
-                                         float* rstd, int64_t N, int64_t C) {
+                                         float* rstd, int64_t N, int64_t C, float eps) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (row >= N) return;
@@ -39,7 +38,7 @@ __global__ void layernorm_forward_kernel(const bf16_t* x, const bf16_t* w, const
       var += d * d;
     }
   }
-  const float r = 1.0f / sqrtf(warp_sum(var) / static_cast<float>(C) + kEps);
+  const float r = 1.0f / sqrtf(warp_sum(var) / static_cast<float>(C) + eps);
   bf16_t* yr = y + row * C;
   for (int64_t c = lane * V; c < C; c += 32 * V) {
     P px = *reinterpret_cast<const P*>(xr + c);
@@ -99,27 +98,119 @@ __global__ void layernorm_backward_dx_kernel(const bf16_t* dy, const bf16_t* x, 
   }
 }
 
+// ---- RMSNorm forward: one warp per row; y = x r w, r = 1 / sqrt(mean(x^2) + eps) -------------
+template <int V>
+__global__ void rmsnorm_forward_kernel(const bf16_t* x, const bf16_t* w, bf16_t* y, float* rstd, int64_t N, int64_t C,
+                                       float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= N) return;
+  using P = Pack<bf16_t, V>;
+  const bf16_t* xr = x + row * C;
+  float ss = 0;
+  for (int64_t c = lane * V; c < C; c += 32 * V) {
+    P px = *reinterpret_cast<const P*>(xr + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) ss += to_float(px.v[j]) * to_float(px.v[j]);
+  }
+  const float r = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
+  bf16_t* yr = y + row * C;
+  for (int64_t c = lane * V; c < C; c += 32 * V) {
+    P px = *reinterpret_cast<const P*>(xr + c);
+    P pw = *reinterpret_cast<const P*>(w + c);
+    P py;
+#pragma unroll
+    for (int j = 0; j < V; ++j) py.v[j] = from_float<bf16_t>(to_float(px.v[j]) * r * to_float(pw.v[j]));
+    *reinterpret_cast<P*>(yr + c) = py;
+  }
+  if (lane == 0) rstd[row] = r;
+}
+
+// ---- RMSNorm backward, dx: one warp per row; dx += (w dy - xhat mean(w dy xhat)) r, xhat = x r
+template <int V>
+__global__ void rmsnorm_backward_dx_kernel(const bf16_t* dy, const bf16_t* x, const bf16_t* w, const float* rstd,
+                                           bf16_t* dx, int64_t N, int64_t C) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (row >= N) return;
+  using P = Pack<bf16_t, V>;
+  const bf16_t* xr = x + row * C;
+  const bf16_t* dyr = dy + row * C;
+  const float r = rstd[row];
+  float dot = 0;
+  for (int64_t c = lane * V; c < C; c += 32 * V) {
+    P px = *reinterpret_cast<const P*>(xr + c);
+    P pd = *reinterpret_cast<const P*>(dyr + c);
+    P pw = *reinterpret_cast<const P*>(w + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j) dot += to_float(pw.v[j]) * to_float(pd.v[j]) * to_float(px.v[j]) * r;
+  }
+  const float mean_dot = warp_sum(dot) / static_cast<float>(C);
+  bf16_t* dxr = dx + row * C;
+  for (int64_t c = lane * V; c < C; c += 32 * V) {
+    P px = *reinterpret_cast<const P*>(xr + c);
+    P pd = *reinterpret_cast<const P*>(dyr + c);
+    P pw = *reinterpret_cast<const P*>(w + c);
+    P po = *reinterpret_cast<const P*>(dxr + c);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      po.v[j] = from_float<bf16_t>(to_float(po.v[j]) +
+                                   (to_float(pw.v[j]) * to_float(pd.v[j]) - to_float(px.v[j]) * r * mean_dot) * r);
+    *reinterpret_cast<P*>(dxr + c) = po;
+  }
+}
+
 // ---- column sums over rows, in two deterministic steps ---------------------------------------
-// Step 1: block (column block, row chunk); thread = column; writes the chunk's sums to scratch:
-// LN: scratch (R, 2, C) = {sum dy*norm, sum dy}; bias only: scratch (R, C) = sum dy.
-template <bool LN>
+// Step 1: block (column block, row chunk) of 8 warps; each lane owns V adjacent columns (one
+// 16-byte load per row when V = 8), warp w sums rows w, w + 8, ... of the chunk, and the warps'
+// sums are added in warp order through shared memory. Writes the chunk's sums to scratch:
+// LN: scratch (R, 2, C) = {sum dy*norm, sum dy} (norm = (x - mean) rstd, or x rstd without a
+// mean: RMSNorm); bias only: scratch (R, C) = sum dy.
+template <bool LN, int V>
 __global__ void column_partials_kernel(const bf16_t* dy, const bf16_t* x, const float* mean, const float* rstd,
                                        int64_t N, int64_t C, int64_t rows_per_chunk, float* scratch) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
+  constexpr int kCols = 32 * V;  // columns per block
+  __shared__ float part_b[kWarps][kCols];
+  __shared__ float part_w[LN ? kWarps : 1][LN ? kCols : 1];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kCols + lane * V;
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_chunk;
   const int64_t r1 = r0 + rows_per_chunk < N ? r0 + rows_per_chunk : N;
-  float sw = 0, sb = 0;
-  for (int64_t n = r0; n < r1; ++n) {
-    float d = to_float(dy[n * C + c]);
-    sb += d;
-    if constexpr (LN) sw += d * (to_float(x[n * C + c]) - mean[n]) * rstd[n];
+  float sw[V] = {}, sb[V] = {};
+  if (c < C) {
+    using P = Pack<bf16_t, V>;
+    for (int64_t n = r0 + warp; n < r1; n += kWarps) {
+      const P pd = *reinterpret_cast<const P*>(dy + n * C + c);
+      if constexpr (LN) {
+        const P px = *reinterpret_cast<const P*>(x + n * C + c);
+        const float m = mean ? mean[n] : 0.f, r = rstd[n];
+#pragma unroll
+        for (int j = 0; j < V; ++j) sw[j] += to_float(pd.v[j]) * (to_float(px.v[j]) - m) * r;
+      }
+#pragma unroll
+      for (int j = 0; j < V; ++j) sb[j] += to_float(pd.v[j]);
+    }
   }
-  if constexpr (LN) {
-    scratch[(blockIdx.y * 2 + 0) * C + c] = sw;
-    scratch[(blockIdx.y * 2 + 1) * C + c] = sb;
-  } else {
-    scratch[blockIdx.y * C + c] = sb;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    part_b[warp][lane * V + j] = sb[j];
+    if constexpr (LN) part_w[warp][lane * V + j] = sw[j];
+  }
+  __syncthreads();
+  for (int t = threadIdx.x; t < kCols; t += blockDim.x) {
+    const int64_t col = static_cast<int64_t>(blockIdx.x) * kCols + t;
+    if (col >= C) continue;
+    float b = 0, w = 0;
+    for (int i = 0; i < kWarps; ++i) {
+      b += part_b[i][t];
+      if constexpr (LN) w += part_w[i][t];
+    }
+    if constexpr (LN) {
+      scratch[(blockIdx.y * 2 + 0) * C + col] = w;
+      scratch[(blockIdx.y * 2 + 1) * C + col] = b;
+    } else {
+      scratch[blockIdx.y * C + col] = b;
+    }
   }
 }
 
@@ -141,13 +232,18 @@ __global__ void column_final_kernel(const float* scratch, int64_t R, int64_t C, 
   db[c] += sb;
 }
 
+// `vec`: C % 8 == 0 and dy, x 16-byte aligned (rows_vectorizable).
 template <bool LN>
 void column_sums(const bf16_t* dy, const bf16_t* x, const float* mean, const float* rstd, int64_t N, int64_t C,
-                 float* dw, float* db, float* scratch, cudaStream_t s) {
+                 float* dw, float* db, float* scratch, bool vec, cudaStream_t s) {
   if (N == 0 || C == 0) return;
   const int64_t R = column_partial_rows(N), rows_per = (N + R - 1) / R;
-  dim3 grid(static_cast<unsigned>((C + kThreads - 1) / kThreads), static_cast<unsigned>(R));
-  column_partials_kernel<LN><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, N, C, rows_per, scratch);
+  const int64_t cols = vec ? 32 * 8 : 32;
+  dim3 grid(static_cast<unsigned>((C + cols - 1) / cols), static_cast<unsigned>(R));
+  if (vec)
+    column_partials_kernel<LN, 8><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, N, C, rows_per, scratch);
+  else
+    column_partials_kernel<LN, 1><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, N, C, rows_per, scratch);
   column_final_kernel<LN><<<static_cast<unsigned>((C + kThreads - 1) / kThreads), kThreads, 0, s>>>(scratch, R, C, dw,
                                                                                                     db);
 }
@@ -262,13 +358,34 @@ bool rows_vectorizable(int64_t C, std::initializer_list<const void*> ptrs) {
 int64_t column_partial_rows(int64_t N) { return N < kMaxPartialRows ? (N > 0 ? N : 1) : kMaxPartialRows; }
 
 void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t N,
-                       int64_t C, cudaStream_t s) {
+                       int64_t C, float eps, cudaStream_t s) {
   if (N == 0) return;
   const unsigned blocks = static_cast<unsigned>((N + kWarps - 1) / kWarps);
   if (rows_vectorizable(C, {x, w, b, y}))
-    layernorm_forward_kernel<8><<<blocks, kThreads, 0, s>>>(dev(x), dev(w), dev(b), dev(y), mean, rstd, N, C);
+    layernorm_forward_kernel<8><<<blocks, kThreads, 0, s>>>(dev(x), dev(w), dev(b), dev(y), mean, rstd, N, C, eps);
   else
-    layernorm_forward_kernel<1><<<blocks, kThreads, 0, s>>>(dev(x), dev(w), dev(b), dev(y), mean, rstd, N, C);
+    layernorm_forward_kernel<1><<<blocks, kThreads, 0, s>>>(dev(x), dev(w), dev(b), dev(y), mean, rstd, N, C, eps);
+}
+
+void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t N, int64_t C, float eps,
+                     cudaStream_t s) {
+  if (N == 0) return;
+  const unsigned blocks = static_cast<unsigned>((N + kWarps - 1) / kWarps);
+  if (rows_vectorizable(C, {x, w, y}))
+    rmsnorm_forward_kernel<8><<<blocks, kThreads, 0, s>>>(dev(x), dev(w), dev(y), rstd, N, C, eps);
+  else
+    rmsnorm_forward_kernel<1><<<blocks, kThreads, 0, s>>>(dev(x), dev(w), dev(y), rstd, N, C, eps);
+}
+
+void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, bf16* dx, float* dw,
+                      float* db_scratch, int64_t N, int64_t C, float* scratch, cudaStream_t s) {
+  if (N == 0) return;
+  const unsigned blocks = static_cast<unsigned>((N + kWarps - 1) / kWarps);
+  if (rows_vectorizable(C, {dy, x, w, dx}))
+    rmsnorm_backward_dx_kernel<8><<<blocks, kThreads, 0, s>>>(dev(dy), dev(x), dev(w), rstd, dev(dx), N, C);
+  else
+    rmsnorm_backward_dx_kernel<1><<<blocks, kThreads, 0, s>>>(dev(dy), dev(x), dev(w), rstd, dev(dx), N, C);
+  column_sums<true>(dev(dy), dev(x), nullptr, rstd, N, C, dw, db_scratch, scratch, rows_vectorizable(C, {dy, x}), s);
 }
 
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
@@ -279,11 +396,11 @@ void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const floa
     layernorm_backward_dx_kernel<8><<<blocks, kThreads, 0, s>>>(dev(dy), dev(x), dev(w), mean, rstd, dev(dx), N, C);
   else
     layernorm_backward_dx_kernel<1><<<blocks, kThreads, 0, s>>>(dev(dy), dev(x), dev(w), mean, rstd, dev(dx), N, C);
-  column_sums<true>(dev(dy), dev(x), mean, rstd, N, C, dw, db, scratch, s);
+  column_sums<true>(dev(dy), dev(x), mean, rstd, N, C, dw, db, scratch, rows_vectorizable(C, {dy, x}), s);
 }
 
 void bias_grad(const bf16* dy, int64_t N, int64_t O, float* db, float* scratch, cudaStream_t s) {
-  column_sums<false>(dev(dy), nullptr, nullptr, nullptr, N, O, nullptr, db, scratch, s);
+  column_sums<false>(dev(dy), nullptr, nullptr, nullptr, N, O, nullptr, db, scratch, rows_vectorizable(O, {dy}), s);
 }
 
 void xent_stats(const bf16* logits, int64_t N, int64_t V, const int32_t* targets, int64_t vocab_start, int64_t valid,

@@ -1,4 +1,4 @@
-// NCCL communicator: transfers on the communication stream joined to the compute stream with
+// NCCL communicator: transfers on the communicator's own stream joined to the compute stream with
 // events, grouped sends/receives, host tensors through MPI, a watchdog for timeouts and errors.
 #include "parallel/comm/nccl_comm.h"
 
@@ -27,7 +27,7 @@ namespace tripod {
 using Clock = std::chrono::steady_clock;
 
 struct NcclComm::Done {
-  cudaEvent_t event = nullptr;  // recorded on the communication stream after the transfer; null until launched
+  cudaEvent_t event = nullptr;  // recorded on the communicator's stream after the transfer; null until launched
   std::string what;             // e.g. "all_reduce of bf16(8192, 768) cuda"
   Clock::time_point launched;
   ~Done() {
@@ -80,6 +80,11 @@ NcclComm::NcclComm(std::unique_ptr<MpiComm> twin, cuda::CudaOps& ops, std::vecto
     : twin_(std::move(twin)), ops_(ops), world_ranks_(std::move(world_ranks)) {
   if (twin_->size() == 1) return;
   TRIPOD_CUDA_CHECK(cudaSetDevice(ops_.device_index()), "'{}' communicator", name());
+  int least = 0, greatest = 0;
+  TRIPOD_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest), "'{}' communicator", name());
+  TRIPOD_CUDA_CHECK(cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, greatest), "stream of the '{}' communicator",
+                    name());
+  TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "'{}' communicator", name());
   ncclUniqueId id{};
   if (twin_->rank() == 0) TRIPOD_NCCL_CHECK(ncclGetUniqueId(&id), "'{}' communicator", name());
   MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, twin_->handle());
@@ -97,7 +102,7 @@ NcclComm::~NcclComm() {
       flush();
     } catch (...) {
     }
-    cudaStreamSynchronize(ops_.comm_stream());  // the transfers in flight end (or the watchdog ends the process)
+    if (stream_) cudaStreamSynchronize(stream_);  // the transfers in flight end (or the watchdog ends the process)
   }
   {
     std::lock_guard lock(mu_);
@@ -111,8 +116,16 @@ NcclComm::~NcclComm() {
       ncclCommAbort(comm_);
     else
       ncclCommDestroy(comm_);
-    cudaGetLastError();
   }
+  if (ready_) cudaEventDestroy(ready_);
+  if (stream_) cudaStreamDestroy(stream_);
+  cudaGetLastError();
+}
+
+void NcclComm::after_compute(const char* what) {
+  cudaError_t err = cudaEventRecord(ready_, ops_.compute_stream());
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(stream_, ready_, 0);
+  TRIPOD_CUDA_CHECK(err, "{}", describe(what));
 }
 
 std::string NcclComm::describe(const char* what) const {
@@ -122,17 +135,11 @@ std::string NcclComm::describe(const char* what) const {
 template <class F> std::shared_ptr<NcclComm::Done> NcclComm::enqueue(const char* what, F&& launch) {
   auto done = std::make_shared<Done>();
   done->what = what;
-  const cudaStream_t compute = ops_.compute_stream(), comm = ops_.comm_stream();
   // The transfer starts after everything queued so far on the compute stream.
-  cudaEvent_t ready;
-  TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "{}", describe(what));
-  cudaError_t err = cudaEventRecord(ready, compute);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(comm, ready, 0);
-  cudaEventDestroy(ready);  // released once recorded work completes
-  TRIPOD_CUDA_CHECK(err, "{}", describe(what));
-  launch(comm);
+  after_compute(what);
+  launch(stream_);
   TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&done->event, cudaEventDisableTiming), "{}", describe(what));
-  TRIPOD_CUDA_CHECK(cudaEventRecord(done->event, comm), "{}", describe(what));
+  TRIPOD_CUDA_CHECK(cudaEventRecord(done->event, stream_), "{}", describe(what));
   done->launched = Clock::now();
   watch(done);
   return done;
@@ -194,14 +201,10 @@ void NcclComm::flush() {
   if (pending_.empty()) return;
   std::vector<PendingP2P> batch;
   batch.swap(pending_);
-  const cudaStream_t compute = ops_.compute_stream(), comm = ops_.comm_stream();
-  const std::string what = describe(fmt::format("a group of {} sends/receives", batch.size()).c_str());
-  cudaEvent_t ready;
-  TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "{}", what);
-  cudaError_t err = cudaEventRecord(ready, compute);
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(comm, ready, 0);
-  cudaEventDestroy(ready);
-  TRIPOD_CUDA_CHECK(err, "{}", what);
+  const cudaStream_t comm = stream_;
+  const std::string group = fmt::format("a group of {} sends/receives", batch.size());
+  after_compute(group.c_str());
+  const std::string what = describe(group.c_str());
   TRIPOD_NCCL_CHECK(ncclGroupStart(), "{}", what);
   for (const PendingP2P& p : batch) {
     const auto type = static_cast<ncclDataType_t>(p.dtype);

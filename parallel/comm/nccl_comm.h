@@ -2,9 +2,11 @@
 // through the MPI communicator of the same ranks (its "twin"), which also bootstraps NCCL by
 // broadcasting the NCCL id.
 //
-// Ordering: every transfer runs on the backend's communication stream, after the work already
-// queued on the compute stream (an event joins them), and the compute stream waits for it in
-// turn: at once for the blocking calls, at wait() for the non-blocking ones. Neither blocks the
+// Ordering: every transfer runs on this communicator's own high-priority stream (communicators of
+// different axes never queue behind each other, which could deadlock when two ranks post them in
+// different orders), after the work already queued on the compute stream (an event joins them),
+// and the compute stream waits for it in turn: at once for the blocking calls, at wait() for the
+// non-blocking ones. Neither blocks the
 // host. A watchdog thread checks every transfer in flight and ends the process with an error
 // naming the communicator, the operation and the peers when one does not complete within the
 // timeout (or NCCL reports an error), instead of hanging.
@@ -26,6 +28,8 @@
 #include "parallel/comm/mpi_comm.h"
 
 struct ncclComm;
+struct CUstream_st;
+struct CUevent_st;
 
 namespace tripod {
 
@@ -74,7 +78,9 @@ class NcclComm final : public Communicator {
   };
   friend class NcclRequest;
 
-  // Runs `launch` (the NCCL calls) on the communication stream after the compute stream's queued
+  // The stream waits for the work queued so far on the compute stream.
+  void after_compute(const char* what);
+  // Runs `launch` (the NCCL calls) on this communicator's stream after the compute stream's queued
   // work; returns the completion, which the watchdog tracks.
   template <class F> std::shared_ptr<Done> enqueue(const char* what, F&& launch);
   // The compute stream waits for `done`.
@@ -88,6 +94,8 @@ class NcclComm final : public Communicator {
   cuda::CudaOps& ops_;
   std::vector<int> world_ranks_;
   ncclComm* comm_ = nullptr;  // null for a communicator of one rank (everything is local)
+  CUstream_st* stream_ = nullptr;  // this communicator's transfers
+  CUevent_st* ready_ = nullptr;    // recorded on the compute stream, waited for by stream_
   std::vector<PendingP2P> pending_;
 
   // Watchdog: transfers in flight, oldest first.

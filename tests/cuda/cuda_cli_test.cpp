@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cli_util.h"
+#include "core/error.h"
 #include "kernels/op.h"
 #include "test_util.h"
 
@@ -71,6 +72,24 @@ TEST(CudaCli, TrainOnCudaRunsATinyModel) {
   while (std::getline(metrics, line)) ++lines;
   EXPECT_EQ(lines, 5) << r.out;
   std::filesystem::remove_all(out);
+}
+
+// MFU's denominator comes from the GPU's name (no GPU needed to check the table).
+TEST(GpuPeak, ByNameFromTheDatasheets) {
+  ASSERT_EQ(std::getenv("TRIPOD_PEAK_TFLOPS"), nullptr) << "unset TRIPOD_PEAK_TFLOPS for this test";
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 80GB HBM3"), 989e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 PCIe"), 756e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 NVL"), 835e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H200"), 989e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA A100-SXM4-80GB"), 312e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA L40S"), 362e12);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA L4"), 121e12);
+  EXPECT_EQ(gpu_peak_flops("Tesla T4"), 0) << "unknown: the caller warns and falls back";
+  ::setenv("TRIPOD_PEAK_TFLOPS", "123.5", 1);
+  EXPECT_EQ(gpu_peak_flops("NVIDIA H100 80GB HBM3"), 123.5e12);
+  ::setenv("TRIPOD_PEAK_TFLOPS", "fast", 1);
+  EXPECT_THROW(gpu_peak_flops("NVIDIA H100 80GB HBM3"), InputError);
+  ::unsetenv("TRIPOD_PEAK_TFLOPS");
 }
 
 }  // namespace

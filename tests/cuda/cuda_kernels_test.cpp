@@ -37,10 +37,12 @@ class CudaOpsTest : public ::testing::Test {
 
 // ---- backend properties, memory --------------------------------------------------------------
 
-TEST_F(CudaOpsTest, ReportsBf16ComputeAndH100Peak) {
+TEST_F(CudaOpsTest, ReportsBf16ComputeAndThisGpusPeak) {
   EXPECT_EQ(gpu_->device(), Device::CUDA);
   EXPECT_EQ(gpu_->compute_dtype(), DType::BF16);
-  EXPECT_EQ(gpu_->peak_flops(), 989e12);
+  const std::string& name = dynamic_cast<cuda::CudaOps&>(*gpu_).device_name();
+  const double known = gpu_peak_flops(name);
+  EXPECT_EQ(gpu_->peak_flops(), known > 0 ? known : 989e12) << name;
   EXPECT_FALSE(gpu_->keeps_attention_probs());
   EXPECT_EQ(gpu_->host_allocator().device(), Device::CPU);
 }
@@ -186,13 +188,14 @@ TEST_F(CudaOpsTest, EmbeddingForwardBackward) {
 // ---- LayerNorm ----------------------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, LayerNormForwardBackward) {
-  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 8}, {7, 32}, {64, 768}, {33, 100}, {300, 1024}}) {
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 8}, {7, 32}, {64, 768}, {33, 100}, {300, 1024},
+                        {2500, 776}}) {  // (many rows per column chunk; a partial last column block)
     Tensor x = randn({N, C}, 20, 1.f, 0.5f), w = randn({C}, 21, 0.1f, 1.f), b = randn({C}, 22, 0.1f);
     Tensor y = host({N, C}), mean = host({N}), rstd = host({N});
-    cpu_->layernorm_forward(x, w, b, y, mean, rstd);
+    cpu_->layernorm_forward(x, w, b, 1e-5f, y, mean, rstd);
     Tensor gy = poison({N, C}), gmean = poison({N}, DType::F32), grstd = poison({N}, DType::F32);
     Tensor gx = up(x), gw = up(w), gb = up(b);
-    gpu_->layernorm_forward(gx, gw, gb, gy, gmean, grstd);
+    gpu_->layernorm_forward(gx, gw, gb, 1e-5f, gy, gmean, grstd);
     EXPECT_LT(rel_err(down(gy), y), kBf16Tol) << N << "x" << C;
     EXPECT_LT(rel_err(down(gmean), mean), kF32Tol) << N << "x" << C;
     EXPECT_LT(rel_err(down(grstd), rstd), 1e-4) << N << "x" << C;  // 1/sqrt of a sum in another order
@@ -208,12 +211,61 @@ TEST_F(CudaOpsTest, LayerNormForwardBackward) {
   }
 }
 
+// ---- RMSNorm, rotary embeddings, SwiGLU ----------------------------------------------------------
+
+TEST_F(CudaOpsTest, RmsNormForwardBackward) {
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 8}, {7, 32}, {64, 2048}, {33, 100}}) {
+    Tensor x = randn({N, C}, 120, 1.f, 0.5f), w = randn({C}, 121, 0.1f, 1.f);
+    Tensor y = host({N, C}), rstd = host({N});
+    cpu_->rmsnorm_forward(x, w, 1e-6f, y, rstd);
+    Tensor gy = poison({N, C}), grstd = poison({N}, DType::F32), gx = up(x), gw = up(w);
+    gpu_->rmsnorm_forward(gx, gw, 1e-6f, gy, grstd);
+    EXPECT_LT(rel_err(down(gy), y), kBf16Tol) << N << "x" << C;
+    EXPECT_LT(rel_err(down(grstd), rstd), 1e-4) << N << "x" << C;
+    Tensor dy = randn({N, C}, 122), dx = randn({N, C}, 123), dw = randn({C}, 124, 1.f, 0.f, true);
+    Tensor gdx = up(dx), gdw = up(dw, DType::F32);
+    cpu_->rmsnorm_backward(dy, x, w, rstd, dx, dw);
+    gpu_->rmsnorm_backward(up(dy), gx, gw, grstd, gdx, gdw);
+    EXPECT_LT(rel_err(down(gdx), dx), kBf16Tol) << N << "x" << C;
+    EXPECT_LT(rel_err(down(gdw), dw), kF32Tol) << N << "x" << C;
+  }
+}
+
+TEST_F(CudaOpsTest, RopeForwardAndInverse) {
+  for (auto [N, heads, rot, D, T, pos0] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>{
+                                               8, 5, 3, 8, 4, 0},
+                                           {256, 12, 8, 64, 128, 0}, {3, 6, 4, 128, 3, 1000}}) {
+    for (bool inverse : {false, true}) {
+      Tensor x = randn({N, heads, D}, 130, 1.f, 0.f, /*exact=*/true);
+      Tensor gx = up(x);
+      cpu_->rope(x, rot, T, pos0, 500000.0, inverse);
+      gpu_->rope(gx, rot, T, pos0, 500000.0, inverse);
+      EXPECT_LT(rel_err(down(gx), x), kBf16Tol) << N << " " << D << " inverse " << inverse;
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, SwiGluForwardBackward) {
+  for (auto [N, F] : {std::pair<int64_t, int64_t>{1, 8}, {17, 100}, {64, 1408}}) {
+    Tensor gu = randn({N, 2 * F}, 140, 2.f, 0.f, /*exact=*/true), dy = randn({N, F}, 141, 1.f, 0.f, true);
+    Tensor y = host({N, F}), dgu = host({N, 2 * F});
+    cpu_->swiglu_forward(gu, y);
+    cpu_->swiglu_backward(gu, dy, dgu);
+    Tensor gy = poison({N, F}), gdgu = poison({N, 2 * F});
+    gpu_->swiglu_forward(up(gu), gy);
+    gpu_->swiglu_backward(up(gu), up(dy), gdgu);
+    EXPECT_LT(rel_err(down(gy), y), kBf16Tol) << N << "x" << F;
+    EXPECT_LT(rel_err(down(gdgu), dgu), kBf16Tol) << N << "x" << F;
+  }
+}
+
 // ---- linear, GELU --------------------------------------------------------------------------------
 
 struct LinearCase {
   int64_t N, I, O;
 };
-constexpr LinearCase kLinearCases[] = {{1, 8, 8}, {17, 24, 40}, {128, 768, 2304}, {64, 96, 50}, {5, 13, 7}};
+constexpr LinearCase kLinearCases[] = {{1, 8, 8},   {17, 24, 40}, {128, 768, 2304},
+                                       {64, 96, 50}, {5, 13, 7},   {2000, 64, 776}};
 
 TEST_F(CudaOpsTest, LinearForward) {
   for (auto [N, I, O] : kLinearCases) {
@@ -288,12 +340,15 @@ TEST_F(CudaOpsTest, GeluForwardBackward) {
 
 struct AttnCase {
   int64_t B, T, H, D;
+  int64_t Hkv = 0;  // key/value heads (grouped-query attention); 0: H
+  int64_t kv() const { return Hkv > 0 ? Hkv : H; }
 };
 
 // Runs forward and backward on `gpu` and compares with the CPU backend; returns the impl used.
 std::string check_attention(Ops& cpu, Ops& gpu, AttnCase c) {
-  auto [B, T, H, D] = c;
-  Tensor qkv = randn(cpu, {B, T, 3, H, D}, 60 + T);
+  auto [B, T, H, D, unused] = c;
+  const int64_t W = H + 2 * c.kv();  // heads per token in qkv
+  Tensor qkv = randn(cpu, {B, T, W, D}, 60 + T);
   Tensor out = cpu.empty({B, T, H, D}, DType::F32, MemCategory::Workspace);
   Tensor lse = cpu.empty({B, H, T}, DType::F32, MemCategory::Workspace);
   Tensor no_probs;
@@ -306,9 +361,9 @@ std::string check_attention(Ops& cpu, Ops& gpu, AttnCase c) {
 
   // The backward takes the bf16 output the GPU produced, as training does.
   Tensor dout = randn(cpu, {B, T, H, D}, 70 + T);
-  Tensor dqkv = cpu.empty({B, T, 3, H, D}, DType::F32, MemCategory::Workspace);
+  Tensor dqkv = cpu.empty({B, T, W, D}, DType::F32, MemCategory::Workspace);
   cpu.attention_backward(dout, qkv, out, lse, no_probs, dqkv);
-  Tensor gdqkv = poisoned(gpu, {B, T, 3, H, D}, DType::BF16);
+  Tensor gdqkv = poisoned(gpu, {B, T, W, D}, DType::BF16);
   gpu.attention_backward(upload(gpu, dout, DType::BF16), gqkv, gout, glse, no_probs, gdqkv);
   EXPECT_LT(rel_err(download(gpu, cpu, gdqkv), dqkv), kBf16Tol) << B << " " << T << " " << H << " " << D;
   return dynamic_cast<cuda::CudaOps&>(gpu).attention_impl();
@@ -328,6 +383,18 @@ TEST_F(CudaOpsTest, AttentionCudnnFused) {
   for (AttnCase c : kAttnCases) EXPECT_EQ(check_attention(*cpu_, *gpu, c), "cudnn");
 }
 
+// Grouped-query attention (fewer key/value heads than query heads, 1 = multi-query): cuDNN's
+// graph with K and V of Hkv heads where an engine takes it (else the reference kernels, with a
+// warning), and the reference kernels.
+constexpr AttnCase kGqaCases[] = {{2, 16, 4, 32, 2}, {1, 128, 8, 64, 2}, {2, 64, 4, 128, 1}, {1, 33, 6, 64, 3}};
+
+TEST_F(CudaOpsTest, GroupedQueryAttentionMatchesCpu) {
+  auto gpu = gpu_with_attention("auto");
+  for (AttnCase c : kGqaCases) check_attention(*cpu_, *gpu, c);
+  auto ref = gpu_with_attention("reference");
+  for (AttnCase c : kGqaCases) EXPECT_EQ(check_attention(*cpu_, *ref, c), "reference");
+}
+
 TEST_F(CudaOpsTest, AttentionReferenceKernels) {
   auto gpu = gpu_with_attention("reference");
   for (AttnCase c : kAttnCases) EXPECT_EQ(check_attention(*cpu_, *gpu, c), "reference");
@@ -338,21 +405,22 @@ TEST_F(CudaOpsTest, AttentionReferenceKernels) {
 // Attention against a KV cache: a prefill then single tokens, on the GPU (bf16 caches) and the
 // CPU from the same bf16-rounded qkv; the outputs and the caches agree.
 TEST_F(CudaOpsTest, AttentionDecodeMatchesCpu) {
-  for (AttnCase c : {AttnCase{2, 9, 3, 24}, AttnCase{1, 40, 4, 64}, AttnCase{1, 17, 2, 128}}) {
-    auto [B, T, H, D] = c;
-    const int64_t Tmax = T + 3, prefill = T / 2;
-    SCOPED_TRACE(testing::Message() << B << " " << T << " " << H << " " << D);
-    Tensor qkv = randn({B, T, 3, H, D}, 80 + T, 1.f, 0.f, /*exact=*/true);
-    Tensor kc = host({B, H, Tmax, D}), vc = host({B, H, Tmax, D});
+  for (AttnCase c : {AttnCase{2, 9, 3, 24}, AttnCase{1, 40, 4, 64}, AttnCase{1, 17, 2, 128}, AttnCase{2, 12, 4, 64, 2},
+                     AttnCase{1, 20, 4, 32, 1}}) {
+    auto [B, T, H, D, unused] = c;
+    const int64_t Hkv = c.kv(), W = H + 2 * Hkv, Tmax = T + 3, prefill = T / 2;
+    SCOPED_TRACE(testing::Message() << B << " " << T << " " << H << " " << D << " kv " << Hkv);
+    Tensor qkv = randn({B, T, W, D}, 80 + T, 1.f, 0.f, /*exact=*/true);
+    Tensor kc = host({B, Hkv, Tmax, D}), vc = host({B, Hkv, Tmax, D});
     cpu_->fill(kc, 0.f);
     cpu_->fill(vc, 0.f);
     Tensor gk = up(kc), gv = up(vc);
     for (int64_t t0 = 0; t0 < T; t0 += (t0 == 0 ? prefill : 1)) {
       const int64_t n = t0 == 0 ? prefill : 1;
-      Tensor part = host({B, n, 3, H, D});
+      Tensor part = host({B, n, W, D});
       for (int64_t b = 0; b < B; ++b)
-        std::copy(qkv.data<float>() + (b * T + t0) * 3 * H * D, qkv.data<float>() + (b * T + t0 + n) * 3 * H * D,
-                  part.data<float>() + b * n * 3 * H * D);
+        std::copy(qkv.data<float>() + (b * T + t0) * W * D, qkv.data<float>() + (b * T + t0 + n) * W * D,
+                  part.data<float>() + b * n * W * D);
       Tensor out = host({B, n, H, D}), gout = poison({B, n, H, D});
       cpu_->attention_decode(part, kc, vc, t0, out);
       gpu_->attention_decode(up(part), gk, gv, t0, gout);

@@ -18,13 +18,23 @@ using namespace test;
 
 constexpr uint64_t kSeed = 4321;
 
-ModelConfig tiny_config() {
+ModelConfig tiny_config(bool llama = false) {
   ModelConfig c;
   c.n_layers = 2;
   c.n_heads = 4;
   c.d_model = 64;
   c.seq_len = 64;
   c.vocab_size = 300;  // padded to 384: the head has padding columns
+  if (llama) {  // RMSNorm, rope, SwiGLU, 2 key/value heads, no biases, untied head
+    c.arch = "llama";
+    c.norm = "rmsnorm";
+    c.position = "rope";
+    c.rope_theta = 500000.0;
+    c.mlp = "swiglu";
+    c.ffn_hidden = 192;
+    c.n_kv_heads = 2;
+    c.bias = c.tie_embeddings = false;
+  }
   return c;
 }
 
@@ -108,7 +118,9 @@ class CudaModelTest : public ::testing::Test {
 };
 
 TEST_F(CudaModelTest, TrainingStepMatchesCpu) {
-  const ModelConfig cfg = tiny_config();
+  for (bool llama : {false, true}) {
+  SCOPED_TRACE(llama ? "llama" : "gpt2");
+  const ModelConfig cfg = tiny_config(llama);
   auto cpu = make_setup(Device::CPU, cfg, RecomputeMode::None);
   auto gpu = make_setup(Device::CUDA, cfg, RecomputeMode::None);
   const int64_t B = 2;
@@ -132,17 +144,21 @@ TEST_F(CudaModelTest, TrainingStepMatchesCpu) {
 
   const double cpu_loss2 = forward_backward(*cpu, B, 1), gpu_loss2 = forward_backward(*gpu, B, 1);
   EXPECT_NEAR(gpu_loss2, cpu_loss2, 1e-2 * cpu_loss2);
+  }
 }
 
 // Recomputing the layers' activations in the backward gives the gradients of storing them.
 TEST_F(CudaModelTest, FullRecomputationGivesTheSameGradients) {
-  const ModelConfig cfg = tiny_config();
+  for (bool llama : {false, true}) {
+  SCOPED_TRACE(llama ? "llama" : "gpt2");
+  const ModelConfig cfg = tiny_config(llama);
   auto stored = make_setup(Device::CUDA, cfg, RecomputeMode::None);
   auto recomputed = make_setup(Device::CUDA, cfg, RecomputeMode::Full);
   const double a = forward_backward(*stored, 2, 0), b = forward_backward(*recomputed, 2, 0);
   EXPECT_DOUBLE_EQ(a, b);
   // Equal up to the order of the embedding gradient's atomic additions.
   EXPECT_LT(rel_err(grads_on_host(*recomputed), grads_on_host(*stored)), 1e-5);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The KV-cached inference forward (model/inference) against the training forward, at tp = 1 and
 // tp = 2 (2 ranks under mpirun): a prefill then one token at a time gives the logits of one
 // forward over the whole sequence (<= 1e-4 relative), the per-token losses of the training
-// model's forward, and the same logits and generated tokens at tp = 2 as at tp = 1.
+// model's forward, and the same logits and generated tokens at tp = 2 as at tp = 1; for GPT-2 and
+// a Llama-family model.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -50,9 +51,15 @@ std::vector<int32_t> generate(InferenceModel& inf, std::vector<int32_t> ids, int
 
 const SamplingOptions kGreedy{.temperature = 0}, kSampled{.temperature = 0.9, .top_k = 40, .top_p = 0.95};
 
-TEST(Inference, KvCacheMatchesFullForwardAndTrainingAcrossTp) {
+class Inference : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Models, Inference, ::testing::Values("gpt2", "llama"));
+
+TEST_P(Inference, KvCacheMatchesFullForwardAndTrainingAcrossTp) {
   auto ops = make_ops(Device::CPU);
   Config cfg = test::tiny_config(2, 32, 4, kT, kV);
+  // Llama: 4 query heads over 2 key/value heads (one per rank at tp = 2), rope at the cached
+  // positions, RMSNorm, SwiGLU, untied head.
+  if (std::string(GetParam()) == "llama") test::make_llama(cfg.model, 2);
   cfg.train.lr = 3e-3;
   SyntheticSource data(kT, kV, 5);
   std::vector<int32_t> sample(kT + 1);
@@ -107,7 +114,8 @@ TEST(Inference, KvCacheMatchesFullForwardAndTrainingAcrossTp) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0)
-      fmt::print("tp=1: cached vs full logits {:.1e}; losses vs training forward {:.1e}\n", cache_diff, worst);
+      fmt::print("{} tp=1: cached vs full logits {:.1e}; losses vs training forward {:.1e}\n", GetParam(), cache_diff,
+                 worst);
   }
 
   auto w = test::make_subworld(*ops, RankGrid(2, 1, 1));
@@ -123,7 +131,8 @@ TEST(Inference, KvCacheMatchesFullForwardAndTrainingAcrossTp) {
   EXPECT_LE(tp_diff, 1e-4) << "tp=2 logits vs tp=1";
   EXPECT_EQ(generate(inf, prompt, 10, kGreedy, 1), serial_greedy);
   EXPECT_EQ(generate(inf, prompt, 10, kSampled, 7), serial_sampled);
-  if (w.par->rank == 0) fmt::print("tp=2: logits vs tp=1 {:.1e}; generated tokens identical\n", tp_diff);
+  if (w.par->rank == 0)
+    fmt::print("{} tp=2: logits vs tp=1 {:.1e}; generated tokens identical\n", GetParam(), tp_diff);
 }
 
 }  // namespace

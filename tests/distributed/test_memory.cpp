@@ -1,7 +1,7 @@
 // Activation recomputation and memory accounting on 8 ranks: gradients are bit-identical for
 // none, selective and full on a (2,2,2) grid; every rank's measured peak bytes per category match
 // the analytic plan (parameters, gradients and optimizer exactly; activations within 5%) for every
-// recompute mode and schedule, on a tiny and a medium config.
+// recompute mode and schedule, on a tiny and a medium config, GPT-2 and Llama-family.
 #include <fmt/format.h>
 
 #include "harness.h"
@@ -31,11 +31,14 @@ class Memory : public ::testing::Test {
 };
 
 TEST_F(Memory, RecomputeModesGiveBitIdenticalWeightsOnTwoByTwoByTwo) {
+  for (bool llama : {false, true}) {
+  SCOPED_TRACE(llama ? "llama" : "gpt2");
   SyntheticSource data(16, 100, 3);
   std::vector<std::map<std::string, std::vector<float>>> results;
   for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
     auto w = test::make_subworld(*ops, RankGrid(2, 2, 2));
     Config cfg = test::tiny_config(4, 32, 4, 16, 100);
+    if (llama) test::make_llama(cfg.model, 2);
     cfg.parallel.tp = cfg.parallel.pp = cfg.parallel.dp = 2;
     cfg.train.micro_batch_size = 1;
     cfg.train.global_batch_size = 8;
@@ -46,15 +49,18 @@ TEST_F(Memory, RecomputeModesGiveBitIdenticalWeightsOnTwoByTwoByTwo) {
   for (size_t m = 1; m < results.size(); ++m)
     for (auto& [name, v] : results[0])
       EXPECT_EQ(0, std::memcmp(v.data(), results[m][name].data(), v.size() * 4)) << name << " differs in mode " << m;
+  }
 }
 
 TEST_F(Memory, MeasuredPeaksMatchThePlan) {
   struct Size {
     const char* name;
     int layers, d_model, heads, seq, vocab, micro;
+    int kv_heads = 0;  // > 0: a Llama-family model with these key/value heads
   };
-  // 8 layers split into pp*vp stages; heads and ffn divisible by tp.
+  // 8 layers split into pp*vp stages; heads, key/value heads and ffn divisible by tp.
   const Size tiny{"tiny", 8, 32, 4, 16, 100, 2}, medium{"medium", 8, 256, 8, 128, 2048, 2};
+  const Size tiny_llama{"tiny llama", 8, 32, 4, 16, 100, 2, 2}, medium_llama{"medium llama", 8, 256, 8, 128, 2048, 2, 2};
   std::vector<Case> cases;
   for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
     cases.push_back({"gpipe", 1, 4, 2, 1, "gpipe", mode});
@@ -63,7 +69,7 @@ TEST_F(Memory, MeasuredPeaksMatchThePlan) {
     cases.push_back({"serial", 1, 1, 1, 1, "1f1b", mode});
   }
   cases.push_back({"1f1b first 2 layers full", 1, 2, 1, 1, "1f1b", RecomputeMode::Full, false, false, 2});
-  for (const Size& sz : {tiny, medium}) {
+  for (const Size& sz : {tiny, medium, tiny_llama, medium_llama}) {
     SyntheticSource data(sz.seq, sz.vocab, 3);
     for (const Case& c : cases) {
       std::string label = fmt::format("{} {} (dp,pp,tp)=({},{},{}) vp={} {}{}{}", sz.name, c.name, c.dp, c.pp, c.tp,
@@ -73,6 +79,7 @@ TEST_F(Memory, MeasuredPeaksMatchThePlan) {
       auto w = test::make_subworld(*ops, grid, c.sp);
       if (!w.par) continue;
       Config cfg = test::tiny_config(sz.layers, sz.d_model, sz.heads, sz.seq, sz.vocab);
+      if (sz.kv_heads > 0) test::make_llama(cfg.model, sz.kv_heads);
       ParallelConfig& pc = cfg.parallel;
       pc.tp = c.tp, pc.pp = c.pp, pc.dp = c.dp, pc.vp = c.vp, pc.schedule = c.schedule;
       pc.sequence_parallel = c.sp, pc.distributed_optimizer = c.distopt, pc.bucket_mb = 0.05;

@@ -21,6 +21,7 @@
 #include "parallel/context.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedules.h"
+#include "parallel/pipeline/simulate.h"
 
 namespace tripod {
 namespace {

@@ -23,8 +23,9 @@ struct Case {
   }
 };
 
-Config base_config() {
+Config base_config(bool llama = false) {
   Config cfg = test::tiny_config(/*n_layers=*/8, /*d_model=*/32, /*n_heads=*/4, /*seq_len=*/16, /*vocab=*/100);
+  if (llama) test::make_llama(cfg.model, /*n_kv_heads=*/2);
   cfg.train.micro_batch_size = 1;
   cfg.train.global_batch_size = 8;
   cfg.train.steps = 5;
@@ -38,16 +39,16 @@ class PipelineTraining : public ::testing::Test {
  protected:
   std::unique_ptr<Ops> ops = make_ops(Device::CPU);
   SyntheticSource data{16, 100, 3};
-  test::RunResult serial() {
+  test::RunResult serial(bool llama = false) {
     auto self = test::make_selfworld(*ops);
-    return test::run_training(base_config(), *ops, *self.par, data);
+    return test::run_training(base_config(llama), *ops, *self.par, data);
   }
-  void check(const Case& c, const test::RunResult& ref, const std::string& schedule_file = "") {
+  void check(const Case& c, const test::RunResult& ref, const std::string& schedule_file = "", bool llama = false) {
     SCOPED_TRACE(c.str());
     RankGrid grid(c.tp, c.dp, c.pp);
     auto w = test::make_subworld(*ops, grid, c.sp);
     if (!w.par) return;
-    Config cfg = base_config();
+    Config cfg = base_config(llama);
     cfg.parallel.tp = c.tp;
     cfg.parallel.pp = c.pp;
     cfg.parallel.dp = c.dp;
@@ -62,19 +63,22 @@ class PipelineTraining : public ::testing::Test {
   }
 };
 
+const std::vector<Case> kCases = {
+    {1, 2, 1, 1, "1f1b"},        {1, 2, 1, 1, "gpipe"},       {1, 4, 1, 2, "interleaved"},
+    {1, 2, 2, 1, "gpipe"},       {1, 2, 2, 1, "1f1b"},        {2, 2, 2, 2, "interleaved"},
+    {2, 2, 2, 2, "interleaved", true, true},                  {1, 8, 1, 1, "1f1b"},
+};
+
 TEST_F(PipelineTraining, EverySchedulePlusTensorAndDataParallelMatchesSerial) {
   test::RunResult ref = serial();
-  for (const Case& c : std::vector<Case>{
-           {1, 2, 1, 1, "1f1b"},
-           {1, 2, 1, 1, "gpipe"},
-           {1, 4, 1, 2, "interleaved"},
-           {1, 2, 2, 1, "gpipe"},
-           {1, 2, 2, 1, "1f1b"},
-           {2, 2, 2, 2, "interleaved"},
-           {2, 2, 2, 2, "interleaved", true, true},
-           {1, 8, 1, 1, "1f1b"},
-       })
-    check(c, ref);
+  for (const Case& c : kCases) check(c, ref);
+}
+
+// The same layouts for a Llama-family model (4 query heads over 2 key/value heads, rope, RMSNorm,
+// SwiGLU, no biases, an untied head on the last stage).
+TEST_F(PipelineTraining, LlamaEverySchedulePlusTensorAndDataParallelMatchesSerial) {
+  test::RunResult ref = serial(/*llama=*/true);
+  for (const Case& c : kCases) check(c, ref, "", /*llama=*/true);
 }
 
 TEST_F(PipelineTraining, CustomCsvScheduleTrainsAndBrokenOneIsRefused) {

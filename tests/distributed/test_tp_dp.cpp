@@ -1,5 +1,6 @@
 // Tensor and data parallelism against the single-process run (4 ranks under mpirun): for every
-// layout, the loss of each of 5 steps and the final weights match within 1e-5 relative.
+// layout, the loss of each of 5 steps and the final weights match within 1e-5 relative, for GPT-2
+// and for a Llama-family model (grouped-query attention split over TP, rope, SwiGLU, untied head).
 #include <fmt/format.h>
 
 #include "harness.h"
@@ -27,10 +28,18 @@ Config base_config() {
   return cfg;
 }
 
-TEST(TensorDataParallel, EveryLayoutMatchesSerial) {
+// A Llama-family model of the same size: 8 query heads over 4 key/value heads (so tp = 4 still
+// holds whole key/value heads), rope, RMSNorm, SwiGLU, no biases, untied head.
+Config llama_config() {
+  Config cfg = base_config();
+  cfg.model.n_heads = 8;
+  test::make_llama(cfg.model, 4);
+  return cfg;
+}
+
+void every_layout_matches_serial(const Config& cfg) {
   auto ops = make_ops(Device::CPU);
   SyntheticSource data(16, 100, 3);
-  Config cfg = base_config();
   test::RunResult serial;
   {
     auto self = test::make_selfworld(*ops);
@@ -57,6 +66,10 @@ TEST(TensorDataParallel, EveryLayoutMatchesSerial) {
     test::expect_matches(r, serial, l.str(), w.par->rank == 0);
   }
 }
+
+TEST(TensorDataParallel, EveryLayoutMatchesSerial) { every_layout_matches_serial(base_config()); }
+
+TEST(TensorDataParallel, LlamaEveryLayoutMatchesSerial) { every_layout_matches_serial(llama_config()); }
 
 }  // namespace
 }  // namespace tripod

@@ -312,6 +312,59 @@ TEST(CheckpointCli, SafetensorsExportImportRoundTrips) {
   fs::remove_all(dir);
 }
 
+// A Llama-family model: the checkpoint becomes a Hugging Face LlamaForCausalLM folder
+// (config.json, model.safetensors with HF names and shapes) and comes back bit-identical; with
+// as many key/value heads as query heads the fused QKV is split into q_proj, k_proj, v_proj and
+// joined again.
+TEST(CheckpointCli, LlamaSafetensorsFolderRoundTripsBitIdentically) {
+  auto dir = test::scratch_dir("ckpt_llama_st");
+  test::write_file(dir / "c.toml", std::string(kTiny) + "");
+  const std::string bin = test::tripod_bin();
+  for (int kv : {2, 4}) {
+    SCOPED_TRACE(kv);
+    const fs::path d = dir / std::to_string(kv);
+    auto r = run_cmd(train(2, dir / "c.toml", "--set model.arch=llama --set model.n_kv_heads=" + std::to_string(kv) +
+                                                  " --set model.rope_theta=500000.0 --set parallel.tp=2"
+                                                  " --set checkpoint.dir=" + (d / "ck").string() +
+                                                  " --set train.output_dir=" + (d / "run").string() +
+                                                  " --set train.exit_interval=2"));
+    ASSERT_EQ(r.status, 0) << r.err;
+    r = run_cmd(bin + " ckpt convert " + (d / "ck").string() + " --to safetensors " + (d / "hf").string());
+    ASSERT_EQ(r.status, 0) << r.err;
+    const auto cfg = nlohmann::json::parse(slurp(d / "hf" / "config.json"));
+    EXPECT_EQ(cfg["model_type"], "llama");
+    EXPECT_EQ(cfg["num_key_value_heads"], kv);
+    EXPECT_EQ(cfg["intermediate_size"], 256);
+    EXPECT_EQ(cfg["rope_theta"], 500000.0);
+    EXPECT_EQ(cfg["tie_word_embeddings"], false);
+    SafetensorsFile a = read_safetensors((d / "hf" / "model.safetensors").string());
+    std::map<std::string, Shape> shapes;
+    for (const auto& t : a.tensors) shapes[t.name] = t.shape;
+    EXPECT_EQ(shapes["model.embed_tokens.weight"], Shape({100, 32}));
+    EXPECT_EQ(shapes["lm_head.weight"], Shape({100, 32}));
+    EXPECT_EQ(shapes["model.layers.3.self_attn.q_proj.weight"], Shape({32, 32}));
+    EXPECT_EQ(shapes["model.layers.3.self_attn.k_proj.weight"], Shape({kv * 8, 32}));
+    EXPECT_EQ(shapes["model.layers.0.mlp.down_proj.weight"], Shape({32, 256}));
+    EXPECT_EQ(shapes["model.norm.weight"], Shape({32}));
+    EXPECT_EQ(a.tensors.size(), 2u + 1u + 4u * 9u);
+    r = run_cmd(bin + " ckpt convert " + (d / "hf").string() + " --from safetensors " + (d / "imported").string());
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(run_cmd(bin + " ckpt verify " + (d / "imported").string()).status, 0);
+    r = run_cmd(bin + " ckpt convert " + (d / "imported").string() + " --to safetensors " + (d / "hf2").string());
+    ASSERT_EQ(r.status, 0) << r.err;
+    SafetensorsFile b = read_safetensors((d / "hf2" / "model.safetensors").string());
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (size_t i = 0; i < a.tensors.size(); ++i) {
+      EXPECT_EQ(a.tensors[i].name, b.tensors[i].name);
+      EXPECT_TRUE(a.tensors[i].data == b.tensors[i].data) << a.tensors[i].name;
+    }
+    // And the checkpoint values themselves are the trained ones, bit for bit.
+    auto trained = state((d / "ck" / "iter_0000002").string()), imported = state((d / "imported" / "iter_0000000").string());
+    for (const auto& [key, v] : imported) EXPECT_TRUE(trained[key] == v) << key;
+  }
+  fs::remove_all(dir);
+}
+
 TEST(CheckpointCli, SigtermUnderMpirunSavesAndTheResumedRunContinuesExactly) {
   auto dir = test::scratch_dir("ckpt_sigterm");
   test::write_file(dir / "c.toml", kTiny);

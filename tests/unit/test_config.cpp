@@ -153,3 +153,63 @@ TEST(Config, ResolvedTomlRoundTrips) {
 
 }  // namespace
 }  // namespace tripod
+
+namespace tripod {
+namespace {
+
+TEST(Config, LlamaPresetSetsTheArchitectureKeysAndKeysOverrideIt) {
+  Config c = parse_config(kGood, "test.toml", {"model.arch=\"llama\"", "model.n_kv_heads=2"});
+  const ModelConfig& m = c.model;
+  EXPECT_EQ(m.norm, "rmsnorm");
+  EXPECT_EQ(m.position, "rope");
+  EXPECT_EQ(m.mlp, "swiglu");
+  EXPECT_FALSE(m.bias);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_EQ(m.kv_heads(), 2);
+  EXPECT_EQ(m.ffn_hidden, 256) << "Llama's rule: 8/3 * 32 rounded up to 256";
+  EXPECT_DOUBLE_EQ(m.rope_theta, 10000.0);
+  Config t = parse_config(kGood, "test.toml", {"model.arch=\"llama\"", "model.tie_embeddings=true", "model.norm_eps=1e-6"});
+  EXPECT_TRUE(t.model.tie_embeddings);
+  EXPECT_DOUBLE_EQ(t.model.norm_eps, 1e-6);
+  // GPT-2 defaults: every key resolved, n_kv_heads = n_heads.
+  Config g = parse_config(kGood, "test.toml");
+  EXPECT_EQ(g.model.n_kv_heads, 4);
+  EXPECT_EQ(g.model.norm, "layernorm");
+  EXPECT_TRUE(g.model.bias && g.model.tie_embeddings);
+  // The resolved config shows every value and reads back the same.
+  const std::string toml = config_to_toml(c);
+  for (const char* key : {"arch", "norm", "norm_eps", "position", "rope_theta", "mlp", "ffn_hidden", "n_kv_heads",
+                          "bias", "tie_embeddings"})
+    EXPECT_NE(toml.find(std::string(key) + " = "), std::string::npos) << key << " missing from\n" << toml;
+  Config back = parse_config(toml, "resolved.toml");
+  EXPECT_EQ(config_to_toml(back), toml);
+}
+
+TEST(Config, InvalidLlamaCombinationsNameTheKeys) {
+  auto err = [](std::vector<std::string> sets) { return error_of(kGood, std::move(sets)); };
+  EXPECT_NE(err({"model.arch=\"mistral\""}).find("model.arch"), std::string::npos);
+  EXPECT_NE(err({"model.norm=\"batchnorm\""}).find("model.norm"), std::string::npos);
+  EXPECT_NE(err({"model.position=\"alibi\""}).find("model.position"), std::string::npos);
+  EXPECT_NE(err({"model.mlp=\"relu\""}).find("model.mlp"), std::string::npos);
+  EXPECT_NE(err({"model.n_kv_heads=3"}).find("model.n_kv_heads = 3 must divide model.n_heads = 4"), std::string::npos);
+  EXPECT_NE(err({"model.n_kv_heads=-1"}).find("model.n_kv_heads"), std::string::npos);
+  EXPECT_NE(err({"model.rope_theta=0.0", "model.position=\"rope\""}).find("model.rope_theta"), std::string::npos);
+  EXPECT_NE(err({"model.rope_theta=-5.0"}).find("model.rope_theta"), std::string::npos);
+  EXPECT_NE(err({"model.norm_eps=0.0"}).find("model.norm_eps"), std::string::npos);
+  EXPECT_NE(err({"model.rope_theta=nan"}).find("model.rope_theta"), std::string::npos);
+  // Odd head dimension (d_model 36 / 4 heads = 9) with rope.
+  EXPECT_NE(err({"model.d_model=36", "model.position=\"rope\""}).find("model.position"), std::string::npos);
+  EXPECT_EQ(err({"model.d_model=36"}), "") << "learned positions take any head dimension";
+  // tp must divide the key/value heads.
+  Config c = parse_config(kGood, "test.toml", {"model.n_kv_heads=2", "parallel.tp=4"});
+  try {
+    validate_layout(c, 4);
+    FAIL() << "tp = 4 with 2 key/value heads";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_kv_heads = 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("parallel.tp = 4"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tripod

@@ -58,7 +58,7 @@ TEST_F(CpuKernels, LayerNormForwardBackward) {
   const int64_t N = 5, C = 7;
   Tensor x = random_tensor({N, C}, 1), w = random_tensor({C}, 2), b = random_tensor({C}, 3);
   Tensor y = host_tensor({N, C}), mean = host_tensor({N}), rstd = host_tensor({N});
-  ops->layernorm_forward(x, w, b, y, mean, rstd);
+  ops->layernorm_forward(x, w, b, 1e-5f, y, mean, rstd);
   Vec X = to_double(x), W = to_double(w), Bv = to_double(b);
   EXPECT_CLOSE(y, ref_layernorm(X, W, Bv, N, C), 1e-5, 1e-5);
 
@@ -230,6 +230,172 @@ TEST_F(CpuKernels, AttentionDecodeMatchesCausalAttention) {
         }
   Tensor one = host_tensor({B, 1, 3, H, D}), out = host_tensor({B, 1, H, D});
   EXPECT_THROW(ops->attention_decode(one, k_cache, v_cache, Tmax, out), Error) << "a position beyond the cache";
+}
+
+// ---- grouped-query attention -------------------------------------------------------------------
+// qkv (B, T, H + 2 Hkv, D) -> out (B, T, H, D); query head h reads key/value head h / (H / Hkv).
+Vec ref_gqa(const Vec& qkv, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D) {
+  Vec out(B * T * H * D, 0.0);
+  const int64_t W = H + 2 * Hkv;
+  auto at = [&](int64_t b, int64_t t, int64_t head, int64_t d) { return qkv[((b * T + t) * W + head) * D + d]; };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const int64_t kh = H + h / (H / Hkv), vh = H + Hkv + h / (H / Hkv);
+        std::vector<double> s(t + 1);
+        double m = -1e300;
+        for (int64_t j = 0; j <= t; ++j) {
+          double v = 0;
+          for (int64_t d = 0; d < D; ++d) v += at(b, t, h, d) * at(b, j, kh, d);
+          s[j] = v / std::sqrt(static_cast<double>(D));
+          m = std::max(m, s[j]);
+        }
+        double z = 0;
+        for (auto& v : s) z += (v = std::exp(v - m));
+        for (int64_t d = 0; d < D; ++d) {
+          double o = 0;
+          for (int64_t j = 0; j <= t; ++j) o += s[j] / z * at(b, j, vh, d);
+          out[((b * T + t) * H + h) * D + d] = o;
+        }
+      }
+  return out;
+}
+
+TEST_F(CpuKernels, GroupedQueryAttentionForwardBackwardAndDecode) {
+  const int64_t B = 2, T = 5, H = 4, D = 4;
+  for (int64_t Hkv : {1, 2}) {  // multi-query and two groups of two
+    SCOPED_TRACE(Hkv);
+    const int64_t W = H + 2 * Hkv;
+    Tensor qkv = random_tensor({B, T, W, D}, 81 + Hkv);
+    Tensor out = host_tensor({B, T, H, D}), lse = host_tensor({B, H, T}), probs = host_tensor({B, H, T, T});
+    ops->attention_forward(qkv, out, lse, probs);
+    Vec Q = to_double(qkv);
+    EXPECT_CLOSE(out, ref_gqa(Q, B, T, H, Hkv, D), 1e-5, 1e-5);
+    Tensor dout = random_tensor({B, T, H, D}, 85);
+    Vec G = to_double(dout);
+    Tensor dqkv = host_tensor({B, T, W, D}), dqkv2 = host_tensor({B, T, W, D});
+    ops->attention_backward(dout, qkv, out, lse, probs, dqkv);
+    ops->attention_backward(dout, qkv, out, lse, Tensor{}, dqkv2);
+    Vec g = numeric_grad([&](const Vec& v) { return dot(G, ref_gqa(v, B, T, H, Hkv, D)); }, Q);
+    EXPECT_CLOSE(dqkv, g, 1e-4, 1e-4);
+    EXPECT_EQ(0, std::memcmp(dqkv.raw(), dqkv2.raw(), dqkv.nbytes()));
+    // Decoding: a prefill of 2 tokens, then one at a time, against (B, Hkv, Tmax, D) caches.
+    const int64_t Tmax = 6;
+    Tensor kc = host_tensor({B, Hkv, Tmax, D}), vc = host_tensor({B, Hkv, Tmax, D});
+    Vec got(B * T * H * D);
+    for (auto [t0, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 2}, {2, 1}, {3, 1}, {4, 1}}) {
+      Tensor part = host_tensor({B, n, W, D}), o = host_tensor({B, n, H, D});
+      for (int64_t b = 0; b < B; ++b)
+        std::memcpy(part.data<float>() + b * n * W * D, qkv.data<float>() + (b * T + t0) * W * D,
+                    n * W * D * sizeof(float));
+      ops->attention_decode(part, kc, vc, t0, o);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < n * H * D; ++i) got[(b * T + t0) * H * D + i] = o.data<float>()[b * n * H * D + i];
+    }
+    Tensor all = host_tensor({B, T, H, D});
+    for (int64_t i = 0; i < all.numel(); ++i) all.data<float>()[i] = static_cast<float>(got[i]);
+    EXPECT_CLOSE(all, ref_gqa(Q, B, T, H, Hkv, D), 1e-5, 1e-5);
+  }
+  Tensor bad = random_tensor({1, 2, 7, 4}, 1), out = host_tensor({1, 2, 4, 4}), lse = host_tensor({1, 4, 2});
+  EXPECT_THROW(ops->attention_forward(bad, out, lse, *std::make_unique<Tensor>()), Error)
+      << "4 query heads and 3 more heads are not 2 Hkv";
+}
+
+// ---- RMSNorm ----------------------------------------------------------------------------------
+Vec ref_rmsnorm(const Vec& x, const Vec& w, int64_t N, int64_t C, double eps) {
+  Vec y(N * C);
+  for (int64_t n = 0; n < N; ++n) {
+    double ss = 0;
+    for (int64_t c = 0; c < C; ++c) ss += x[n * C + c] * x[n * C + c];
+    const double r = 1.0 / std::sqrt(ss / C + eps);
+    for (int64_t c = 0; c < C; ++c) y[n * C + c] = x[n * C + c] * r * w[c];
+  }
+  return y;
+}
+
+TEST_F(CpuKernels, RmsNormForwardBackward) {
+  const int64_t N = 5, C = 70;  // more than one 64-column block of the weight gradient
+  const double eps = 1e-6;
+  Tensor x = random_tensor({N, C}, 91), w = random_tensor({C}, 92);
+  Tensor y = host_tensor({N, C}), rstd = host_tensor({N});
+  ops->rmsnorm_forward(x, w, static_cast<float>(eps), y, rstd);
+  Vec X = to_double(x), W = to_double(w);
+  EXPECT_CLOSE(y, ref_rmsnorm(X, W, N, C, eps), 1e-5, 1e-5);
+  Tensor dy = random_tensor({N, C}, 93);
+  Vec G = to_double(dy);
+  Tensor dx = random_tensor({N, C}, 94), dw = random_tensor({C}, 95);  // both accumulate
+  Vec dx0 = to_double(dx), dw0 = to_double(dw);
+  ops->rmsnorm_backward(dy, x, w, rstd, dx, dw);
+  Vec gx = numeric_grad([&](const Vec& v) { return dot(G, ref_rmsnorm(v, W, N, C, eps)); }, X);
+  Vec gw = numeric_grad([&](const Vec& v) { return dot(G, ref_rmsnorm(X, v, N, C, eps)); }, W);
+  for (size_t i = 0; i < gx.size(); ++i) gx[i] += dx0[i];
+  for (size_t i = 0; i < gw.size(); ++i) gw[i] += dw0[i];
+  EXPECT_CLOSE(dx, gx, 1e-4, 1e-4);
+  EXPECT_CLOSE(dw, gw, 1e-4, 1e-4);
+}
+
+// ---- rotary embeddings ------------------------------------------------------------------------
+// Hugging Face's rotate_half over rows of (N, heads, D): row n at position pos0 + n % T.
+Vec ref_rope(const Vec& x, int64_t N, int64_t heads, int64_t rot, int64_t D, int64_t T, int64_t pos0, double theta) {
+  Vec y = x;
+  const int64_t h = D / 2;
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t hd = 0; hd < rot; ++hd)
+      for (int64_t i = 0; i < h; ++i) {
+        const double a = static_cast<double>(pos0 + n % T) / std::pow(theta, 2.0 * i / D);
+        const double x1 = x[(n * heads + hd) * D + i], x2 = x[(n * heads + hd) * D + i + h];
+        y[(n * heads + hd) * D + i] = x1 * std::cos(a) - x2 * std::sin(a);
+        y[(n * heads + hd) * D + i + h] = x2 * std::cos(a) + x1 * std::sin(a);
+      }
+  return y;
+}
+
+TEST_F(CpuKernels, RopeRotatesHalvesAtPerSequencePositionsAndInverts) {
+  const int64_t B = 2, T = 4, heads = 5, rot = 3, D = 6, N = B * T;
+  for (auto [pos0, theta] : std::vector<std::pair<int64_t, double>>{{0, 10000.0}, {7, 500000.0}, {3, 2.0}}) {
+    SCOPED_TRACE(theta);
+    Tensor x = random_tensor({N, heads, D}, 101), y = random_tensor({N, heads, D}, 101);
+    ops->rope(y, rot, T, pos0, theta, false);
+    Vec X = to_double(x), want = ref_rope(X, N, heads, rot, D, T, pos0, theta);
+    EXPECT_CLOSE(y, want, 1e-6, 1e-5);
+    // Heads past rot_heads (the values) are untouched.
+    for (int64_t n = 0; n < N; ++n)
+      EXPECT_EQ(0, std::memcmp(y.data<float>() + (n * heads + rot) * D, x.data<float>() + (n * heads + rot) * D,
+                               (heads - rot) * D * sizeof(float)));
+    // The inverse is the backward: the transpose of an orthogonal map (<R^-1 g, x> = <g, R x>).
+    Tensor g = random_tensor({N, heads, D}, 102);
+    Vec G = to_double(g);
+    ops->rope(g, rot, T, pos0, theta, true);
+    EXPECT_NEAR(dot(to_double(g), X), dot(G, want), 1e-4);
+    ops->rope(y, rot, T, pos0, theta, true);
+    EXPECT_CLOSE(y, X, 1e-5, 1e-5);
+  }
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------------
+Vec ref_swiglu(const Vec& gu, int64_t N, int64_t F) {
+  Vec y(N * F);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t f = 0; f < F; ++f) {
+      const double g = gu[n * 2 * F + f], u = gu[n * 2 * F + F + f];
+      y[n * F + f] = g / (1 + std::exp(-g)) * u;
+    }
+  return y;
+}
+
+TEST_F(CpuKernels, SwiGluForwardBackward) {
+  const int64_t N = 6, F = 9;
+  Tensor gu = random_tensor({N, 2 * F}, 111, 3.f);
+  gu.data<float>()[0] = 30.f;
+  gu.data<float>()[1] = -30.f;
+  Tensor y = host_tensor({N, F});
+  ops->swiglu_forward(gu, y);
+  Vec GU = to_double(gu);
+  EXPECT_CLOSE(y, ref_swiglu(GU, N, F), 1e-6, 1e-5);
+  Tensor dy = random_tensor({N, F}, 112), dgu = host_tensor({N, 2 * F});
+  Vec G = to_double(dy);
+  ops->swiglu_backward(gu, dy, dgu);
+  EXPECT_CLOSE(dgu, numeric_grad([&](const Vec& v) { return dot(G, ref_swiglu(v, N, F)); }, GU), 1e-4, 1e-4);
 }
 
 // ---- cross-entropy, whole and vocabulary-parallel ---------------------------------------------

@@ -7,7 +7,10 @@
 
 #include <unistd.h>
 
+#include "checkpoint/load.h"
+#include "cli_util.h"
 #include "harness.h"
+#include "model/inference.h"
 #include "test_util.h"
 
 namespace tripod {
@@ -15,15 +18,33 @@ namespace {
 
 using nlohmann::json;
 
-json load_golden() {
-  std::ifstream in(test::source_dir() + "/tests/fixtures/gpt2_golden.json");
-  EXPECT_TRUE(in) << "missing tests/fixtures/gpt2_golden.json (TRIPOD_SOURCE_DIR=" << test::source_dir() << ")";
+json load_golden(const std::string& file) {
+  std::ifstream in(test::source_dir() + "/tests/fixtures/" + file);
+  EXPECT_TRUE(in) << "missing tests/fixtures/" << file << " (TRIPOD_SOURCE_DIR=" << test::source_dir() << ")";
   return json::parse(in);
+}
+
+// The model config of a golden file: GPT-2's, or the Llama architecture when it has n_kv_heads.
+ModelConfig golden_config(const json& c) {
+  ModelConfig cfg{.n_layers = c["n_layers"], .n_heads = c["n_heads"], .d_model = c["d_model"], .ffn_hidden = 0,
+                  .seq_len = c["seq_len"], .max_positions = 0, .vocab_size = c["vocab_size"]};
+  if (c.contains("n_kv_heads")) {
+    cfg.arch = "llama";
+    cfg.norm = "rmsnorm";
+    cfg.position = "rope";
+    cfg.mlp = "swiglu";
+    cfg.bias = cfg.tie_embeddings = false;
+    cfg.n_kv_heads = c["n_kv_heads"];
+    cfg.ffn_hidden = c["ffn_hidden"];
+    cfg.rope_theta = c["rope_theta"];
+    cfg.norm_eps = c["norm_eps"];
+  }
+  return cfg;
 }
 
 // A serial model on the golden config with the golden weights.
 struct GoldenModel {
-  json g = load_golden();
+  json g;
   std::unique_ptr<Ops> ops = make_ops(Device::CPU);
   test::SubWorld world = test::make_subworld(*ops, RankGrid(1, 1, 1));
   ModelConfig cfg;
@@ -32,10 +53,9 @@ struct GoldenModel {
   MicroBatch mb;
   Tensor losses;
 
-  explicit GoldenModel(RecomputeConfig rc = {}) {
+  explicit GoldenModel(RecomputeConfig rc = {}, const std::string& file = "gpt2_golden.json") : g(load_golden(file)) {
     const json& c = g["config"];
-    cfg = {.n_layers = c["n_layers"], .n_heads = c["n_heads"], .d_model = c["d_model"], .ffn_hidden = 0,
-           .seq_len = c["seq_len"], .max_positions = 0, .vocab_size = c["vocab_size"]};
+    cfg = golden_config(c);
     int L = cfg.n_layers;
     model = std::make_unique<GptModel>(*ops, *world.par, cfg, rank_chunks({L}, 1, 1, 0), rc, reg);
     reg.allocate(*ops);
@@ -73,8 +93,12 @@ struct GoldenModel {
   }
 };
 
-TEST(GptModel, MatchesPyTorchLossAndGradients) {
-  GoldenModel m;
+class Golden : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Models, Golden, ::testing::Values("gpt2_golden.json", "llama_golden.json"),
+                         [](const auto& info) { const std::string s = info.param; return s.substr(0, s.find('_')); });
+
+TEST_P(Golden, MatchesPyTorchLossAndGradients) {
+  GoldenModel m({}, GetParam());
   double loss = m.loss_and_grads();
   EXPECT_NEAR(loss, m.g["loss"].get<double>(), 1e-5 * m.g["loss"].get<double>());
   for (Param& p : m.reg.params()) {
@@ -91,8 +115,63 @@ TEST(GptModel, MatchesPyTorchLossAndGradients) {
   }
 }
 
-TEST(GptModel, DirectionalFiniteDifferenceOfWholeModel) {
-  GoldenModel m;
+// Logits against PyTorch's (Llama's golden file has them): the inference forward over the whole
+// batch's sequences, one at a time, gives every position's logits.
+TEST(GptModel, LlamaLogitsMatchPyTorch) {
+  GoldenModel m({}, "llama_golden.json");
+  const int64_t B = m.g["config"]["batch"], T = m.cfg.seq_len, V = m.cfg.vocab_size;
+  InferenceModel inf(*m.ops, *m.world.par, m.cfg, m.reg, T);
+  const auto& ref = m.g["logits"];
+  double scale = 0;
+  for (const auto& v : ref) scale = std::max(scale, std::abs(v.get<double>()));
+  for (int64_t b = 0; b < B; ++b) {
+    inf.reset();
+    std::vector<int32_t> seq(m.mb.tokens.data<int32_t>() + b * T, m.mb.tokens.data<int32_t>() + (b + 1) * T);
+    std::vector<float> got = inf.forward(seq, /*all_logits=*/true);
+    ASSERT_EQ(static_cast<int64_t>(got.size()), T * V);
+    for (int64_t i = 0; i < T * V; ++i)
+      ASSERT_NEAR(got[i], ref[b * T * V + i].get<double>(), 2e-5 * scale) << "sequence " << b << " element " << i;
+  }
+}
+
+// A Hugging Face Llama folder written by the PyTorch reference (tests/fixtures/llama_hf: config.json,
+// an index and two shards, F32 and BF16) imports with `ckpt convert --from safetensors` and gives
+// the reference's loss for those weights; a --config that disagrees with config.json is refused
+// naming the field.
+TEST(GptModel, HuggingFaceLlamaFolderImportsWithTheReferenceLoss) {
+  namespace fs = std::filesystem;
+  GoldenModel m({}, "llama_golden.json");
+  const fs::path dir = fs::temp_directory_path() / ("tripod_llama_hf_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const ModelConfig& c = m.cfg;
+  const std::string toml = fmt::format(
+      "[model]\narch = \"llama\"\nn_layers = {}\nn_heads = {}\nn_kv_heads = {}\nd_model = {}\nffn_hidden = {}\n"
+      "seq_len = {}\nvocab_size = {}\nrope_theta = {}\nnorm_eps = {}\n[train]\nsteps = 1\n[data]\nsynthetic = true\n",
+      c.n_layers, c.n_heads, c.n_kv_heads, c.d_model, c.ffn_hidden, c.seq_len, c.vocab_size, c.rope_theta, c.norm_eps);
+  std::ofstream(dir / "c.toml") << toml;
+  const std::string folder = test::source_dir() + "/tests/fixtures/llama_hf";
+  auto r = test::run_cmd(test::tripod_bin() + " ckpt convert " + folder + " --from safetensors " +
+                         (dir / "ck").string() + " --config " + (dir / "c.toml").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  load_param_values(resolve_checkpoint((dir / "ck").string(), ""), m.reg, *m.ops);
+  const double want = m.g["hf_loss"].get<double>();
+  EXPECT_NEAR(m.loss(), want, 1e-5 * want);
+  // Another d_model in the config: refused, naming both sides.
+  std::string other = toml;
+  other.replace(other.find("d_model = 32"), 12, "d_model = 64");
+  std::ofstream(dir / "other.toml") << other;
+  r = test::run_cmd(test::tripod_bin() + " ckpt convert " + folder + " --from safetensors " + (dir / "ck2").string() +
+                    " --config " + (dir / "other.toml").string());
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("error: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("hidden_size = 32 but model.d_model = 64"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "ck2" / "latest"));
+  fs::remove_all(dir);
+}
+
+TEST_P(Golden, DirectionalFiniteDifferenceOfWholeModel) {
+  GoldenModel m({}, GetParam());
   m.loss_and_grads();
   // g . d against (L(w + h d) - L(w - h d)) / 2h along a random direction d over all parameters.
   Tensor& w = m.reg.flat_values();
@@ -116,11 +195,11 @@ TEST(GptModel, DirectionalFiniteDifferenceOfWholeModel) {
   EXPECT_NEAR(fd, gd, 3e-3 * std::abs(gd)) << "finite difference " << fd << " vs gradient " << gd;
 }
 
-TEST(GptModel, RecomputationGivesIdenticalGradientBits) {
-  GoldenModel none;
+TEST_P(Golden, RecomputationGivesIdenticalGradientBits) {
+  GoldenModel none({}, GetParam());
   none.loss_and_grads();
   for (RecomputeMode mode : {RecomputeMode::Selective, RecomputeMode::Full}) {
-    GoldenModel rc(RecomputeConfig{.mode = mode, .num_layers = -1});
+    GoldenModel rc(RecomputeConfig{.mode = mode, .num_layers = -1}, GetParam());
     rc.loss_and_grads();
     EXPECT_EQ(0, std::memcmp(none.reg.flat_grads().raw(), rc.reg.flat_grads().raw(),
                              none.reg.flat_grads().nbytes()))
@@ -150,8 +229,12 @@ std::vector<double> train_losses(Config cfg, const SampleSource& data) {
   return out;
 }
 
-TEST(Trainer, OverfitsAFixedBatch) {
+class Arch : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Models, Arch, ::testing::Values("gpt2", "llama"));
+
+TEST_P(Arch, OverfitsAFixedBatch) {
   Config cfg = test::tiny_config(2, 64, 4, 32, 64);
+  if (std::string(GetParam()) == "llama") test::make_llama(cfg.model, 2);
   cfg.train.steps = 150;
   cfg.train.lr = 3e-3;
   cfg.train.min_lr = 3e-3;

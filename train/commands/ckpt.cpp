@@ -2,9 +2,11 @@
 //   inspect DIR [--json]       iteration, grid, files, tensors with shapes and sizes
 //   verify DIR                 every checksum; every global tensor's values (and optimizer state)
 //                              stored exactly once
-//   convert DIR --to safetensors OUT          one safetensors file, Hugging Face GPT-2 names
-//   convert IN --from safetensors OUT_DIR [--n-heads N]
-//                              a params-only tripod checkpoint (iteration 0) from GPT-2 weights
+//   convert DIR --to safetensors OUT          one safetensors file, Hugging Face GPT-2 names; for a
+//                              Llama-family model a folder: config.json + model.safetensors
+//   convert IN --from safetensors OUT_DIR [--n-heads N | --config F.toml]
+//                              a params-only tripod checkpoint (iteration 0) from GPT-2 weights (a
+//                              file) or a Hugging Face Llama folder (one file or index-sharded)
 // DIR is a checkpoint (iter_NNNNNNN) or a checkpoint root (its `latest` is followed).
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -34,6 +36,7 @@ struct CkptOptions {
   std::string dir, to, from, out;
   bool json = false;
   int n_heads = 0;
+  std::string config;  // --config: the model a Llama folder must match
 };
 
 int run_inspect(const CkptOptions& o) {
@@ -192,11 +195,139 @@ std::vector<float> transpose(const std::vector<float>& a, int64_t rows, int64_t 
   return out;
 }
 
+// ---- Hugging Face Llama names ------------------------------------------------------------
+// Linear weights are (out, in) in both; q, k, v keep their heads in order. With as many
+// key/value heads as query heads tripod holds GPT-2's fused (3, C, C) QKV, split into
+// q_proj, k_proj and v_proj (and joined again on import).
+bool llama_shaped(const ModelConfig& m) { return m.rms() && m.rope() && m.swiglu(); }
+
+std::string llama_hf_name(const std::string& name) {
+  static const std::vector<std::pair<std::regex, std::string>> rules = {
+      {std::regex(R"(wte)"), "model.embed_tokens.weight"},
+      {std::regex(R"(lm_head\.weight)"), "lm_head.weight"},
+      {std::regex(R"(ln_f\.weight)"), "model.norm.weight"},
+      {std::regex(R"(h\.(\d+)\.ln_1\.weight)"), "model.layers.$1.input_layernorm.weight"},
+      {std::regex(R"(h\.(\d+)\.ln_2\.weight)"), "model.layers.$1.post_attention_layernorm.weight"},
+      {std::regex(R"(h\.(\d+)\.attn\.(q|k|v)\.(weight|bias))"), "model.layers.$1.self_attn.$2_proj.$3"},
+      {std::regex(R"(h\.(\d+)\.attn\.proj\.(weight|bias))"), "model.layers.$1.self_attn.o_proj.$2"},
+      {std::regex(R"(h\.(\d+)\.mlp\.(gate|up)\.(weight|bias))"), "model.layers.$1.mlp.$2_proj.$3"},
+      {std::regex(R"(h\.(\d+)\.mlp\.proj\.(weight|bias))"), "model.layers.$1.mlp.down_proj.$2"},
+  };
+  for (const auto& [re, target] : rules)
+    if (std::regex_match(name, re)) return std::regex_replace(name, re, target);
+  throw InputError(fmt::format("tensor {} has no Hugging Face Llama name", name));
+}
+
+// tripod's tensors of a Llama-family model: name and global shape (vocabulary tables unpadded).
+std::vector<std::pair<std::string, Shape>> llama_tensors(const ModelConfig& m) {
+  const int64_t C = m.d_model, F = m.ffn(), Q = int64_t{m.n_heads} * m.head_dim(), KV = int64_t{m.kv_heads()} * m.head_dim();
+  std::vector<std::pair<std::string, Shape>> t = {{"wte", {m.vocab_size, C}}};
+  for (int l = 0; l < m.n_layers; ++l) {
+    auto h = [&](const char* s) { return fmt::format("h.{}.{}", l, s); };
+    t.push_back({h("ln_1.weight"), {C}});
+    if (m.kv_heads() == m.n_heads) {
+      t.push_back({h("attn.qkv.weight"), {3, C, C}});
+      if (m.bias) t.push_back({h("attn.qkv.bias"), {3, C}});
+    } else {
+      for (auto [part, rows] : {std::pair{"q", Q}, {"k", KV}, {"v", KV}}) {
+        t.push_back({h(fmt::format("attn.{}.weight", part).c_str()), {rows, C}});
+        if (m.bias) t.push_back({h(fmt::format("attn.{}.bias", part).c_str()), {rows}});
+      }
+    }
+    t.push_back({h("attn.proj.weight"), {C, Q}});
+    if (m.bias) t.push_back({h("attn.proj.bias"), {C}});
+    t.push_back({h("ln_2.weight"), {C}});
+    for (const char* part : {"gate", "up"}) {
+      t.push_back({h(fmt::format("mlp.{}.weight", part).c_str()), {F, C}});
+      if (m.bias) t.push_back({h(fmt::format("mlp.{}.bias", part).c_str()), {F}});
+    }
+    t.push_back({h("mlp.proj.weight"), {C, F}});
+    if (m.bias) t.push_back({h("mlp.proj.bias"), {C}});
+  }
+  t.push_back({"ln_f.weight", {C}});
+  if (!m.tie_embeddings) t.push_back({"lm_head.weight", {m.vocab_size, C}});
+  return t;
+}
+
+// HF LlamaConfig fields of a model.
+nlohmann::json llama_hf_config(const ModelConfig& m) {
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"hidden_size", m.d_model},
+          {"intermediate_size", m.ffn()},
+          {"num_hidden_layers", m.n_layers},
+          {"num_attention_heads", m.n_heads},
+          {"num_key_value_heads", m.kv_heads()},
+          {"head_dim", m.head_dim()},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", m.positions()},
+          {"rms_norm_eps", m.norm_eps},
+          {"rope_theta", m.rope_theta},
+          {"rope_scaling", nullptr},
+          {"attention_bias", m.bias},
+          {"mlp_bias", m.bias},
+          {"tie_word_embeddings", m.tie_embeddings},
+          {"vocab_size", m.vocab_size},
+          {"torch_dtype", "float32"}};
+}
+
+// The model a checkpoint was trained with (its resolved config).
+ModelConfig checkpoint_model(const CheckpointReader& r) {
+  const nlohmann::json& m = r.metadata();
+  TRIPOD_INPUT_CHECK(m.contains("config_toml") && m["config_toml"].is_string(),
+                     "checkpoint {}: metadata.json has no config_toml (the model's configuration)", r.dir());
+  return parse_config(m["config_toml"].get<std::string>(), r.dir() + "/metadata.json").model;
+}
+
+// Whole tensor `name` of the checkpoint (values, or master weights when saved).
+std::vector<float> whole_tensor(CheckpointReader& r, const std::string& name, const Shape& shape, StateKind src) {
+  std::vector<float> data(shape_numel(shape));
+  PieceGeom whole{.global_shape = shape, .shard_dim = -1, .box_offset = 0, .box_size = shape[0], .flat_begin = 0,
+                  .flat_end = shape_numel(shape)};
+  r.assemble(name, src, {{whole, data.data()}});
+  return data;
+}
+
+int run_export_llama(const CkptOptions& o, CheckpointReader& r, const ModelConfig& mc) {
+  const StateKind src = r.has_kind(StateKind::Master) ? StateKind::Master : StateKind::Value;
+  SafetensorsFile f;
+  f.metadata["format"] = "pt";
+  f.metadata["source"] = fmt::format("tripod {} checkpoint {} (iteration {})",
+                                     r.metadata().value("tripod_version", "?"), r.dir(), r.iteration());
+  for (const auto& [name, shape] : r.tensors()) {
+    std::vector<float> data = whole_tensor(r, name, shape, src);
+    const auto fused = name.find("attn.qkv.");
+    if (fused == std::string::npos) {
+      f.tensors.push_back({.name = llama_hf_name(name), .shape = shape, .data = std::move(data)});
+      continue;
+    }
+    // (3, C, C) or (3, C): q, k and v, each its own tensor.
+    const int64_t part = shape_numel(shape) / 3;
+    Shape one(shape.begin() + 1, shape.end());
+    for (int w = 0; w < 3; ++w) {
+      std::string n = name;
+      n.replace(fused, 9, std::string("attn.") + "qkv"[w] + ".");
+      f.tensors.push_back({.name = llama_hf_name(n), .shape = one,
+                           .data = std::vector<float>(data.begin() + w * part, data.begin() + (w + 1) * part)});
+    }
+  }
+  write_safetensors_folder(o.out, f, llama_hf_config(mc));
+  fmt::print("wrote {}/config.json and {}/model.safetensors ({} tensors, Hugging Face LlamaForCausalLM names{})\n",
+             o.out, o.out, f.tensors.size(), mc.tie_embeddings ? "; lm_head.weight is tied to model.embed_tokens.weight" : "");
+  return 0;
+}
+
 int run_export(const CkptOptions& o) {
   TRIPOD_INPUT_CHECK(o.to == "safetensors", "--to {} is not supported (valid: safetensors)", o.to);
   TRIPOD_INPUT_CHECK(!fs::exists(o.out), "output {} exists; refusing to overwrite it (remove it or pick another name)",
                      o.out);
   CheckpointReader r(resolve_checkpoint(o.dir, ""));
+  const ModelConfig mc = checkpoint_model(r);
+  if (llama_shaped(mc)) return run_export_llama(o, r, mc);
+  TRIPOD_INPUT_CHECK(!mc.rms() && !mc.rope() && !mc.swiglu() && mc.bias && mc.tie_embeddings,
+                     "checkpoint {}: a model with model.norm = \"{}\", position = \"{}\", mlp = \"{}\", bias = {}, "
+                     "tie_embeddings = {} is neither GPT-2 nor Llama-shaped and has no Hugging Face equivalent",
+                     r.dir(), mc.norm, mc.position, mc.mlp, mc.bias, mc.tie_embeddings);
   const StateKind src = r.has_kind(StateKind::Master) ? StateKind::Master : StateKind::Value;
   SafetensorsFile f;
   const nlohmann::json& m = r.metadata();
@@ -226,10 +357,154 @@ int run_export(const CkptOptions& o) {
   return 0;
 }
 
+// Writes OUT_DIR/iter_0000000 (and `latest`): the whole tensors of `snap` as a parameters-only
+// checkpoint of model `mc`.
+void write_imported(const CkptOptions& o, Snapshot& snap, const ModelConfig& mc) {
+  Config cfg;
+  cfg.model = mc;
+  cfg.data.synthetic = true;
+  cfg.train.steps = 1;
+  const fs::path root(o.out), tmp = root / (iter_dir_name(0) + ".tmp");
+  fs::create_directories(tmp);
+  write_snapshot(snap, tmp.string());
+  nlohmann::json meta = {
+      {"iteration", 0},
+      {"consumed_samples", 0},
+      {"has_optimizer", false},
+      {"config_toml", config_to_toml(cfg)},
+      {"model", model_to_json(mc)},
+      {"grid", {{"dp", 1}, {"pp", 1}, {"tp", 1}, {"vp", 1}, {"world_size", 1}, {"distributed_optimizer", false}}},
+      {"source", fmt::format("converted from {}", fs::absolute(o.dir).string())},
+  };
+  commit_checkpoint_dir(root.string(), tmp.string(), (root / iter_dir_name(0)).string(), meta, 0);
+  fmt::print("wrote {} (iteration 0, parameters only: {} layers, d_model {}, {} heads ({} key/value), vocab {}, {} "
+             "positions); train from it with --set checkpoint.load={}\n",
+             (root / iter_dir_name(0)).string(), mc.n_layers, mc.d_model, mc.n_heads, mc.kv_heads(), mc.vocab_size,
+             mc.positions(), o.out);
+}
+
+// The model of a Hugging Face Llama config.json; with --config, that config's model, every field
+// of which must agree with config.json.
+ModelConfig llama_model_of(const nlohmann::json& hf, const std::string& dir, const std::string& config_path) {
+  const std::string where = dir + "/config.json";
+  auto num = [&](const char* key) -> const nlohmann::json& {
+    TRIPOD_INPUT_CHECK(hf.contains(key) && hf[key].is_number(), "{}: {} is missing or not a number", where, key);
+    return hf[key];
+  };
+  const std::string type = hf.value("model_type", "");
+  TRIPOD_INPUT_CHECK(type == "llama", "{}: model_type = \"{}\"; tripod reads Llama folders (model_type \"llama\")",
+                     where, type);
+  TRIPOD_INPUT_CHECK(hf.value("hidden_act", "silu") == "silu", "{}: hidden_act = \"{}\"; tripod's SwiGLU uses silu",
+                     where, hf.value("hidden_act", ""));
+  TRIPOD_INPUT_CHECK(!hf.contains("rope_scaling") || hf["rope_scaling"].is_null(),
+                     "{}: rope_scaling = {}; tripod's rotary embeddings have no scaling", where,
+                     hf.contains("rope_scaling") ? hf["rope_scaling"].dump() : "");
+  const bool attn_bias = hf.value("attention_bias", false), mlp_bias = hf.value("mlp_bias", false);
+  TRIPOD_INPUT_CHECK(attn_bias == mlp_bias, "{}: attention_bias = {} but mlp_bias = {}; tripod has one model.bias",
+                     where, attn_bias, mlp_bias);
+  ModelConfig m;
+  m.arch = "llama";
+  m.norm = "rmsnorm";
+  m.position = "rope";
+  m.mlp = "swiglu";
+  m.d_model = num("hidden_size").get<int>();
+  m.ffn_hidden = num("intermediate_size").get<int>();
+  m.n_layers = num("num_hidden_layers").get<int>();
+  m.n_heads = num("num_attention_heads").get<int>();
+  m.n_kv_heads = hf.contains("num_key_value_heads") ? num("num_key_value_heads").get<int>() : m.n_heads;
+  m.vocab_size = num("vocab_size").get<int>();
+  m.seq_len = m.max_positions = num("max_position_embeddings").get<int>();
+  m.norm_eps = hf.contains("rms_norm_eps") ? num("rms_norm_eps").get<double>() : 1e-6;
+  m.rope_theta = hf.contains("rope_theta") ? num("rope_theta").get<double>() : 10000.0;
+  m.bias = attn_bias;
+  m.tie_embeddings = hf.value("tie_word_embeddings", false);
+  TRIPOD_INPUT_CHECK(m.n_heads > 0 && m.d_model % m.n_heads == 0 && m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads == 0,
+                     "{}: num_attention_heads = {} and num_key_value_heads = {} do not split hidden_size = {}", where,
+                     m.n_heads, m.n_kv_heads, m.d_model);
+  if (hf.contains("head_dim") && !hf["head_dim"].is_null())
+    TRIPOD_INPUT_CHECK(num("head_dim").get<int>() == m.head_dim(),
+                       "{}: head_dim = {} is not hidden_size / num_attention_heads = {}; tripod needs them equal", where,
+                       hf["head_dim"].dump(), m.head_dim());
+  if (config_path.empty()) return m;
+  const ModelConfig c = load_config(config_path).model;
+  auto same = [&](bool ok, const char* hf_key, const std::string& hf_value, const char* key, const std::string& v) {
+    TRIPOD_INPUT_CHECK(ok, "{}: {} = {} but model.{} = {} in {}", where, hf_key, hf_value, key, v, config_path);
+  };
+  auto same_int = [&](int a, const char* hf_key, int b, const char* key) {
+    same(a == b, hf_key, std::to_string(a), key, std::to_string(b));
+  };
+  same(llama_shaped(c) && c.bias == m.bias, "model_type", "\"llama\"", "arch", fmt::format(
+       "\"{}\" (norm \"{}\", position \"{}\", mlp \"{}\", bias {})", c.arch, c.norm, c.position, c.mlp, c.bias));
+  same_int(m.d_model, "hidden_size", c.d_model, "d_model");
+  same_int(m.ffn_hidden, "intermediate_size", c.ffn(), "ffn_hidden");
+  same_int(m.n_layers, "num_hidden_layers", c.n_layers, "n_layers");
+  same_int(m.n_heads, "num_attention_heads", c.n_heads, "n_heads");
+  same_int(m.n_kv_heads, "num_key_value_heads", c.kv_heads(), "n_kv_heads");
+  same_int(m.vocab_size, "vocab_size", c.vocab_size, "vocab_size");
+  same(m.norm_eps == c.norm_eps, "rms_norm_eps", fmt::format("{}", m.norm_eps), "norm_eps", fmt::format("{}", c.norm_eps));
+  same(m.rope_theta == c.rope_theta, "rope_theta", fmt::format("{}", m.rope_theta), "rope_theta",
+       fmt::format("{}", c.rope_theta));
+  same(m.tie_embeddings == c.tie_embeddings, "tie_word_embeddings", fmt::format("{}", m.tie_embeddings),
+       "tie_embeddings", fmt::format("{}", c.tie_embeddings));
+  return c;  // its seq_len and max_positions (the positions it trains on) are the config's choice
+}
+
+int run_import_llama(const CkptOptions& o) {
+  SafetensorsFolder folder = read_safetensors_folder(o.dir);
+  const ModelConfig mc = llama_model_of(folder.config, o.dir, o.config);
+  std::map<std::string, const NamedTensor*> by_name;
+  for (const NamedTensor& t : folder.weights.tensors) by_name[t.name] = &t;
+  std::set<std::string> used;
+  auto take = [&](const std::string& tripod_name, const Shape& shape) -> const std::vector<float>& {
+    const std::string hf = llama_hf_name(tripod_name);
+    auto it = by_name.find(hf);
+    TRIPOD_INPUT_CHECK(it != by_name.end(), "{} has no tensor {} (for tripod's {})", o.dir, hf, tripod_name);
+    TRIPOD_INPUT_CHECK(it->second->shape == shape, "{}: {} has shape {}, expected {} from config.json", o.dir, hf,
+                       shape_str(it->second->shape), shape_str(shape));
+    used.insert(hf);
+    return it->second->data;
+  };
+  Snapshot snap;
+  snap.file = shard_file_name(Coords{});
+  for (const auto& [name, shape] : llama_tensors(mc)) {
+    std::vector<float> data;
+    const auto fused = name.find("attn.qkv.");
+    if (fused == std::string::npos) {
+      data = take(name, shape);
+    } else {  // q, k and v joined into GPT-2's fused layout
+      const Shape one(shape.begin() + 1, shape.end());
+      for (int w = 0; w < 3; ++w) {
+        std::string n = name;
+        n.replace(fused, 9, std::string("attn.") + "qkv"[w] + ".");
+        const std::vector<float>& part = take(n, one);
+        data.insert(data.end(), part.begin(), part.end());
+      }
+    }
+    const int64_t n = shape_numel(shape);
+    snap.specs.push_back({.name = name, .kind = StateKind::Value,
+                          .geom = {.global_shape = shape, .shard_dim = -1, .box_offset = 0, .box_size = shape[0],
+                                   .flat_begin = 0, .flat_end = n}});
+    snap.data.emplace_back(data.begin(), data.end());
+  }
+  if (mc.tie_embeddings && by_name.count("lm_head.weight")) {
+    TRIPOD_INPUT_CHECK(by_name["lm_head.weight"]->data == by_name["model.embed_tokens.weight"]->data,
+                       "{}: lm_head.weight differs from model.embed_tokens.weight but config.json ties them", o.dir);
+    used.insert("lm_head.weight");
+  }
+  for (const auto& [hf, t] : by_name) {
+    static const std::regex buffers(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");  // recomputed
+    TRIPOD_INPUT_CHECK(used.count(hf) || std::regex_match(hf, buffers),
+                       "{}: tensor {} has no place in the model config.json describes", o.dir, t->name);
+  }
+  write_imported(o, snap, mc);
+  return 0;
+}
+
 int run_import(const CkptOptions& o) {
   TRIPOD_INPUT_CHECK(o.from == "safetensors", "--from {} is not supported (valid: safetensors)", o.from);
   TRIPOD_INPUT_CHECK(!fs::exists(o.out) || fs::is_empty(o.out),
                      "output directory {} exists and is not empty; refusing to overwrite it", o.out);
+  if (fs::is_directory(o.dir)) return run_import_llama(o);
   SafetensorsFile f = read_safetensors(o.dir);
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : f.tensors) {
@@ -306,30 +581,7 @@ int run_import(const CkptOptions& o) {
                        "{}: tensor {} has no place in a tripod GPT-2 (an untied head or another architecture?)",
                        o.dir, t->name);
   }
-  // A checkpoint root holding iter_0000000 and `latest`.
-  Config cfg;
-  cfg.model = mc;
-  cfg.data.synthetic = true;
-  cfg.train.steps = 1;
-  const fs::path root(o.out), tmp = root / (iter_dir_name(0) + ".tmp");
-  fs::create_directories(tmp);
-  write_snapshot(snap, tmp.string());
-  nlohmann::json meta = {
-      {"iteration", 0},
-      {"consumed_samples", 0},
-      {"has_optimizer", false},
-      {"config_toml", config_to_toml(cfg)},
-      {"model", {{"n_layers", mc.n_layers}, {"n_heads", mc.n_heads}, {"d_model", mc.d_model},
-                 {"ffn_hidden", mc.ffn()}, {"seq_len", mc.seq_len}, {"max_positions", mc.positions()},
-                 {"vocab_size", mc.vocab_size}}},
-      {"grid", {{"dp", 1}, {"pp", 1}, {"tp", 1}, {"vp", 1}, {"world_size", 1}, {"distributed_optimizer", false}}},
-      {"source", fmt::format("converted from {}", fs::absolute(o.dir).string())},
-  };
-  commit_checkpoint_dir(root.string(), tmp.string(), (root / iter_dir_name(0)).string(), meta, 0);
-  fmt::print("wrote {} (iteration 0, parameters only: {} layers, d_model {}, {} heads, vocab {}, {} positions); "
-             "train from it with --set checkpoint.load={}\n",
-             (root / iter_dir_name(0)).string(), mc.n_layers, mc.d_model, mc.n_heads, mc.vocab_size, mc.positions(),
-             o.out);
+  write_imported(o, snap, mc);
   return 0;
 }
 
@@ -345,13 +597,19 @@ CommandFn add_ckpt_command(CLI::App& app) {
   CLI::App* verify = ck->add_subcommand("verify", "Check every checksum and that every tensor is stored exactly once");
   verify->add_option("dir", o->dir, "checkpoint directory")->required();
   CLI::App* convert = ck->add_subcommand(
-      "convert", "DIR --to safetensors OUT (Hugging Face GPT-2 names), or IN --from safetensors OUT_DIR");
-  convert->add_option("input", o->dir, "checkpoint directory, or a safetensors file with --from")->required();
+      "convert", "DIR --to safetensors OUT (Hugging Face GPT-2 names; a LlamaForCausalLM folder for Llama-family "
+                 "models), or IN --from safetensors OUT_DIR");
+  convert->add_option("input", o->dir,
+                      "checkpoint directory, or with --from a GPT-2 safetensors file or a Hugging Face Llama folder")
+      ->required();
   auto* to = convert->add_option("--to", o->to, "output format: safetensors");
   auto* from = convert->add_option("--from", o->from, "input format: safetensors (writes a tripod checkpoint)");
   to->excludes(from);
-  convert->add_option("output", o->out, "output file (--to) or checkpoint directory (--from)")->required();
+  convert->add_option("output", o->out, "output file or Llama folder (--to), or checkpoint directory (--from)")
+      ->required();
   convert->add_option("--n-heads", o->n_heads, "attention heads (--from, when the file does not record n_head)");
+  convert->add_option("--config", o->config,
+                      "a config whose [model] the Llama folder must match (--from; its seq_len is kept)");
   return [o, inspect, verify, convert] {
     init_logging(0, 1, false);
     if (inspect->parsed()) return run_inspect(*o);

@@ -7,6 +7,7 @@
 #include "data/gpt_data.h"
 #include "data/sample_source.h"
 #include "parallel/comm/mpi_comm.h"
+#include "parallel/pipeline/simulate.h"
 #include "train/commands/commands.h"
 #include "train/mpi_session.h"
 #include "train/memory_plan.h"

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Side-by-side table of tripod_gpu_bench --json and torch_baseline.py --json: tokens/s, MFU,
+peak memory and tripod's time split per model, the tokens/s ratio, and the issue's targets
+(MFU >= 45% at 124M and >= 50% at 350M, then >= 1.15x PyTorch's tokens/s).
+
+  summary.py TRIPOD.json [TORCH.json]
+  summary.py --ncu NCU_CSV_LOG      (the per-kernel times of run.sh's profile stage, top 25)
+"""
+import csv
+import json
+import sys
+from collections import defaultdict
+
+MFU_TARGET = {"124M": 0.45, "350M": 0.50}
+RATIO_TARGET = 1.15
+
+
+def bench_table(tripod, torch=None):
+    tm = {m["model"]: m for m in (torch or {}).get("models", [])}
+    lines = [f"GPU: {tripod['gpu']} (MFU against {tripod['peak_tflops']:.0f} TFLOP/s dense bf16), seq {tripod['seq_len']}"
+             + (f"; PyTorch {torch.get('torch', '?')}" if torch else "; no PyTorch baseline")]
+    head = (f"{'model':>6} {'B':>4} {'tripod tok/s':>13} {'MFU':>6} {'peak GiB':>9} {'GEMM':>6} {'attn':>6} "
+            f"{'other':>6} {'gap':>6} {'torch B':>7} {'torch tok/s':>12} {'MFU':>6} {'peak GiB':>9} {'ratio':>6}  targets")
+    lines.append(head)
+    for m in tripod["models"]:
+        t = tm.get(m["model"])
+        goal = MFU_TARGET.get(m["model"], 0.5)
+        notes = [f"MFU {'ok' if m['mfu'] >= goal else 'below'} ({goal:.0%})"]
+        row = (f"{m['model']:>6} {m['micro_batch']:>4} {m['tokens_per_s']:>13.0f} {100 * m['mfu']:>5.1f}% "
+               f"{m['peak_gib']:>9.2f} {100 * m['gemm']:>5.1f}% {100 * m['attention']:>5.1f}% "
+               f"{100 * m['other']:>5.1f}% {100 * m['host_gap']:>5.1f}%")
+        if t:
+            ratio = m["tokens_per_s"] / t["tokens_per_s"]
+            notes.append(f"ratio {'ok' if ratio >= RATIO_TARGET else 'below'} ({RATIO_TARGET}x)")
+            if not t.get("compiled", True):
+                notes.append("torch ran eager (torch.compile failed)")
+            row += (f" {t['micro_batch']:>7} {t['tokens_per_s']:>12.0f} {100 * t['mfu']:>5.1f}% {t['peak_gib']:>9.2f} "
+                    f"{ratio:>5.2f}x")
+        else:
+            row += f" {'-':>7} {'-':>12} {'-':>6} {'-':>9} {'-':>6}"
+        lines.append(row + "  " + ", ".join(notes))
+    return "\n".join(lines)
+
+
+def ncu_table(path, top=25):
+    """Kernel time per kernel name from `ncu --csv --metrics gpu__time_duration.sum,...` output."""
+    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+    rows = []
+    with open(path, errors="replace") as f:
+        lines = [ln for ln in f if ln.startswith('"')]
+    for r in csv.DictReader(lines):
+        if "Metric Name" in r and r.get("Kernel Name"):
+            rows.append(r)
+    us, sm, dram, count = defaultdict(float), defaultdict(list), defaultdict(list), defaultdict(set)
+    for r in rows:
+        k, name = r["Kernel Name"][:90], r["Metric Name"]
+        v = float(r["Metric Value"].replace(",", "")) if r["Metric Value"] not in ("", "n/a") else 0.0
+        count[k].add(r["ID"])
+        if name == "gpu__time_duration.sum":
+            us[k] += v * scale.get(r["Metric Unit"], 1.0)
+        elif name.startswith("sm__throughput"):
+            sm[k].append(v)
+        elif name.startswith("dram__throughput"):
+            dram[k].append(v)
+    total = sum(us.values()) or 1.0
+    out = [f"ncu: {sum(len(c) for c in count.values())} kernels, {total / 1e3:.2f} ms of GPU time; top {top} by time",
+           f"{'share':>6} {'ms':>8} {'calls':>6} {'SM %':>6} {'DRAM %':>7}  kernel"]
+    for k in sorted(us, key=us.get, reverse=True)[:top]:
+        avg = lambda xs: sum(xs) / len(xs) if xs else 0.0
+        out.append(f"{100 * us[k] / total:>5.1f}% {us[k] / 1e3:>8.3f} {len(count[k]):>6} {avg(sm[k]):>6.1f} "
+                   f"{avg(dram[k]):>7.1f}  {k}")
+    return "\n".join(out)
+
+
+def main(argv):
+    if len(argv) == 2 and argv[0] == "--ncu":
+        print(ncu_table(argv[1]))
+        return 0
+    if not 1 <= len(argv) <= 2 or argv[0].startswith("-"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    docs = []
+    for p in argv:
+        with open(p) as f:
+            docs.append(json.load(f))
+    print(bench_table(docs[0], docs[1] if len(docs) > 1 else None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
