@@ -21,8 +21,8 @@ Placement place(const ParallelConfig& p, int g) {
 }
 
 struct LayerShape {
-  int64_t B, T, N, Ns, C, F, H, D, t, V, a;
-  bool sp;
+  int64_t B, T, N, Ns, C, F, H, KV, D, t, V, a;
+  bool sp, swiglu;
 };
 
 LayerShape shape_of(const Config& cfg, const Hardware& hw) {
@@ -37,6 +37,8 @@ LayerShape shape_of(const Config& cfg, const Hardware& hw) {
   s.C = m.d_model;
   s.F = m.ffn();
   s.H = m.n_heads;
+  s.KV = m.kv_heads();
+  s.swiglu = m.swiglu();
   s.D = m.head_dim();
   s.t = t;
   s.V = m.padded_vocab(t);
@@ -63,8 +65,10 @@ struct LayerTimes {
 
 LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra) {
   LayerTimes l;
-  const int64_t Cl = s.C / s.t, Fl = s.F / s.t;
-  const int64_t gemms[4][3] = {{s.N, 3 * Cl, s.C}, {s.N, s.C, Cl}, {s.N, Fl, s.C}, {s.N, s.C, Fl}};
+  // Per TP rank: query and key/value heads (grouped-query attention for Llama), the MLP's first
+  // GEMM (fc, or the packed gate and up of SwiGLU) and its second.
+  const int64_t Cl = s.C / s.t, Fl = s.F / s.t, qkv = (s.H + 2 * s.KV) * s.D / s.t;
+  const int64_t gemms[4][3] = {{s.N, qkv, s.C}, {s.N, s.C, Cl}, {s.N, (s.swiglu ? 2 : 1) * Fl, s.C}, {s.N, s.C, Fl}};
   for (const auto& g : gemms) {
     l.fwd += hw.gemm_time(g[0], g[1], g[2], false);
     l.bwd += hw.gemm_time(g[0], g[1], g[2], true);
@@ -124,7 +128,7 @@ std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
       c.backward += comm_b;
       c.backward_comm += comm_b;
     }
-    if (v == stages - 1) {  // ln_f, the tied head's GEMM, the vocabulary-parallel cross-entropy
+    if (v == stages - 1) {  // the final norm, the head's GEMM, the vocabulary-parallel cross-entropy
       const int64_t Vl = s.V / s.t;
       c.forward += hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, false) +
                    hw.gemm_time(s.N, Vl, s.C, false) + hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, false);
@@ -202,7 +206,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
       }
     double done = hw.overlap_dp ? std::max(end + last_bucket, window_start + reduce) : end + reduce;
     // The tied embedding's two copies (first and last stage) sum their gradients first.
-    if (p.pp > 1 && (q == 0 || q == p.pp - 1)) {
+    if (cfg.model.tie_embeddings && p.pp > 1 && (q == 0 || q == p.pp - 1)) {
       const int64_t table = s.V / s.t * s.C * 4;
       done += hw.collective_time(Collective::AllReduce, 2, table, pl.pp_intra);
     }
@@ -247,7 +251,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
   // differentiated in place), the DP buckets in flight (one reducing, one filling) and the
   // hardware's reserved memory.
   const int64_t Cl = s.C / s.t, Fl = s.F / s.t;
-  out.workspace_bytes = (s.N * (3 * Cl + Cl + 2 * Fl) + 3 * s.Ns * s.C) * s.a;
+  out.workspace_bytes = (s.N * (3 * Cl + Cl + (s.swiglu ? 3 : 2) * Fl) + 3 * s.Ns * s.C) * s.a;
   out.comm_bytes = p.dp > 1 ? static_cast<int64_t>(2 * bucket) : 0;
   out.reserved_bytes = static_cast<int64_t>(hw.reserved_memory);
   return out;

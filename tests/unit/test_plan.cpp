@@ -160,6 +160,26 @@ TEST(CostModel, StepTimeAddsUpOnOneDevice) {
   EXPECT_EQ(q.memory.params, p.memory.params);
 }
 
+TEST(CostModel, LlamaShapes) {
+  // Grouped-query attention shrinks the QKV GEMM; SwiGLU adds the gate GEMM.
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  Config cfg;
+  cfg.model = small_model();
+  cfg.train.micro_batch_size = 2;
+  cfg.train.global_batch_size = 8;
+  validate_layout(cfg, 1);
+  Config llama = cfg;
+  llama.model.mlp = "swiglu";
+  llama.model.ffn_hidden = 4 * 64;
+  const double gelu = stage_times(cfg, hw)[0].forward, swiglu = stage_times(llama, hw)[0].forward;
+  const int64_t N = 64, C = 64;
+  EXPECT_NEAR(swiglu - gelu, 4 * (hw.gemm_time(N, 2 * 4 * C, C, false) - hw.gemm_time(N, 4 * C, C, false)), 1e-12);
+  Config gqa = llama;
+  gqa.model.n_kv_heads = 1;
+  const double qkv = 4 * (hw.gemm_time(N, 3 * C, C, false) - hw.gemm_time(N, (4 + 2) * 16, C, false));
+  EXPECT_NEAR(swiglu - stage_times(gqa, hw)[0].forward, qkv, 1e-12);
+}
+
 struct Key {
   int tp, pp, vp, mbs, rc;
   bool sp, dopt;
