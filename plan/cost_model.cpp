@@ -21,7 +21,7 @@ Placement place(const ParallelConfig& p, int g) {
 }
 
 struct LayerShape {
-  int64_t B, T, N, Ns, C, F, H, Hkv, D, t, V, a;
+  int64_t B, T, N, Ns, C, F, H, KV, D, t, V, a;
   bool sp, swiglu;
 };
 
@@ -37,9 +37,9 @@ LayerShape shape_of(const Config& cfg, const Hardware& hw) {
   s.C = m.d_model;
   s.F = m.ffn();
   s.H = m.n_heads;
-  s.Hkv = m.kv_heads();
+  s.KV = m.kv_heads();
+  s.swiglu = m.swiglu();
   s.D = m.head_dim();
-  s.swiglu = m.mlp == "swiglu";
   s.t = t;
   s.V = m.padded_vocab(t);
   s.a = hw.act_bytes();
@@ -65,11 +65,10 @@ struct LayerTimes {
 
 LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra) {
   LayerTimes l;
-  // q, k, v of H and Hkv heads as one GEMM; the output projection; the MLP's up (gate and up
-  // as one GEMM for SwiGLU) and down projections. Every head count and width is split over tp.
-  const int64_t Ql = s.H / s.t * s.D, KVl = s.Hkv / s.t * s.D, Fl = s.F / s.t;
-  const int64_t gemms[4][3] = {
-      {s.N, Ql + 2 * KVl, s.C}, {s.N, s.C, Ql}, {s.N, (s.swiglu ? 2 : 1) * Fl, s.C}, {s.N, s.C, Fl}};
+  // Per TP rank: query and key/value heads (grouped-query attention for Llama), the MLP's first
+  // GEMM (fc, or the packed gate and up of SwiGLU) and its second.
+  const int64_t Cl = s.C / s.t, Fl = s.F / s.t, qkv = (s.H + 2 * s.KV) * s.D / s.t;
+  const int64_t gemms[4][3] = {{s.N, qkv, s.C}, {s.N, s.C, Cl}, {s.N, (s.swiglu ? 2 : 1) * Fl, s.C}, {s.N, s.C, Fl}};
   for (const auto& g : gemms) {
     l.fwd += hw.gemm_time(g[0], g[1], g[2], false);
     l.bwd += hw.gemm_time(g[0], g[1], g[2], true);
@@ -81,7 +80,7 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra) {
   for (bool b : {false, true}) {
     double e = 2 * hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
                2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b) +
-               hw.elementwise_time(Elementwise::Gelu, s.N * Fl * (s.swiglu ? 3 : 2) / 2, b);  // SwiGLU reads 2F
+               hw.elementwise_time(Elementwise::Gelu, s.N * Fl, b);
     (b ? l.bwd : l.fwd) += e;
   }
   // Two regions (attention, MLP) per layer, in each direction.
@@ -129,19 +128,23 @@ std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
       c.backward += comm_b;
       c.backward_comm += comm_b;
     }
-    if (v == stages - 1) {  // ln_f, the tied head's GEMM, the vocabulary-parallel cross-entropy
+    if (v == stages - 1) {  // the final norm, the head's GEMM, the vocabulary-parallel cross-entropy
       const int64_t Vl = s.V / s.t;
       c.forward += hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, false) +
                    hw.gemm_time(s.N, Vl, s.C, false) + hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, false);
       c.backward += hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, true) + hw.gemm_time(s.N, Vl, s.C, true) +
                     hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, true);
       if (s.t > 1) {
+        // The input enters the vocabulary-parallel GEMM (all-gathered under SP; its gradient
+        // all-reduced, or reduce-scattered under SP); the per-token statistics are all-gathered.
         const double stats = hw.collective_time(Collective::AllGather, s.t, s.N * 3 * 4 * s.t, pl.tp_intra);
-        const double in = tp_region(s, hw, pl.tp_intra);  // input entering the head, gradient leaving
+        const double in = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
+        const double out_grad = hw.collective_time(s.sp ? Collective::ReduceScatter : Collective::AllReduce, s.t, bytes,
+                                                   pl.tp_intra);
         c.forward += stats + in;
         c.forward_comm += stats + in;
-        c.backward += in;
-        c.backward_comm += in;
+        c.backward += out_grad;
+        c.backward_comm += out_grad;
       }
     }
   }
@@ -203,7 +206,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
       }
     double done = hw.overlap_dp ? std::max(end + last_bucket, window_start + reduce) : end + reduce;
     // The tied embedding's two copies (first and last stage) sum their gradients first.
-    if (p.pp > 1 && (q == 0 || q == p.pp - 1)) {
+    if (cfg.model.tie_embeddings && p.pp > 1 && (q == 0 || q == p.pp - 1)) {
       const int64_t table = s.V / s.t * s.C * 4;
       done += hw.collective_time(Collective::AllReduce, 2, table, pl.pp_intra);
     }
@@ -248,7 +251,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
   // differentiated in place), the DP buckets in flight (one reducing, one filling) and the
   // hardware's reserved memory.
   const int64_t Cl = s.C / s.t, Fl = s.F / s.t;
-  out.workspace_bytes = (s.N * (3 * Cl + Cl + 2 * Fl) + 3 * s.Ns * s.C) * s.a;
+  out.workspace_bytes = (s.N * (3 * Cl + Cl + (s.swiglu ? 3 : 2) * Fl) + 3 * s.Ns * s.C) * s.a;
   out.comm_bytes = p.dp > 1 ? static_cast<int64_t>(2 * bucket) : 0;
   out.reserved_bytes = static_cast<int64_t>(hw.reserved_memory);
   return out;

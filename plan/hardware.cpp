@@ -46,6 +46,11 @@ class Keys {
     TRIPOD_INPUT_CHECK(n->is_string(), "{}: {} must be a string", where_, k);
     return n->value<std::string>().value();
   }
+  int64_t integer(const char* k) {
+    double v = number(k, 0, true);
+    TRIPOD_INPUT_CHECK(v == std::floor(v) && v < 9e15, "{}: {} = {} must be an integer", where_, k, v);
+    return static_cast<int64_t>(v);
+  }
   bool boolean(const char* k, bool fallback) {
     const toml::node* n = get(k);
     if (!n) return fallback;
@@ -270,17 +275,12 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
     }
     k.finish();
   }
-  auto count = [](Keys& k, const char* key) {
-    double v = k.number(key, 0, true);
-    TRIPOD_INPUT_CHECK(v == std::floor(v), "{} must be an integer", key);
-    return static_cast<int64_t>(v);
-  };
   for_each_entry(root, "gemm", origin, [&](Keys& k) {
-    hw.gemm.push_back({count(k, "m"), count(k, "n"), count(k, "k"), k.number("forward_s", 0, true),
+    hw.gemm.push_back({k.integer("m"), k.integer("n"), k.integer("k"), k.number("forward_s", 0, true),
                        k.number("backward_s", 0, true)});
   });
   for_each_entry(root, "attention", origin, [&](Keys& k) {
-    hw.attention.push_back({count(k, "t"), count(k, "d"), k.number("forward_s", 0, true),
+    hw.attention.push_back({k.integer("t"), k.integer("d"), k.number("forward_s", 0, true),
                             k.number("backward_s", 0, true)});
   });
   for_each_entry(root, "collective", origin, [&](Keys& k) {
@@ -292,8 +292,8 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
     TRIPOD_INPUT_CHECK(found >= 0, "{}: [[collective]] op = \"{}\" must be one of all_reduce, all_gather, "
                        "reduce_scatter, send_recv", origin, op);
     p.op = static_cast<Collective>(found);
-    p.ranks = static_cast<int>(count(k, "ranks"));
-    p.bytes = count(k, "bytes");
+    p.ranks = static_cast<int>(k.integer("ranks"));
+    p.bytes = k.integer("bytes");
     p.seconds = k.number("seconds", 0, true);
     hw.collectives.push_back(p);
   });

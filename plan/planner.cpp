@@ -140,8 +140,9 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                      "pp) for some tp dividing model.n_heads = {} and pp; change --global-batch or --gpus)",
                      B, gpus, m.n_heads);
   TRIPOD_INPUT_CHECK(result.valid > 0,
-                     "no layout of model ({} layers, {} heads) on {} GPUs with global batch {} is valid for tripod{}",
-                     m.n_layers, m.n_heads, gpus, B, "; relax --layout");
+                     "no layout of the model ({} layers, {} heads) on {} GPUs with global batch {} is valid for tripod "
+                     "(check the knobs --layout fixes)",
+                     m.n_layers, m.n_heads, gpus, B);
   std::stable_sort(result.layouts.begin(), result.layouts.end(), [](const PlannedLayout& a, const PlannedLayout& b) {
     if (a.pred.step_time_s != b.pred.step_time_s) return a.pred.step_time_s < b.pred.step_time_s;
     return a.pred.memory_bytes() < b.pred.memory_bytes();

@@ -21,6 +21,7 @@ struct PlanRun {
   bool finished = true;
 };
 
+// `stages`, when given, times each virtual stage's actions instead of costs.forward/backward.
 PlanRun run_plan(const Schedule& s, const PipePlan& plan, const PipeCosts& costs, bool find_releases,
                  const StageCosts& stages = {});
 

@@ -160,29 +160,24 @@ TEST(CostModel, StepTimeAddsUpOnOneDevice) {
   EXPECT_EQ(q.memory.params, p.memory.params);
 }
 
-TEST(CostModel, GroupedKeyValueHeadsAndSwiGluChangeExactlyTheirGemms) {
-  // Only the q/k/v GEMM sees the key/value head count, and only the up GEMM (gate and up as one)
-  // and the activation pass see SwiGLU: the layer times differ from multi-head GELU by those terms.
+TEST(CostModel, LlamaShapes) {
+  // Grouped-query attention shrinks the QKV GEMM; SwiGLU adds the gate GEMM.
   Hardware hw = parse_hardware(kHardware, "test.toml");
-  Config mha;
-  mha.model = small_model();
-  mha.train.micro_batch_size = 2;
-  mha.train.global_batch_size = 8;
-  mha.train.device = "cuda";
-  validate_layout(mha, 1);
-  Config gqa = mha, swiglu = mha;
+  Config cfg;
+  cfg.model = small_model();
+  cfg.train.micro_batch_size = 2;
+  cfg.train.global_batch_size = 8;
+  validate_layout(cfg, 1);
+  Config llama = cfg;
+  llama.model.mlp = "swiglu";
+  llama.model.ffn_hidden = 4 * 64;
+  const double gelu = stage_times(cfg, hw)[0].forward, swiglu = stage_times(llama, hw)[0].forward;
+  const int64_t N = 64, C = 64;
+  EXPECT_NEAR(swiglu - gelu, 4 * (hw.gemm_time(N, 2 * 4 * C, C, false) - hw.gemm_time(N, 4 * C, C, false)), 1e-12);
+  Config gqa = llama;
   gqa.model.n_kv_heads = 1;
-  swiglu.model.mlp = "swiglu";
-  swiglu.model.ffn_hidden = mha.model.ffn();
-  const int64_t N = 2 * 32, C = 64, F = mha.model.ffn(), L = mha.model.n_layers;
-  const double a = stage_times(mha, hw)[0].forward, g = stage_times(gqa, hw)[0].forward,
-               w = stage_times(swiglu, hw)[0].forward;
-  EXPECT_NEAR(a - g, L * (hw.gemm_time(N, 3 * C, C, false) - hw.gemm_time(N, C + 2 * 16, C, false)), 1e-15);
-  EXPECT_NEAR(w - a,
-              L * (hw.gemm_time(N, 2 * F, C, false) - hw.gemm_time(N, F, C, false) +
-                   hw.elementwise_time(Elementwise::Gelu, N * F * 3 / 2, false) -
-                   hw.elementwise_time(Elementwise::Gelu, N * F, false)),
-              1e-15);
+  const double qkv = 4 * (hw.gemm_time(N, 3 * C, C, false) - hw.gemm_time(N, (4 + 2) * 16, C, false));
+  EXPECT_NEAR(swiglu - stage_times(gqa, hw)[0].forward, qkv, 1e-12);
 }
 
 struct Key {
