@@ -10,6 +10,16 @@
 
 namespace tripod::cuda {
 
+namespace {
+// The rows of a normalization's input x, C = w.numel() columns each (w on the device).
+int64_t norm_rows(const Tensor& x, const Tensor& w, const char* op) {
+  expect_on_device(w, op, "w");
+  const int64_t C = w.numel();
+  TRIPOD_CHECK(C > 0 && x.numel() % C == 0, "{}: x {} is not rows of {} columns", op, x.str(), C);
+  return x.numel() / C;
+}
+}  // namespace
+
 void CudaOps::embedding_forward(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe,
                                 int64_t T, Tensor& out) {
   ScopedTimer timer(*this, OpFamily::Other);
@@ -58,10 +68,7 @@ void CudaOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& 
                                 Tensor& mean, Tensor& rstd) {
   ScopedTimer timer(*this, OpFamily::Other);
   const char* op = "layernorm_forward";
-  expect_on_device(w, op, "w");
-  const int64_t C = w.numel();
-  TRIPOD_CHECK(C > 0 && x.numel() % C == 0, "{}: x {} is not rows of {} columns", op, x.str(), C);
-  const int64_t N = x.numel() / C;
+  const int64_t C = w.numel(), N = norm_rows(x, w, op);
   expect(x, DType::BF16, N * C, op, "x");
   expect(w, DType::BF16, C, op, "w");
   expect(b, DType::BF16, C, op, "b");
@@ -77,10 +84,7 @@ void CudaOps::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor
                                  const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor& db) {
   ScopedTimer timer(*this, OpFamily::Other);
   const char* op = "layernorm_backward";
-  expect_on_device(w, op, "w");
-  const int64_t C = w.numel();
-  TRIPOD_CHECK(C > 0 && x.numel() % C == 0, "{}: x {} is not rows of {} columns", op, x.str(), C);
-  const int64_t N = x.numel() / C;
+  const int64_t C = w.numel(), N = norm_rows(x, w, op);
   expect(dy, DType::BF16, N * C, op, "dy");
   expect(x, DType::BF16, N * C, op, "x");
   expect(w, DType::BF16, C, op, "w");
@@ -98,10 +102,7 @@ void CudaOps::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor
 void CudaOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
   ScopedTimer timer(*this, OpFamily::Other);
   const char* op = "rmsnorm_forward";
-  expect_on_device(w, op, "w");
-  const int64_t C = w.numel();
-  TRIPOD_CHECK(C > 0 && x.numel() % C == 0, "{}: x {} is not rows of {} columns", op, x.str(), C);
-  const int64_t N = x.numel() / C;
+  const int64_t C = w.numel(), N = norm_rows(x, w, op);
   expect(x, DType::BF16, N * C, op, "x");
   expect(w, DType::BF16, C, op, "w");
   expect(y, DType::BF16, N * C, op, "y");
@@ -114,10 +115,7 @@ void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& 
                                Tensor& dw) {
   ScopedTimer timer(*this, OpFamily::Other);
   const char* op = "rmsnorm_backward";
-  expect_on_device(w, op, "w");
-  const int64_t C = w.numel();
-  TRIPOD_CHECK(C > 0 && x.numel() % C == 0, "{}: x {} is not rows of {} columns", op, x.str(), C);
-  const int64_t N = x.numel() / C;
+  const int64_t C = w.numel(), N = norm_rows(x, w, op);
   expect(dy, DType::BF16, N * C, op, "dy");
   expect(x, DType::BF16, N * C, op, "x");
   expect(w, DType::BF16, C, op, "w");
