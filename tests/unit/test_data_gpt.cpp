@@ -5,7 +5,9 @@
 
 #include <barrier>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <mutex>
 #include <random>
 #include <set>
 #include <thread>
@@ -234,15 +236,36 @@ TEST_F(DataGpt, UnwritableCacheLivesInMemory) {
   EXPECT_EQ(sample(ds, 0), first);
 }
 
-// Ranks as threads: barrier() meets the other threads; nothing else is used.
+// Ranks as threads: barrier() meets the other threads and all_reduce() (f32) folds every
+// thread's values into a shared buffer; nothing else is used.
+struct ThreadGroup {
+  explicit ThreadGroup(int size) : barrier(size) {}
+  std::barrier<> barrier;
+  std::mutex mutex;
+  std::vector<float> acc;
+};
+
 class ThreadComm final : public Communicator {
  public:
-  ThreadComm(std::barrier<>& b, int rank, int size) : b_(b), rank_(rank), size_(size) {}
+  ThreadComm(ThreadGroup& g, int rank, int size) : g_(g), rank_(rank), size_(size) {}
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
-  void barrier() override { b_.arrive_and_wait(); }
-  void all_reduce(Tensor&, ReduceOp) override { TRIPOD_FAIL("unused"); }
+  void barrier() override { g_.barrier.arrive_and_wait(); }
+  void all_reduce(Tensor& t, ReduceOp op) override {
+    TRIPOD_CHECK(t.dtype() == DType::F32, "ThreadComm reduces f32 only");
+    float* v = t.data<float>();
+    const auto n = static_cast<size_t>(t.numel());
+    if (rank_ == 0) g_.acc.assign(n, op == ReduceOp::Max ? -std::numeric_limits<float>::infinity() : 0.f);
+    barrier();  // the buffer is reset
+    {
+      std::lock_guard lock(g_.mutex);
+      for (size_t i = 0; i < n; ++i) g_.acc[i] = op == ReduceOp::Max ? std::max(g_.acc[i], v[i]) : g_.acc[i] + v[i];
+    }
+    barrier();  // every rank folded in
+    std::copy(g_.acc.begin(), g_.acc.end(), v);
+    barrier();  // every rank read it before the next reset
+  }
   void reduce_scatter(const Tensor&, Tensor&) override { TRIPOD_FAIL("unused"); }
   void all_gather(const Tensor&, Tensor&) override { TRIPOD_FAIL("unused"); }
   void broadcast(Tensor&, int) override { TRIPOD_FAIL("unused"); }
@@ -253,7 +276,7 @@ class ThreadComm final : public Communicator {
   std::unique_ptr<CommRequest> irecv(Tensor&, int, int) override { TRIPOD_FAIL("unused"); }
 
  private:
-  std::barrier<>& b_;
+  ThreadGroup& g_;
   int rank_, size_;
   std::string name_ = "threads";
 };
@@ -263,12 +286,12 @@ TEST_F(DataGpt, OneRankBuildsTheOthersWaitAndLoad) {
   GptDataOptions o{.prefixes = {dir_ / "a", dir_ / "b"}, .weights = {2, 1}, .split = "90,10,0", .seq_len = 16,
                    .seed = 5, .num_samples = 400};
   constexpr int kRanks = 4;
-  std::barrier<> barrier(kRanks);
+  ThreadGroup group(kRanks);
   std::vector<std::unique_ptr<SampleSource>> sources(kRanks);
   std::vector<std::thread> threads;
   for (int r = 0; r < kRanks; ++r)
     threads.emplace_back([&, r] {
-      ThreadComm comm(barrier, r, kRanks);
+      ThreadComm comm(group, r, kRanks);
       sources[r] = make_gpt_source(o, Split::Train, &comm);
     });
   for (auto& t : threads) t.join();
