@@ -90,7 +90,9 @@ TEST(Evaluator, MatchesTrainingForwardAndAgreesAcrossGrids) {
     EXPECT_NEAR(v.loss, serial_valid.loss, 1e-6 * serial_valid.loss);
     // Without TP every token's loss is the serial one bit for bit; only the order of the sums
     // differs, and the sums across ranks are f64 (an f32 all-reduce was off by ~1e-7).
-    if (l.tp == 1) EXPECT_NEAR(v.loss, serial_valid.loss, 1e-12 * serial_valid.loss);
+    if (l.tp == 1) {
+      EXPECT_NEAR(v.loss, serial_valid.loss, 1e-12 * serial_valid.loss);
+    }
     EXPECT_EQ(v.tokens, serial_valid.tokens);
     // (i) on this grid too: step 1's samples evaluated, then step 1 run at the same weights.
     EvalResult first = t.evaluator().evaluate(&train_data, gb, 0);
