@@ -156,17 +156,6 @@ int64_t load_param_values(const std::string& ckpt_dir, ParamRegistry& reg, Ops& 
   return r.iteration();
 }
 
-void throw_if_any_failed(const std::string& error, Communicator& world) {
-  CpuAllocator host;
-  Tensor flag = Tensor::empty(host, {1}, DType::F32, MemCategory::Workspace);
-  flag.data<float>()[0] = error.empty() ? 0.f : static_cast<float>(world.size() - world.rank());
-  world.all_reduce(flag, ReduceOp::Max);
-  const int failing = flag.data<float>()[0] == 0.f ? -1 : world.size() - static_cast<int>(flag.data<float>()[0]);
-  using Scope = InputError::Scope;
-  if (failing == world.rank()) throw InputError(error, failing == 0 ? Scope::Shared : Scope::Rank);
-  if (failing >= 0) throw InputError::reported_elsewhere();
-}
-
 LoadResult load_checkpoint(const std::string& ckpt_dir, ParamRegistry& reg, Ops& ops,
                            const std::vector<OptimizerShardRef>& opt, Communicator& world) {
   LoadResult res;

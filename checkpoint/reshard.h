@@ -12,6 +12,7 @@
 #include "checkpoint/load.h"
 #include "checkpoint/shard_spec.h"
 #include "checkpoint/writer.h"
+#include "parallel/comm/communicator.h"
 
 namespace tripod {
 
@@ -23,10 +24,6 @@ struct LoadResult {
   nlohmann::json metadata;
   bool optimizer_loaded = false;  // false: a params-only checkpoint, the optimizer starts fresh
 };
-
-// Collective: when any rank's `error` is not empty, every rank throws InputError, the lowest
-// failing rank's with its message and the others' empty (main prints nothing for those).
-void throw_if_any_failed(const std::string& error, Communicator& world);
 
 // Collective over `world`: loads values and (when the checkpoint has it) optimizer state into
 // this rank's registry and optimizer shards. Everything is read and checked into host memory

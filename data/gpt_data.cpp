@@ -8,6 +8,7 @@
 #include "data/blend.h"
 #include "data/gpt_dataset.h"
 #include "data/indexed_dataset.h"
+#include "parallel/comm/communicator.h"
 
 namespace tripod {
 
@@ -77,21 +78,31 @@ std::unique_ptr<SampleSource> make_gpt_source(const GptDataOptions& o, Split spl
   std::vector<std::shared_ptr<const IndexedDataset>> datasets;
   std::vector<std::pair<int64_t, int64_t>> ranges;
   std::vector<double> tokens;
-  for (const std::string& prefix : o.prefixes) {
-    try {
-      datasets.push_back(std::make_shared<const IndexedDataset>(prefix));
-    } catch (const InputError& e) {
-      throw InputError(fmt::format("data.prefixes: {}", e.what()));
+  // Every rank opens the files itself (a node-local copy, a relative path from another working
+  // directory): the ranks agree before the collective index builds, so that a file one rank
+  // lacks ends every rank at once, reported by that rank.
+  std::string error;
+  try {
+    for (const std::string& prefix : o.prefixes) {
+      try {
+        datasets.push_back(std::make_shared<const IndexedDataset>(prefix));
+      } catch (const InputError& e) {
+        throw InputError(fmt::format("data.prefixes: {}", e.what()));
+      }
+      const IndexedDataset& d = *datasets.back();
+      auto [begin, end] = split_documents(sw, d.num_documents(), split);
+      TRIPOD_INPUT_CHECK(begin < end, "data.split '{}' leaves the {} split of {} empty: it has {} documents; give the "
+                         "split more weight or the dataset more documents", o.split, name, prefix, d.num_documents());
+      ranges.emplace_back(begin, end);
+      double t = 0;
+      for (int64_t k = begin; k < end; ++k) t += static_cast<double>(d.document_tokens(k));
+      tokens.push_back(t);
     }
-    const IndexedDataset& d = *datasets.back();
-    auto [begin, end] = split_documents(sw, d.num_documents(), split);
-    TRIPOD_INPUT_CHECK(begin < end, "data.split '{}' leaves the {} split of {} empty: it has {} documents; give the "
-                       "split more weight or the dataset more documents", o.split, name, prefix, d.num_documents());
-    ranges.emplace_back(begin, end);
-    double t = 0;
-    for (int64_t k = begin; k < end; ++k) t += static_cast<double>(d.document_tokens(k));
-    tokens.push_back(t);
+  } catch (const InputError& e) {
+    if (!sync) throw;
+    error = e.what();
   }
+  if (sync) throw_if_any_failed(error, *sync);
   const std::vector<double> weights = o.weights.empty() ? tokens : o.weights;
   const std::vector<int64_t> counts =
       datasets.size() == 1 ? std::vector<int64_t>{o.num_samples} : blend_source_samples(weights, o.num_samples);

@@ -51,4 +51,10 @@ class Communicator {
   int64_t bytes_sent_ = 0;
 };
 
+// Collective: every rank passes its error ("" when it succeeded). When any rank failed, every rank
+// throws InputError: the lowest failing rank with its message, printed once by main (as shared
+// when every rank failed, else with that rank in front, since the cause is its own: a file only it
+// lacks, say), the others with InputError::reported_elsewhere() (main prints nothing for them).
+void throw_if_any_failed(const std::string& error, Communicator& world);
+
 }  // namespace tripod

@@ -1,7 +1,9 @@
 // Every collective of the MPI communicator under mpirun (4 ranks): sizes from 1 to millions of
-// elements, odd counts, f32/bf16/i32, blocking and non-blocking, and send/recv rings.
+// elements, odd counts, f32/bf16/i32, blocking and non-blocking, send/recv rings, and the
+// collective error check.
 #include <fmt/format.h>
 
+#include "core/error.h"
 #include "kernels/op.h"
 #include "parallel/comm/mpi_comm.h"
 #include "parallel/context.h"
@@ -137,6 +139,33 @@ TEST_F(Comm, BytesSentFollowTheRingFormulas) {
   int64_t before = world->bytes_sent();
   world->all_reduce(t);
   EXPECT_EQ(world->bytes_sent() - before, 2 * (n - 1) * 4000 / n);
+}
+
+// throw_if_any_failed: the lowest failing rank carries the message, as the run's (Shared) when
+// every rank failed and as its own (Rank) when some did not; every other rank is told it is
+// reported elsewhere; nobody throws when nobody failed.
+TEST_F(Comm, AnyFailedThrowsOnEveryRankReportedOnce) {
+  auto outcome = [&](bool fails) -> std::pair<std::string, InputError::Scope> {
+    try {
+      throw_if_any_failed(fails ? fmt::format("rank {} failed", r) : "", *world);
+      return {"returned", InputError::Scope::Elsewhere};
+    } catch (const InputError& e) {
+      return {e.what(), e.scope()};
+    }
+  };
+  using Scope = InputError::Scope;
+  EXPECT_EQ(outcome(false).first, "returned");
+  for (int only : {0, n - 1}) {  // one rank's own failure
+    auto [what, scope] = outcome(r == only);
+    EXPECT_EQ(what, r == only ? fmt::format("rank {} failed", r) : "") << only;
+    EXPECT_EQ(scope, r == only ? Scope::Rank : Scope::Elsewhere) << only;
+  }
+  const auto odd = outcome(r % 2 == 1);  // ranks 1 and 3: rank 1 reports
+  EXPECT_EQ(odd.first, r == 1 ? "rank 1 failed" : "");
+  EXPECT_EQ(odd.second, r == 1 ? Scope::Rank : Scope::Elsewhere);
+  const auto all = outcome(true);  // every rank: rank 0 reports for the run
+  EXPECT_EQ(all.first, r == 0 ? "rank 0 failed" : "");
+  EXPECT_EQ(all.second, r == 0 ? Scope::Shared : Scope::Elsewhere);
 }
 
 }  // namespace

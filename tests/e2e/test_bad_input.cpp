@@ -360,6 +360,7 @@ TEST_F(BadInput, Battery) {
            {"hf_heads", "num_attention_heads", [](json& c) { c["num_attention_heads"] = 0; }},
            {"hf_kv", "num_key_value_heads", [](json& c) { c["num_key_value_heads"] = 3; }},
            {"hf_layers", "num_hidden_layers", [](json& c) { c["num_hidden_layers"] = 1e12; }},
+           {"hf_layers_more", "model.layers.2", [](json& c) { c["num_hidden_layers"] = 1 << 30; }},
            {"hf_tie", "tie_word_embeddings", [](json& c) { c["tie_word_embeddings"] = "yes"; }},
            {"hf_bias", "attention_bias", [](json& c) { c["attention_bias"] = 1; }},
            {"hf_act", "hidden_act", [](json& c) { c["hidden_act"] = json::array(); }},

@@ -1,7 +1,11 @@
 // Faults under mpirun: a rank that dies or stops answering ends the whole job with an error naming
-// it, within parallel.timeout_s, instead of a hang.
+// it, within parallel.timeout_s, instead of a hang; so does a data file that one rank lacks.
+#include <fmt/format.h>
 #include <signal.h>
 
+#include <map>
+
+#include "data/indexed_dataset.h"
 #include "e2e_test.h"
 
 namespace tripod {
@@ -91,6 +95,55 @@ TEST_F(Faults, UnresponsiveRankTimesOutWithAnErrorNamingIt) {
   EXPECT_NE(r.output.find("did not complete within 5 s"), std::string::npos) << r.output;
   // The ranks that waited probe the others: rank 2 alone does not answer.
   EXPECT_NE(r.output.find("world rank(s) 2 did not answer a liveness probe"), std::string::npos) << r.output;
+}
+
+// A data file that one rank lacks: each rank runs in its own working directory with the same
+// relative data prefix (Open MPI's MPMD form, one rank per directory). Every rank stops at once
+// with exit status 2 and one error line, from the rank that lacks the file; nothing is written
+// beside the data (no index cache built by the rank that has it).
+TEST_F(Faults, DataFileMissingOnOneRankOnly) {
+  namespace fs = std::filesystem;
+  const fs::path dir = dir_ / "ranks", run = dir_ / "run";
+  fs::create_directories(dir / "has" / "data");
+  fs::create_directories(dir / "lacks");
+  {
+    IndexedDatasetWriter w((dir / "has" / "data" / "tiny").string(), TokenDType::U16);
+    std::vector<int32_t> doc(40);
+    for (int d = 0; d < 8; ++d) {
+      for (size_t i = 0; i < doc.size(); ++i) doc[i] = static_cast<int32_t>((d * 7 + i) % 64);
+      w.add_document(doc);
+    }
+    w.finish();
+  }
+  // One layer of width 16 over 8 tokens, 2 steps of 2 sequences, from the relative prefix.
+  test::write_file(dir / "c.toml",
+                   test::tiny_config({{"model.n_layers", "1"}, {"model.n_heads", "2"}, {"model.d_model", "16"},
+                                      {"model.seq_len", "8"}, {"train.micro_batch_size", "1"},
+                                      {"train.global_batch_size", "2"}, {"train.steps", "2"}, {"train.log_interval", ""},
+                                      {"train.trace", "false"}, {"data.synthetic", ""},
+                                      {"data.prefixes", "[\"data/tiny\"]"}}));
+  auto files = [&] {
+    std::map<std::string, std::string> out;
+    for (const auto& e : fs::recursive_directory_iterator(dir))
+      if (e.is_regular_file()) out[e.path().string()] = slurp(e.path());
+    return out;
+  };
+  const auto before = files();
+  for (int lacking : {1, 0}) {
+    SCOPED_TRACE(fmt::format("world rank {} lacks the data", lacking));
+    const fs::path wdir[2] = {dir / (lacking == 0 ? "lacks" : "has"), dir / (lacking == 0 ? "has" : "lacks")};
+    const std::string args = fmt::format("{} train --config {} --set train.output_dir={}", test::tripod_bin(),
+                                         (dir / "c.toml").string(), run.string());
+    const auto r = test::run_cmd(
+        fmt::format("{}-wdir {} {} : -np 1 -wdir {} {}", test::mpirun(1), wdir[0].string(), args, wdir[1].string(), args),
+        120);
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_LT(r.seconds, 60) << r.err;
+    EXPECT_EQ(test::count_lines_starting(r.err, "error:"), 1) << r.err;
+    const std::string want = fmt::format("error: rank {}: data.prefixes: data/tiny.idx: no such file", lacking);
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+    EXPECT_TRUE(files() == before) << "a file under " << dir << " was written, changed or removed";
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "checkpoint/crc32c.h"
+#include "checkpoint/llama_hf.h"
 #include "checkpoint/load.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/writer.h"
@@ -248,6 +249,120 @@ TEST(CheckpointTrainer, SafetensorsRoundTripGivesTheSameLoss) {
     }
   }
   fs::remove_all(dir);
+}
+
+// Hugging Face LlamaConfig: the writer and the parser are inverse, and every field is checked.
+ModelConfig llama(int layers, int heads, int kv, int d_model, bool tie, bool bias) {
+  Config c = test::tiny_config(layers, d_model, heads, 8, 64);
+  c.model.arch = "llama";
+  c.model.norm = "rmsnorm";
+  c.model.position = "rope";
+  c.model.mlp = "swiglu";
+  c.model.n_kv_heads = kv;
+  c.model.tie_embeddings = tie;
+  c.model.bias = bias;
+  c.model.rope_theta = 500000.0;
+  c.model.norm_eps = 1e-5;
+  return c.model;
+}
+
+TEST(LlamaHfConfig, WriterAndParserAreInverse) {
+  for (const ModelConfig& m : {llama(2, 4, 2, 32, false, false), llama(3, 4, 4, 32, true, false),
+                               llama(1, 2, 1, 16, true, true)}) {
+    const ModelConfig back = llama_model_from_hf(llama_hf_config(m), "config.json");
+    EXPECT_EQ(model_to_json(back), model_to_json(m)) << llama_hf_config(m).dump();
+    EXPECT_NO_THROW(check_llama_agrees(back, m, "config.json", "c.toml"));
+  }
+  // The checked-in Hugging Face folder's config.json (written by transformers): GQA, untied.
+  const auto hf = nlohmann::json::parse(test::slurp(std::string(TRIPOD_SOURCE_PATH) + "/tests/fixtures/llama_hf/config.json"));
+  const ModelConfig m = llama_model_from_hf(hf, "config.json");
+  EXPECT_EQ(m.d_model, 32);
+  EXPECT_EQ(m.ffn_hidden, 48);
+  EXPECT_EQ(m.n_heads, 4);
+  EXPECT_EQ(m.kv_heads(), 2);
+  EXPECT_EQ(m.seq_len, 8);
+  EXPECT_EQ(m.rope_theta, 500000.0);
+  EXPECT_FALSE(m.tie_embeddings);
+  EXPECT_TRUE(llama_shaped(m));
+  // Hugging Face's defaults for absent and null keys.
+  nlohmann::json bare = hf;
+  for (const char* k : {"num_key_value_heads", "rms_norm_eps", "rope_theta", "head_dim", "tie_word_embeddings"})
+    bare.erase(k);
+  bare["attention_bias"] = nullptr;
+  const ModelConfig d = llama_model_from_hf(bare, "config.json");
+  EXPECT_EQ(d.kv_heads(), 4);
+  EXPECT_EQ(d.norm_eps, 1e-6);
+  EXPECT_EQ(d.rope_theta, 10000.0);
+  EXPECT_FALSE(d.tie_embeddings);
+  EXPECT_FALSE(d.bias);
+}
+
+TEST(LlamaHfConfig, EveryFieldIsCheckedByTypeAndRange) {
+  const nlohmann::json good = llama_hf_config(llama(2, 4, 2, 32, false, false));
+  ASSERT_NO_THROW(llama_model_from_hf(good, "dir/config.json"));
+  using Edit = std::function<void(nlohmann::json&)>;
+  for (const auto& [needle, edit] : std::vector<std::pair<std::string, Edit>>{
+           {"model_type", [](auto& j) { j["model_type"] = 3; }},
+           {"model_type", [](auto& j) { j["model_type"] = "mistral"; }},
+           {"model_type", [](auto& j) { j.erase("model_type"); }},
+           {"hidden_size = \"32\"", [](auto& j) { j["hidden_size"] = "32"; }},
+           {"hidden_size = 32.5", [](auto& j) { j["hidden_size"] = 32.5; }},
+           {"hidden_size is missing", [](auto& j) { j.erase("hidden_size"); }},
+           {"intermediate_size = -48", [](auto& j) { j["intermediate_size"] = -48; }},
+           {"num_hidden_layers = 2147483648", [](auto& j) { j["num_hidden_layers"] = 1ll << 31; }},
+           {"num_hidden_layers = 18446744073709551615", [](auto& j) { j["num_hidden_layers"] = ~0ull; }},
+           {"num_attention_heads = 0", [](auto& j) { j["num_attention_heads"] = 0; }},
+           {"num_attention_heads = 3 does not divide hidden_size", [](auto& j) { j["num_attention_heads"] = 3; }},
+           {"num_key_value_heads = 3 does not divide", [](auto& j) { j["num_key_value_heads"] = 3; }},
+           {"num_key_value_heads = [2]", [](auto& j) { j["num_key_value_heads"] = {2}; }},
+           {"vocab_size = 1 must be >= 2", [](auto& j) { j["vocab_size"] = 1; }},
+           {"max_position_embeddings = 0", [](auto& j) { j["max_position_embeddings"] = 0; }},
+           {"rms_norm_eps = -1", [](auto& j) { j["rms_norm_eps"] = -1; }},
+           {"rms_norm_eps = \"1e-5\"", [](auto& j) { j["rms_norm_eps"] = "1e-5"; }},
+           {"rope_theta = 0", [](auto& j) { j["rope_theta"] = 0; }},
+           {"rope_scaling", [](auto& j) { j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}}; }},
+           {"hidden_act = \"gelu\"", [](auto& j) { j["hidden_act"] = "gelu"; }},
+           {"hidden_act = {}", [](auto& j) { j["hidden_act"] = nlohmann::json::object(); }},
+           {"attention_bias = 1", [](auto& j) { j["attention_bias"] = 1; }},
+           {"attention_bias = true but mlp_bias = false", [](auto& j) { j["attention_bias"] = true; }},
+           {"tie_word_embeddings = \"yes\"", [](auto& j) { j["tie_word_embeddings"] = "yes"; }},
+           {"head_dim = 16", [](auto& j) { j["head_dim"] = 16; }},
+           {"= 3 is odd", [](auto& j) { j["hidden_size"] = 12, j["head_dim"] = 3; }}}) {
+    nlohmann::json bad = good;
+    edit(bad);
+    try {
+      llama_model_from_hf(bad, "dir/config.json");
+      ADD_FAILURE() << "accepted: " << bad.dump();
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).rfind("dir/config.json: ", 0), 0u) << e.what();
+    }
+  }
+  EXPECT_THROW(llama_model_from_hf(nlohmann::json::array({good}), "dir/config.json"), InputError);
+}
+
+TEST(LlamaHfConfig, AgreementWithTheConfigNamesBothKeys) {
+  const ModelConfig hf = llama(2, 4, 2, 32, false, false);
+  ModelConfig c = hf;
+  c.seq_len = 4;  // the positions a run trains on are its own choice
+  EXPECT_NO_THROW(check_llama_agrees(hf, c, "d/config.json", "c.toml"));
+  using Edit = std::function<void(ModelConfig&)>;
+  for (const auto& [needle, edit] : std::vector<std::pair<std::string, Edit>>{
+           {"num_key_value_heads = 2 but model.n_kv_heads = 4", [](auto& m) { m.n_kv_heads = 4; }},
+           {"num_hidden_layers = 2 but model.n_layers = 3", [](auto& m) { m.n_layers = 3; }},
+           {"rope_theta = 500000 but model.rope_theta = 10000", [](auto& m) { m.rope_theta = 10000; }},
+           {"tie_word_embeddings = false but model.tie_embeddings = true", [](auto& m) { m.tie_embeddings = true; }},
+           {"model.arch = \"gpt2\"", [](auto& m) { m = test::tiny_config(2, 32, 4, 8, 64).model; }}}) {
+    ModelConfig other = hf;
+    edit(other);
+    try {
+      check_llama_agrees(hf, other, "d/config.json", "c.toml");
+      ADD_FAILURE() << needle;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("in c.toml"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

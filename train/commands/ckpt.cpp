@@ -13,11 +13,13 @@
 
 #include <charconv>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
 
 #include "checkpoint/hdf5_file.h"
+#include "checkpoint/llama_hf.h"
 #include "checkpoint/load.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
@@ -200,8 +202,6 @@ std::vector<float> transpose(const std::vector<float>& a, int64_t rows, int64_t 
 // Linear weights are (out, in) in both; q, k, v keep their heads in order. With as many
 // key/value heads as query heads tripod holds GPT-2's fused (3, C, C) QKV, split into
 // q_proj, k_proj and v_proj (and joined again on import).
-bool llama_shaped(const ModelConfig& m) { return m.rms() && m.rope() && m.swiglu(); }
-
 std::string llama_hf_name(const std::string& name) {
   static const std::vector<std::pair<std::regex, std::string>> rules = {
       {std::regex(R"(wte)"), "model.embed_tokens.weight"},
@@ -219,63 +219,42 @@ std::string llama_hf_name(const std::string& name) {
   throw InputError(fmt::format("tensor {} has no Hugging Face Llama name", name));
 }
 
-// tripod's tensors of a Llama-family model: name and global shape (vocabulary tables unpadded).
-std::vector<std::pair<std::string, Shape>> llama_tensors(const ModelConfig& m) {
+// tripod's tensors of a Llama-family model, each name and global shape (vocabulary tables unpadded)
+// passed to `t` in turn: an import stops at the first tensor its folder lacks, never listing the
+// layers of a config.json that claims more than the folder holds.
+void for_each_llama_tensor(const ModelConfig& m, const std::function<void(const std::string&, const Shape&)>& t) {
   const int64_t C = m.d_model, F = m.ffn(), Q = int64_t{m.n_heads} * m.head_dim(), KV = int64_t{m.kv_heads()} * m.head_dim();
-  std::vector<std::pair<std::string, Shape>> t = {{"wte", {m.vocab_size, C}}};
+  t("wte", {m.vocab_size, C});
   for (int l = 0; l < m.n_layers; ++l) {
     auto h = [&](const char* s) { return fmt::format("h.{}.{}", l, s); };
-    t.push_back({h("ln_1.weight"), {C}});
+    t(h("ln_1.weight"), {C});
     if (m.kv_heads() == m.n_heads) {
-      t.push_back({h("attn.qkv.weight"), {3, C, C}});
-      if (m.bias) t.push_back({h("attn.qkv.bias"), {3, C}});
+      t(h("attn.qkv.weight"), {3, C, C});
+      if (m.bias) t(h("attn.qkv.bias"), {3, C});
     } else {
       for (auto [part, rows] : {std::pair{"q", Q}, {"k", KV}, {"v", KV}}) {
-        t.push_back({h(fmt::format("attn.{}.weight", part).c_str()), {rows, C}});
-        if (m.bias) t.push_back({h(fmt::format("attn.{}.bias", part).c_str()), {rows}});
+        t(h(fmt::format("attn.{}.weight", part).c_str()), {rows, C});
+        if (m.bias) t(h(fmt::format("attn.{}.bias", part).c_str()), {rows});
       }
     }
-    t.push_back({h("attn.proj.weight"), {C, Q}});
-    if (m.bias) t.push_back({h("attn.proj.bias"), {C}});
-    t.push_back({h("ln_2.weight"), {C}});
+    t(h("attn.proj.weight"), {C, Q});
+    if (m.bias) t(h("attn.proj.bias"), {C});
+    t(h("ln_2.weight"), {C});
     for (const char* part : {"gate", "up"}) {
-      t.push_back({h(fmt::format("mlp.{}.weight", part).c_str()), {F, C}});
-      if (m.bias) t.push_back({h(fmt::format("mlp.{}.bias", part).c_str()), {F}});
+      t(h(fmt::format("mlp.{}.weight", part).c_str()), {F, C});
+      if (m.bias) t(h(fmt::format("mlp.{}.bias", part).c_str()), {F});
     }
-    t.push_back({h("mlp.proj.weight"), {C, F}});
-    if (m.bias) t.push_back({h("mlp.proj.bias"), {C}});
+    t(h("mlp.proj.weight"), {C, F});
+    if (m.bias) t(h("mlp.proj.bias"), {C});
   }
-  t.push_back({"ln_f.weight", {C}});
-  if (!m.tie_embeddings) t.push_back({"lm_head.weight", {m.vocab_size, C}});
-  return t;
+  t("ln_f.weight", {C});
+  if (!m.tie_embeddings) t("lm_head.weight", {m.vocab_size, C});
 }
 
 // "h.N.attn.qkv.X" -> "h.N.attn.q.X", ".k.X" or ".v.X" (w = 0, 1, 2).
 std::string qkv_part_name(std::string name, int w) {
   const auto at = name.find("attn.qkv.");
   return name.replace(at, 9, std::string("attn.") + "qkv"[w] + ".");
-}
-
-// HF LlamaConfig fields of a model.
-nlohmann::json llama_hf_config(const ModelConfig& m) {
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"hidden_size", m.d_model},
-          {"intermediate_size", m.ffn()},
-          {"num_hidden_layers", m.n_layers},
-          {"num_attention_heads", m.n_heads},
-          {"num_key_value_heads", m.kv_heads()},
-          {"head_dim", m.head_dim()},
-          {"hidden_act", "silu"},
-          {"max_position_embeddings", m.positions()},
-          {"rms_norm_eps", m.norm_eps},
-          {"rope_theta", m.rope_theta},
-          {"rope_scaling", nullptr},
-          {"attention_bias", m.bias},
-          {"mlp_bias", m.bias},
-          {"tie_word_embeddings", m.tie_embeddings},
-          {"vocab_size", m.vocab_size},
-          {"torch_dtype", "float32"}};
 }
 
 // The model a checkpoint was trained with (metadata.json's "model"; checkpoints of versions
@@ -387,89 +366,16 @@ void write_imported(const CkptOptions& o, Snapshot& snap, const ModelConfig& mc)
              mc.positions(), o.out);
 }
 
-// The model of a Hugging Face Llama config.json; with --config, that config's model, every field
-// of which must agree with config.json.
+// The model of a Hugging Face Llama config.json; with --config, that config's model, which must
+// describe the same function (its seq_len and max_positions, the positions it trains on, are the
+// config's choice).
 ModelConfig llama_model_of(const nlohmann::json& hf, const std::string& dir, const std::string& config_path) {
   const std::string where = dir + "/config.json";
-  // Every field by type and range: a value of another type names the key, never a JSON library error.
-  auto num = [&](const char* key) -> const nlohmann::json& {
-    TRIPOD_INPUT_CHECK(hf.contains(key) && hf[key].is_number(), "{}: {} is missing or not a number", where, key);
-    return hf[key];
-  };
-  auto count = [&](const char* key) {
-    const nlohmann::json& v = num(key);
-    TRIPOD_INPUT_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1 && v.get<int64_t>() <= (1 << 30),
-                       "{}: {} = {} is not a positive integer", where, key, v.dump());
-    return v.get<int>();
-  };
-  auto text = [&](const char* key, const char* fallback) {
-    if (!hf.contains(key) || hf[key].is_null()) return std::string(fallback);
-    TRIPOD_INPUT_CHECK(hf[key].is_string(), "{}: {} = {} is not a string", where, key, hf[key].dump());
-    return hf[key].get<std::string>();
-  };
-  auto flag = [&](const char* key, bool fallback) {
-    if (!hf.contains(key) || hf[key].is_null()) return fallback;
-    TRIPOD_INPUT_CHECK(hf[key].is_boolean(), "{}: {} = {} is not true or false", where, key, hf[key].dump());
-    return hf[key].get<bool>();
-  };
-  const std::string type = text("model_type", "");
-  TRIPOD_INPUT_CHECK(type == "llama", "{}: model_type = \"{}\"; tripod reads Llama folders (model_type \"llama\")",
-                     where, type);
-  TRIPOD_INPUT_CHECK(text("hidden_act", "silu") == "silu", "{}: hidden_act = \"{}\"; tripod's SwiGLU uses silu",
-                     where, text("hidden_act", ""));
-  TRIPOD_INPUT_CHECK(!hf.contains("rope_scaling") || hf["rope_scaling"].is_null(),
-                     "{}: rope_scaling = {}; tripod's rotary embeddings have no scaling", where,
-                     hf.contains("rope_scaling") ? hf["rope_scaling"].dump() : "");
-  const bool attn_bias = flag("attention_bias", false), mlp_bias = flag("mlp_bias", false);
-  TRIPOD_INPUT_CHECK(attn_bias == mlp_bias, "{}: attention_bias = {} but mlp_bias = {}; tripod has one model.bias",
-                     where, attn_bias, mlp_bias);
-  ModelConfig m;
-  m.arch = "llama";
-  m.norm = "rmsnorm";
-  m.position = "rope";
-  m.mlp = "swiglu";
-  m.d_model = count("hidden_size");
-  m.ffn_hidden = count("intermediate_size");
-  m.n_layers = count("num_hidden_layers");
-  m.n_heads = count("num_attention_heads");
-  m.n_kv_heads = hf.contains("num_key_value_heads") ? count("num_key_value_heads") : m.n_heads;
-  m.vocab_size = count("vocab_size");
-  m.seq_len = m.max_positions = count("max_position_embeddings");
-  m.norm_eps = hf.contains("rms_norm_eps") ? num("rms_norm_eps").get<double>() : 1e-6;
-  m.rope_theta = hf.contains("rope_theta") ? num("rope_theta").get<double>() : 10000.0;
-  TRIPOD_INPUT_CHECK(m.norm_eps > 0 && m.rope_theta > 0, "{}: rms_norm_eps = {} and rope_theta = {} must be > 0",
-                     where, m.norm_eps, m.rope_theta);
-  m.bias = attn_bias;
-  m.tie_embeddings = flag("tie_word_embeddings", false);
-  TRIPOD_INPUT_CHECK(m.n_heads > 0 && m.d_model % m.n_heads == 0 && m.n_kv_heads > 0 && m.n_heads % m.n_kv_heads == 0,
-                     "{}: num_attention_heads = {} and num_key_value_heads = {} do not split hidden_size = {}", where,
-                     m.n_heads, m.n_kv_heads, m.d_model);
-  if (hf.contains("head_dim") && !hf["head_dim"].is_null())
-    TRIPOD_INPUT_CHECK(count("head_dim") == m.head_dim(),
-                       "{}: head_dim = {} is not hidden_size / num_attention_heads = {}; tripod needs them equal", where,
-                       hf["head_dim"].dump(), m.head_dim());
+  const ModelConfig m = llama_model_from_hf(hf, where);
   if (config_path.empty()) return m;
   const ModelConfig c = load_config(config_path).model;
-  auto same = [&](bool ok, const char* hf_key, const std::string& hf_value, const char* key, const std::string& v) {
-    TRIPOD_INPUT_CHECK(ok, "{}: {} = {} but model.{} = {} in {}", where, hf_key, hf_value, key, v, config_path);
-  };
-  auto same_int = [&](int a, const char* hf_key, int b, const char* key) {
-    same(a == b, hf_key, std::to_string(a), key, std::to_string(b));
-  };
-  same(llama_shaped(c) && c.bias == m.bias, "model_type", "\"llama\"", "arch", fmt::format(
-       "\"{}\" (norm \"{}\", position \"{}\", mlp \"{}\", bias {})", c.arch, c.norm, c.position, c.mlp, c.bias));
-  same_int(m.d_model, "hidden_size", c.d_model, "d_model");
-  same_int(m.ffn_hidden, "intermediate_size", c.ffn(), "ffn_hidden");
-  same_int(m.n_layers, "num_hidden_layers", c.n_layers, "n_layers");
-  same_int(m.n_heads, "num_attention_heads", c.n_heads, "n_heads");
-  same_int(m.n_kv_heads, "num_key_value_heads", c.kv_heads(), "n_kv_heads");
-  same_int(m.vocab_size, "vocab_size", c.vocab_size, "vocab_size");
-  same(m.norm_eps == c.norm_eps, "rms_norm_eps", fmt::format("{}", m.norm_eps), "norm_eps", fmt::format("{}", c.norm_eps));
-  same(m.rope_theta == c.rope_theta, "rope_theta", fmt::format("{}", m.rope_theta), "rope_theta",
-       fmt::format("{}", c.rope_theta));
-  same(m.tie_embeddings == c.tie_embeddings, "tie_word_embeddings", fmt::format("{}", m.tie_embeddings),
-       "tie_embeddings", fmt::format("{}", c.tie_embeddings));
-  return c;  // its seq_len and max_positions (the positions it trains on) are the config's choice
+  check_llama_agrees(m, c, where, config_path);
+  return c;
 }
 
 int run_import_llama(const CkptOptions& o) {
@@ -489,7 +395,7 @@ int run_import_llama(const CkptOptions& o) {
   };
   Snapshot snap;
   snap.file = shard_file_name(Coords{});
-  for (const auto& [name, shape] : llama_tensors(mc)) {
+  for_each_llama_tensor(mc, [&](const std::string& name, const Shape& shape) {
     std::vector<float> data;
     if (name.find("attn.qkv.") == std::string::npos) {
       data = take(name, shape);
@@ -505,7 +411,7 @@ int run_import_llama(const CkptOptions& o) {
                           .geom = {.global_shape = shape, .shard_dim = -1, .box_offset = 0, .box_size = shape[0],
                                    .flat_begin = 0, .flat_end = n}});
     snap.data.emplace_back(data.begin(), data.end());
-  }
+  });
   if (mc.tie_embeddings && by_name.count("lm_head.weight")) {
     TRIPOD_INPUT_CHECK(by_name["lm_head.weight"]->data == by_name["model.embed_tokens.weight"]->data,
                        "{}: lm_head.weight differs from model.embed_tokens.weight but config.json ties them", o.dir);
