@@ -1,6 +1,7 @@
 // Training-step throughput on the CPU for GPT-2 shapes: tokens/s, model FLOP/s (DESIGN.md's
 // 6N + 6LCT per token) and that rate as a fraction of the OpenBLAS sgemm rate measured in the
-// same run with the same threads. Usage: bench_step_cpu [--quick]
+// same run with the same threads; with --profile, the time per op family (the backend's own
+// timing, Ops::set_timing). Usage: bench_step_cpu [--quick] [--profile]
 #include <fmt/format.h>
 #include <mpi.h>
 
@@ -11,10 +12,9 @@
 #include <cstring>
 
 #include "core/log.h"
-#include "kernels/profiled_ops.h"
+#include "kernels/op.h"
 #include "parallel/comm/mpi_comm.h"
 #include "train/trainer.h"
-#include "kernels/op.h"
 
 using namespace tripod;
 
@@ -47,10 +47,8 @@ int main(int argc, char** argv) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     profile |= std::strcmp(argv[i], "--profile") == 0;
   }
-  auto cpu = make_ops(Device::CPU);
-  ProfiledOps profiled(*cpu);
-  Ops* ops = profile ? static_cast<Ops*>(&profiled) : cpu.get();
-  auto world = mpi_world(ops, 600);
+  auto ops = make_ops(Device::CPU);
+  auto world = mpi_world(ops.get(), 600);
   ParallelContext par = make_parallel_context(*world, RankGrid(1, 1, 1), {});
   const double sgemm_before = sgemm_rate();
 
@@ -75,9 +73,11 @@ int main(int argc, char** argv) {
     SyntheticSource data(s.seq, s.vocab, 1);
     Trainer t(cfg, *ops, par, &data);
     t.step();  // warm-up: first-touch of buffers, allocator cache
-    profiled.reset();
+    ops->set_timing(profile);
     std::vector<double> times;
     for (int i = 0; i < s.steps; ++i) times.push_back(t.step().step_time_s);
+    ops->set_timing(false);
+    const OpTimes op_times = ops->take_times();
     std::sort(times.begin(), times.end());
     double median = times[times.size() / 2];
     double tokens = static_cast<double>(cfg.train.global_batch_size) * s.seq;
@@ -85,13 +85,15 @@ int main(int argc, char** argv) {
     rows.push_back({s.name, cfg.model.num_params() / 1e6, median, tokens / median, flops});
     if (profile) {
       std::string text;
-      double total = 0;
-      for (auto& [k, v] : profiled.seconds()) total += v;
-      for (auto& [k, v] : profiled.seconds())
-        text += fmt::format("    {:<12} {:6.1f}% of step ({:.3f} s/step)\n", k, 100.0 * v / (median * s.steps),
-                            v / s.steps);
+      for (int f = 0; f < kNumOpFamilies; ++f) {
+        if (op_times.calls[f] == 0) continue;
+        const double v = op_times.seconds[f];
+        text += fmt::format("    {:<12} {:6.1f}% of step ({:.3f} s/step, {} ops/step)\n",
+                            op_family_name(static_cast<OpFamily>(f)), 100.0 * v / (median * s.steps), v / s.steps,
+                            op_times.calls[f] / s.steps);
+      }
       profiles.push_back(text + fmt::format("    {:<12} {:6.1f}% of step\n", "outside ops",
-                                            100.0 * (1 - total / (median * s.steps))));
+                                            100.0 * (1 - op_times.total_seconds() / (median * s.steps))));
     }
   }
   const double sgemm_after = sgemm_rate(), sgemm = std::max(sgemm_before, sgemm_after);

@@ -17,6 +17,7 @@
 
 #include "core/debug_options.h"
 #include "core/tensor.h"
+#include "kernels/op_timing.h"
 
 namespace tripod {
 
@@ -45,6 +46,12 @@ class Ops {
   virtual double peak_flops() = 0;
   // Waits for all queued work (a no-op on CPU).
   virtual void synchronize() {}
+  // Per-op-family timing (kernels/op_timing.h), off by default: while on, every op adds its time
+  // to its family (wall time on the CPU, GPU time between events on CUDA); while off an op pays
+  // one branch.
+  virtual void set_timing(bool on) = 0;
+  // The times recorded since the previous call (after waiting for queued work); starts anew.
+  virtual OpTimes take_times() = 0;
   Tensor empty(Shape shape, DType dtype, MemCategory category) {
     return Tensor::empty(allocator(), std::move(shape), dtype, category);
   }

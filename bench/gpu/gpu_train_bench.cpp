@@ -101,11 +101,11 @@ std::optional<Result> run(cuda::CudaOps& ops, ParallelContext& par, const Shape&
     const int timed = std::max(2, steps / 2);
     double timed_s = 0;
     for (int i = 0; i < timed; ++i) timed_s += trainer.step().step_time_s;
-    cuda::OpTimes t = ops.take_times();
+    OpTimes t = ops.take_times();
     ops.set_timing(false);
-    r.gemm = t.ms[static_cast<int>(cuda::OpFamily::Gemm)] / (1e3 * timed_s);
-    r.attention = t.ms[static_cast<int>(cuda::OpFamily::Attention)] / (1e3 * timed_s);
-    r.other = t.ms[static_cast<int>(cuda::OpFamily::Other)] / (1e3 * timed_s);
+    r.gemm = t.seconds_of(OpFamily::Gemm) / timed_s;
+    r.attention = t.seconds_of(OpFamily::Attention) / timed_s;
+    r.other = t.total_seconds() / timed_s - r.gemm - r.attention;
   } catch (const std::exception& e) {
     ops.set_timing(false);
     ops.synchronize();

@@ -5,6 +5,7 @@ namespace tripod::cpu {
 
 void CpuOps::adamw(Tensor& master, const Tensor& grads, Tensor& m, Tensor& v, std::span<const FlatRange> ranges,
                    const AdamWHyper& h, Tensor& compute_copy) {
+  ScopedTimer timer(*this, OpFamily::Optimizer);
   float* p = master.data<float>();
   const float* g = grads.data<float>();
   float* pm = m.data<float>();

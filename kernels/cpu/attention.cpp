@@ -56,6 +56,7 @@ void causal_softmax(float* S, int64_t T, const float* saved_lse, float* lse) {
 }  // namespace
 
 void CpuOps::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) {
+  ScopedTimer timer(*this, OpFamily::Attention);
   // Plain variables, not a structured binding: clang before 16 cannot use those in OpenMP regions.
   const Dims dm = dims_of(qkv, out);
   const int64_t B = dm.B, T = dm.T, H = dm.H, Hkv = dm.Hkv, D = dm.D;
@@ -85,6 +86,7 @@ void CpuOps::attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tens
 
 void CpuOps::attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                 const Tensor& probs, Tensor& dqkv) {
+  ScopedTimer timer(*this, OpFamily::Attention);
   const Dims dm = dims_of(qkv, out);
   const int64_t B = dm.B, T = dm.T, H = dm.H, Hkv = dm.Hkv, D = dm.D;
   TRIPOD_CHECK(dqkv.numel() == qkv.numel() && dout.numel() == out.numel(), "attention backward dqkv {} dout {}",
@@ -156,6 +158,7 @@ namespace tripod::cpu {
 // matrix-vector product. Example: Hkv = 2, T_max = 8, D = 4: batch 0, head 1, position 3 starts
 // at (1*8 + 3)*4 = 44.
 void CpuOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) {
+  ScopedTimer timer(*this, OpFamily::Attention);
   const Dims dm = dims_of(qkv, out);
   const int64_t B = dm.B, n = dm.T, H = dm.H, Hkv = dm.Hkv, D = dm.D;
   TRIPOD_CHECK(k_cache.dim() == 4 && k_cache.size(0) == B && k_cache.size(1) == Hkv && k_cache.size(3) == D &&

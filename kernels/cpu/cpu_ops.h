@@ -3,9 +3,11 @@
 // element or by fixed-size blocks, never by thread), so runs are bit-reproducible.
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "kernels/op.h"
 
@@ -17,6 +19,8 @@ class CpuOps final : public Ops {
   DType compute_dtype() const override { return DType::F32; }
   Allocator& allocator() override { return alloc_; }
   double peak_flops() override;
+  void set_timing(bool on) override { timing_ = on; }
+  OpTimes take_times() override { return std::exchange(times_, OpTimes{}); }
 
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -63,9 +67,31 @@ class CpuOps final : public Ops {
   void adamw(Tensor& master, const Tensor& grads, Tensor& m, Tensor& v, std::span<const FlatRange> ranges,
              const AdamWHyper& h, Tensor& compute_copy) override;
 
+  // Adds the wall time of one op, from here to the end of the scope, to its family while timing
+  // is on (used by the op implementations in this folder).
+  class ScopedTimer {
+   public:
+    ScopedTimer(CpuOps& ops, OpFamily f) : ops_(ops.timing_ ? &ops : nullptr), family_(f) {
+      if (ops_) start_ = std::chrono::steady_clock::now();
+    }
+    ~ScopedTimer() {
+      if (ops_)
+        ops_->times_.add(family_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    }
+    ScopedTimer(const ScopedTimer&) = delete;
+    ScopedTimer& operator=(const ScopedTimer&) = delete;
+
+   private:
+    CpuOps* ops_;
+    OpFamily family_;
+    std::chrono::steady_clock::time_point start_;
+  };
+
  private:
   CpuAllocator alloc_;
   double peak_flops_ = 0;
+  bool timing_ = false;
+  OpTimes times_;
 };
 
 // exp(x) for f32 in plain arithmetic, so loops over it vectorise (Cephes' polynomial, within

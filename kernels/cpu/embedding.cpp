@@ -5,6 +5,7 @@ namespace tripod::cpu {
 
 void CpuOps::embedding_forward(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe,
                                int64_t T, Tensor& out) {
+  ScopedTimer timer(*this, OpFamily::Embedding);
   const int64_t N = tokens.numel(), C = wte.size(1), V = wte.size(0);
   TRIPOD_CHECK(out.numel() == N * C, "embedding out {} for {} tokens of width {}", out.str(), N, C);
   TRIPOD_CHECK(!wpe.defined() || (wpe.size(1) == C && wpe.size(0) >= T && N % T == 0),
@@ -32,6 +33,7 @@ void CpuOps::embedding_forward(const Tensor& tokens, const Tensor& wte, int64_t 
 
 void CpuOps::embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte,
                                 Tensor& dwpe, int64_t T) {
+  ScopedTimer timer(*this, OpFamily::Embedding);
   const int64_t N = tokens.numel(), C = dwte.size(1), V = dwte.size(0);
   const int32_t* tok = tokens.data<int32_t>();
   const float* d = dout.data<float>();

@@ -12,6 +12,7 @@ inline float tanh_f(float u) { return 1.0f - 2.0f / (fast_exp(2.0f * u) + 1.0f);
 }  // namespace
 
 void CpuOps::gelu_forward(const Tensor& x, Tensor& y) {
+  ScopedTimer timer(*this, OpFamily::Gelu);
   const float* px = x.data<float>();
   float* py = y.data<float>();
   int64_t n = x.numel();
@@ -24,6 +25,7 @@ void CpuOps::gelu_forward(const Tensor& x, Tensor& y) {
 }
 
 void CpuOps::gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  ScopedTimer timer(*this, OpFamily::Gelu);
   const float* px = x.data<float>();
   const float* pdy = dy.data<float>();
   float* pdx = dx.data<float>();

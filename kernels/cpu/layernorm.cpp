@@ -5,6 +5,7 @@ namespace tripod::cpu {
 
 void CpuOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                                Tensor& mean, Tensor& rstd) {
+  ScopedTimer timer(*this, OpFamily::LayerNorm);
   const int64_t C = w.numel(), N = x.numel() / C;
   const float* px = x.data<float>();
   const float* pw = w.data<float>();
@@ -32,6 +33,7 @@ void CpuOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b
 
 void CpuOps::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                 const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor& db) {
+  ScopedTimer timer(*this, OpFamily::LayerNorm);
   const int64_t C = w.numel(), N = x.numel() / C;
   const float* pdy = dy.data<float>();
   const float* px = x.data<float>();

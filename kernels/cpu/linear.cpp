@@ -9,6 +9,7 @@
 namespace tripod::cpu {
 
 void CpuOps::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
   const int64_t O = w.size(0), I = w.numel() / O, N = x.numel() / I;
   TRIPOD_CHECK(x.numel() == N * I && y.numel() == N * O, "linear x {} w {} y {}", x.str(), w.str(), y.str());
   float* py = y.data<float>();
@@ -26,6 +27,7 @@ void CpuOps::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, T
 
 void CpuOps::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
                              Tensor& db) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
   const int64_t O = w.size(0), I = w.numel() / O, N = x.numel() / I;
   TRIPOD_CHECK(dy.numel() == N * O && dw.numel() == O * I, "linear backward dy {} x {} dw {}", dy.str(), x.str(),
                dw.str());

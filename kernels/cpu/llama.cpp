@@ -6,6 +6,7 @@
 namespace tripod::cpu {
 
 void CpuOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
+  ScopedTimer timer(*this, OpFamily::LayerNorm);
   const int64_t C = w.numel(), N = x.numel() / C;
   TRIPOD_CHECK(y.numel() == N * C && rstd.numel() == N, "rmsnorm x {} w {} y {} rstd {}", x.str(), w.str(), y.str(),
                rstd.str());
@@ -28,6 +29,7 @@ void CpuOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor
 
 void CpuOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
                               Tensor& dw) {
+  ScopedTimer timer(*this, OpFamily::LayerNorm);
   const int64_t C = w.numel(), N = x.numel() / C;
   const float* pdy = dy.data<float>();
   const float* px = x.data<float>();
@@ -62,6 +64,7 @@ void CpuOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w
 }
 
 void CpuOps::rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) {
+  ScopedTimer timer(*this, OpFamily::Attention);
   TRIPOD_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && rot_heads <= x.size(1) && T >= 1 && x.size(0) % T == 0,
                "rope: x {} must be (N, heads, D) with D even, N a multiple of T = {}, rot_heads {}", x.str(), T,
                rot_heads);
@@ -96,6 +99,7 @@ inline float sigmoid(float v) { return 1.0f / (1.0f + fast_exp(-v)); }
 }  // namespace
 
 void CpuOps::swiglu_forward(const Tensor& gu, Tensor& y) {
+  ScopedTimer timer(*this, OpFamily::Gelu);
   const int64_t F = y.size(y.dim() - 1), N = y.numel() / F;
   TRIPOD_CHECK(gu.numel() == 2 * N * F, "swiglu gu {} y {}", gu.str(), y.str());
   const float* pg = gu.data<float>();
@@ -111,6 +115,7 @@ void CpuOps::swiglu_forward(const Tensor& gu, Tensor& y) {
 }
 
 void CpuOps::swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) {
+  ScopedTimer timer(*this, OpFamily::Gelu);
   const int64_t F = dy.size(dy.dim() - 1), N = dy.numel() / F;
   TRIPOD_CHECK(gu.numel() == 2 * N * F && dgu.numel() == gu.numel(), "swiglu backward gu {} dy {} dgu {}", gu.str(),
                dy.str(), dgu.str());

@@ -37,6 +37,7 @@ template <class Src> void convert_to(const Src* s, const Tensor& dst, int64_t n)
 }  // namespace
 
 void CpuOps::fill(Tensor& t, float value) {
+  ScopedTimer timer(*this, OpFamily::Memory);
   check_cpu(t, "fill");
   int64_t n = t.numel();
   switch (t.dtype()) {
@@ -66,6 +67,7 @@ void CpuOps::fill(Tensor& t, float value) {
 }
 
 void CpuOps::copy(const Tensor& src, Tensor& dst) {
+  ScopedTimer timer(*this, OpFamily::Memory);
   check_cpu(src, "copy");
   check_cpu(dst, "copy");
   TRIPOD_CHECK(src.numel() == dst.numel(), "copy {} -> {}", src.str(), dst.str());
@@ -83,6 +85,7 @@ void CpuOps::copy(const Tensor& src, Tensor& dst) {
 }
 
 void CpuOps::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  ScopedTimer timer(*this, OpFamily::Elementwise);
   TRIPOD_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add {} + {} -> {}", a.str(), b.str(), out.str());
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
@@ -93,6 +96,7 @@ void CpuOps::add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void CpuOps::accumulate(Tensor& dst, const Tensor& src) {
+  ScopedTimer timer(*this, OpFamily::Elementwise);
   TRIPOD_CHECK(dst.numel() == src.numel(), "accumulate {} += {}", dst.str(), src.str());
   float* d = dst.data<float>();
   const float* s = src.data<float>();
@@ -102,6 +106,7 @@ void CpuOps::accumulate(Tensor& dst, const Tensor& src) {
 }
 
 void CpuOps::scale(Tensor& t, float s) {
+  ScopedTimer timer(*this, OpFamily::Elementwise);
   float* p = t.data<float>();
   int64_t n = t.numel();
 #pragma omp parallel for schedule(static)
@@ -130,6 +135,7 @@ template <class F> double blocked_sum(int64_t begin, int64_t end, F f) {
 }  // namespace
 
 double CpuOps::sum_squares(const Tensor& t, std::span<const FlatRange> ranges) {
+  ScopedTimer timer(*this, OpFamily::Reduction);
   const float* p = t.data<float>();
   double total = 0;
   for (const FlatRange& r : ranges) {
@@ -141,6 +147,7 @@ double CpuOps::sum_squares(const Tensor& t, std::span<const FlatRange> ranges) {
 }
 
 double CpuOps::sum(const Tensor& t) {
+  ScopedTimer timer(*this, OpFamily::Reduction);
   const float* p = t.data<float>();
   return blocked_sum(0, t.numel(), [p](int64_t i) { return static_cast<double>(p[i]); });
 }

@@ -5,6 +5,7 @@ namespace tripod::cpu {
 
 void CpuOps::xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
                         Tensor& stats) {
+  ScopedTimer timer(*this, OpFamily::Xent);
   const int64_t N = targets.numel(), V = logits.numel() / N;
   TRIPOD_CHECK(stats.numel() == 3 * N && valid <= V, "xent stats {} for logits {}, valid {}", stats.str(),
                logits.str(), valid);
@@ -30,6 +31,7 @@ void CpuOps::xent_stats(const Tensor& logits, const Tensor& targets, int64_t voc
 }
 
 void CpuOps::xent_combine(const Tensor& parts, Tensor& lse, Tensor& loss) {
+  ScopedTimer timer(*this, OpFamily::Xent);
   const int64_t P = parts.size(0), N = parts.size(1);
   const float* pp = parts.data<float>();
   float* pl = lse.data<float>();
@@ -54,6 +56,7 @@ void CpuOps::xent_combine(const Tensor& parts, Tensor& lse, Tensor& loss) {
 
 void CpuOps::xent_backward(Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
                            const Tensor& lse, float scale) {
+  ScopedTimer timer(*this, OpFamily::Xent);
   const int64_t N = targets.numel(), V = logits.numel() / N;
   float* pl = logits.data<float>();
   const int32_t* pt = targets.data<int32_t>();

@@ -124,8 +124,7 @@ OpTimes CudaOps::take_times() {
   for (Span& s : spans_) {
     float ms = 0;
     TRIPOD_CUDA_CHECK(cudaEventElapsedTime(&ms, s.start, s.stop), "collecting op timings");
-    out.ms[static_cast<int>(s.family)] += ms;
-    ++out.ops;
+    out.add(s.family, ms / 1e3);
     free_events_.push_back(s.start);
     free_events_.push_back(s.stop);
   }
@@ -177,7 +176,7 @@ double CudaOps::reduce_to_host(const float* x, const k::Chunk* chunks, int nchun
 }
 
 double CudaOps::sum_squares(const Tensor& t, std::span<const FlatRange> ranges) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Reduction);
   expect_on_device(t, "sum_squares", "t");
   expect_dtype(t, DType::F32, "sum_squares", "t");
   for (const FlatRange& r : ranges)
@@ -189,7 +188,7 @@ double CudaOps::sum_squares(const Tensor& t, std::span<const FlatRange> ranges) 
 }
 
 double CudaOps::sum(const Tensor& t) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Reduction);
   expect_on_device(t, "sum", "t");
   expect_dtype(t, DType::F32, "sum", "t");
   const FlatRange all{0, t.numel(), false};
@@ -240,7 +239,7 @@ void host_convert(const Tensor& src, const Tensor& dst) {
 }  // namespace
 
 void CudaOps::fill(Tensor& t, float value) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Memory);
   TRIPOD_CHECK(t.defined(), "fill: undefined tensor");
   if (t.device() == Device::CPU) {  // host memory (e.g. a staging buffer)
     const int64_t n = t.numel();
@@ -286,7 +285,7 @@ void CudaOps::reap_uploads() {
 }
 
 void CudaOps::copy(const Tensor& src, Tensor& dst) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Memory);
   TRIPOD_CHECK(src.defined() && dst.defined() && src.numel() == dst.numel(), "copy {} -> {}",
                src.defined() ? src.str() : "undefined", dst.defined() ? dst.str() : "undefined");
   const bool src_host = src.device() == Device::CPU, dst_host = dst.device() == Device::CPU;
@@ -324,7 +323,7 @@ void CudaOps::copy(const Tensor& src, Tensor& dst) {
 }
 
 void CudaOps::add(const Tensor& a, const Tensor& b, Tensor& out) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Elementwise);
   for (const Tensor* t : {&a, &b, static_cast<const Tensor*>(&out)}) expect_on_device(*t, "add", "operand");
   TRIPOD_CHECK(a.numel() == b.numel() && a.numel() == out.numel() && a.dtype() == b.dtype() &&
                    a.dtype() == out.dtype() && a.dtype() != DType::I32,
@@ -334,7 +333,7 @@ void CudaOps::add(const Tensor& a, const Tensor& b, Tensor& out) {
 }
 
 void CudaOps::accumulate(Tensor& dst, const Tensor& src) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Elementwise);
   expect_on_device(dst, "accumulate", "dst");
   expect_on_device(src, "accumulate", "src");
   TRIPOD_CHECK(dst.numel() == src.numel() && dst.dtype() != DType::I32 && src.dtype() != DType::I32,
@@ -344,7 +343,7 @@ void CudaOps::accumulate(Tensor& dst, const Tensor& src) {
 }
 
 void CudaOps::scale(Tensor& t, float s) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Elementwise);
   expect_on_device(t, "scale", "t");
   TRIPOD_CHECK(t.dtype() != DType::I32, "scale {}: float dtype expected", t.str());
   k::scale(t.raw(), t.dtype(), t.numel(), s, compute_);

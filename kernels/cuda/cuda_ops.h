@@ -35,17 +35,6 @@ std::unique_ptr<Ops> make_cuda_ops(int index, const DebugOptions& debug);
 class GemmRunner;       // gemm.cpp
 class AttentionRunner;  // attention.cpp
 
-// Op families of the per-op timing.
-enum class OpFamily { Gemm, Attention, Other };
-inline constexpr int kNumOpFamilies = 3;
-
-// GPU milliseconds per op family, and how many ops were timed.
-struct OpTimes {
-  double ms[kNumOpFamilies] = {0, 0, 0};
-  int64_t ops = 0;
-  double total_ms() const { return ms[0] + ms[1] + ms[2]; }
-};
-
 class CudaOps final : public Ops {
  public:
   explicit CudaOps(int device_index, const DebugOptions& debug = {});
@@ -120,12 +109,10 @@ class CudaOps final : public Ops {
   // Which attention implementation ran last: "cudnn" or "reference" (see attention.cpp).
   const char* attention_impl() const;
 
-  // Per-family GPU time: a cudaEvent pair around each op while enabled (TRIPOD_CUDA_TIMING=1 in
-  // the environment turns it on at construction).
-  void set_timing(bool on) { timing_ = on; }
-  bool timing() const { return timing_; }
-  // Waits for the GPU and returns the time per family since the previous call.
-  OpTimes take_times();
+  // Per-family GPU time: a cudaEvent pair around each op while on (TRIPOD_CUDA_TIMING=1 in the
+  // environment turns it on at construction). take_times() waits for the GPU.
+  void set_timing(bool on) override { timing_ = on; }
+  OpTimes take_times() override;
 
   // Records the span of one op (used by the op implementations in this folder).
   class ScopedTimer {

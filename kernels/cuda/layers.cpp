@@ -22,7 +22,7 @@ int64_t norm_rows(const Tensor& x, const Tensor& w, const char* op) {
 
 void CudaOps::embedding_forward(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe,
                                 int64_t T, Tensor& out) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Embedding);
   const char* op = "embedding_forward";
   expect_on_device(tokens, op, "tokens");
   expect_dtype(tokens, DType::I32, op, "tokens");
@@ -44,7 +44,7 @@ void CudaOps::embedding_forward(const Tensor& tokens, const Tensor& wte, int64_t
 
 void CudaOps::embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte,
                                  Tensor& dwpe, int64_t T) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Embedding);
   const char* op = "embedding_backward";
   expect_on_device(tokens, op, "tokens");
   expect_dtype(tokens, DType::I32, op, "tokens");
@@ -66,7 +66,7 @@ void CudaOps::embedding_backward(const Tensor& tokens, const Tensor& dout, int64
 
 void CudaOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                                 Tensor& mean, Tensor& rstd) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::LayerNorm);
   const char* op = "layernorm_forward";
   const int64_t C = w.numel(), N = norm_rows(x, w, op);
   expect(x, DType::BF16, N * C, op, "x");
@@ -82,7 +82,7 @@ void CudaOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& 
 
 void CudaOps::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                  const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor& db) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::LayerNorm);
   const char* op = "layernorm_backward";
   const int64_t C = w.numel(), N = norm_rows(x, w, op);
   expect(dy, DType::BF16, N * C, op, "dy");
@@ -100,7 +100,7 @@ void CudaOps::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor
 }
 
 void CudaOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::LayerNorm);
   const char* op = "rmsnorm_forward";
   const int64_t C = w.numel(), N = norm_rows(x, w, op);
   expect(x, DType::BF16, N * C, op, "x");
@@ -113,7 +113,7 @@ void CudaOps::rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tenso
 
 void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
                                Tensor& dw) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::LayerNorm);
   const char* op = "rmsnorm_backward";
   const int64_t C = w.numel(), N = norm_rows(x, w, op);
   expect(dy, DType::BF16, N * C, op, "dy");
@@ -130,7 +130,7 @@ void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& 
 }
 
 void CudaOps::rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Attention);
   const char* op = "rope";
   TRIPOD_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && rot_heads <= x.size(1) && T >= 1 && x.size(0) % T == 0,
                "{}: x {} must be (N, heads, D) with D even, N a multiple of T = {}, rot_heads {}", op, x.str(), T,
@@ -141,7 +141,7 @@ void CudaOps::rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double
 }
 
 void CudaOps::swiglu_forward(const Tensor& gu, Tensor& y) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Gelu);
   const int64_t F = y.size(-1), N = y.numel() / F;
   expect(gu, DType::BF16, 2 * N * F, "swiglu_forward", "gu");
   expect(y, DType::BF16, N * F, "swiglu_forward", "y");
@@ -150,7 +150,7 @@ void CudaOps::swiglu_forward(const Tensor& gu, Tensor& y) {
 }
 
 void CudaOps::swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Gelu);
   const int64_t F = dy.size(-1), N = dy.numel() / F;
   expect(gu, DType::BF16, 2 * N * F, "swiglu_backward", "gu");
   expect(dy, DType::BF16, N * F, "swiglu_backward", "dy");
@@ -160,7 +160,7 @@ void CudaOps::swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) {
 }
 
 void CudaOps::gelu_forward(const Tensor& x, Tensor& y) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Gelu);
   expect(x, DType::BF16, x.numel(), "gelu_forward", "x");
   expect(y, DType::BF16, x.numel(), "gelu_forward", "y");
   k::gelu_forward(x.data<bf16>(), y.data<bf16>(), x.numel(), compute_);
@@ -168,7 +168,7 @@ void CudaOps::gelu_forward(const Tensor& x, Tensor& y) {
 }
 
 void CudaOps::gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Gelu);
   expect(x, DType::BF16, x.numel(), "gelu_backward", "x");
   expect(dy, DType::BF16, x.numel(), "gelu_backward", "dy");
   expect(dx, DType::BF16, x.numel(), "gelu_backward", "dx");
@@ -178,7 +178,7 @@ void CudaOps::gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
 
 void CudaOps::xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
                          Tensor& stats) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Xent);
   const char* op = "xent_stats";
   expect_on_device(targets, op, "targets");
   expect_dtype(targets, DType::I32, op, "targets");
@@ -194,7 +194,7 @@ void CudaOps::xent_stats(const Tensor& logits, const Tensor& targets, int64_t vo
 }
 
 void CudaOps::xent_combine(const Tensor& parts, Tensor& lse, Tensor& loss) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Xent);
   const char* op = "xent_combine";
   TRIPOD_CHECK(parts.dim() == 3 && parts.size(2) == 3, "{}: parts must be (P, N, 3), got {}", op, parts.str());
   const int64_t P = parts.size(0), N = parts.size(1);
@@ -207,7 +207,7 @@ void CudaOps::xent_combine(const Tensor& parts, Tensor& lse, Tensor& loss) {
 
 void CudaOps::xent_backward(Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
                             const Tensor& lse, float scale) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Xent);
   const char* op = "xent_backward";
   expect_on_device(targets, op, "targets");
   expect_dtype(targets, DType::I32, op, "targets");
@@ -224,7 +224,7 @@ void CudaOps::xent_backward(Tensor& logits, const Tensor& targets, int64_t vocab
 
 void CudaOps::adamw(Tensor& master, const Tensor& grads, Tensor& m, Tensor& v, std::span<const FlatRange> ranges,
                     const AdamWHyper& h, Tensor& compute_copy) {
-  ScopedTimer timer(*this, OpFamily::Other);
+  ScopedTimer timer(*this, OpFamily::Optimizer);
   const char* op = "adamw";
   const int64_t n = master.numel();
   expect(master, DType::F32, n, op, "master");

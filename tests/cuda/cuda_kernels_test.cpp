@@ -516,17 +516,18 @@ TEST_F(CudaOpsTest, AdamWOverRangesWritesTheBf16Copy) {
 // ---- timing ---------------------------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, TimesOpFamilies) {
-  auto& ops = dynamic_cast<cuda::CudaOps&>(*gpu_);
-  ops.set_timing(true);
   Tensor x = up(randn({256, 256}, 110)), w = up(randn({256, 256}, 111, 0.05f)), y = poison({256, 256});
+  gpu_->set_timing(true);
   gpu_->linear_forward(x, w, Tensor{}, y);
   gpu_->gelu_forward(y, x);
-  cuda::OpTimes t = ops.take_times();
-  EXPECT_GT(t.ms[static_cast<int>(cuda::OpFamily::Gemm)], 0.0);
-  EXPECT_GT(t.ms[static_cast<int>(cuda::OpFamily::Other)], 0.0);
-  EXPECT_EQ(t.ms[static_cast<int>(cuda::OpFamily::Attention)], 0.0);
-  EXPECT_GE(t.ops, 2);
-  EXPECT_EQ(ops.take_times().ops, 0);
+  OpTimes t = gpu_->take_times();
+  EXPECT_GT(t.seconds_of(OpFamily::Gemm), 0.0);
+  EXPECT_GT(t.seconds_of(OpFamily::Gelu), 0.0);
+  EXPECT_EQ(t.seconds_of(OpFamily::Attention), 0.0);
+  EXPECT_EQ(t.calls_of(OpFamily::Gemm), 1);
+  EXPECT_EQ(t.calls_of(OpFamily::Gelu), 1);
+  EXPECT_EQ(t.total_calls(), 2);
+  EXPECT_EQ(gpu_->take_times().total_calls(), 0);
 }
 
 // A wrong dtype is a bug in the caller: an error naming the op and the argument, not a crash.

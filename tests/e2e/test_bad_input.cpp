@@ -3,23 +3,19 @@
 // with exit status 2, exactly one line on stderr starting "error:" that names the key or file,
 // no crash and no hang, and leave every file that existed before it byte-for-byte unchanged.
 // One process runs every case over fixtures built once (a dataset, a tokenizer, a checkpoint).
-#include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
 #include <functional>
 #include <map>
 
 #include "checkpoint/metadata.h"
-#include "cli_util.h"
 #include "data/hash.h"
+#include "e2e_test.h"
 
 namespace tripod {
 namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using test::run_cmd;
+using test::run_tripod;
 using test::slurp;
 using test::write_file;
 
@@ -43,35 +39,30 @@ class BadInput : public ::testing::Test {
     dir = test::scratch_dir("bad_input");
     fx = dir / "fx";
     fs::create_directories(fx);
-    base = R"([model]
-n_layers = 2
-n_heads = 2
-d_model = 16
-seq_len = 8
-vocab_size = 512
-[train]
-micro_batch_size = 1
-global_batch_size = 2
-steps = 2
-log_interval = 1
-trace = false
-[data]
-synthetic = true
-)";
+    // Smaller still than the other end-to-end tests' model: a hundred runs of it.
+    const test::ConfigOverrides small = {
+        {"model.n_heads", "2"},      {"model.d_model", "16"},         {"model.seq_len", "8"},
+        {"model.vocab_size", "512"}, {"train.micro_batch_size", "1"}, {"train.global_batch_size", "2"},
+        {"train.steps", "2"},        {"train.trace", "false"}};
+    base = test::tiny_config(small);
     write_file(fx / "base.toml", base);
     const std::string src = std::string(TRIPOD_SOURCE_PATH) + "/tests/fixtures/data/genesis_1_8.jsonl";
     must("data train-tokenizer --input " + q(src) + " --vocab-size 400 --model-prefix " + q(fx / "tok"));
     must("data preprocess --input " + q(src) + " --tokenizer-model " + q(fx / "tok.model") + " --output-prefix " +
          q(fx / "gen") + " --workers 1");
-    write_file(fx / "data.toml", base.substr(0, base.find("synthetic = true")) + "prefixes = [" +
-                                     json((fx / "gen").string()).dump() + "]\ntokenizer = " +
-                                     json((fx / "tok.model").string()).dump() + "\n");
+    test::ConfigOverrides data = small;
+    data.insert(data.end(), {{"data.synthetic", ""},
+                             {"data.prefixes", "[" + json((fx / "gen").string()).dump() + "]"},
+                             {"data.tokenizer", json((fx / "tok.model").string()).dump()}});
+    write_file(fx / "data.toml", test::tiny_config(data));
     must("train --config " + q(fx / "base.toml") + " --set train.output_dir=" + q(dir / "runs/fixture") +
          " --set checkpoint.dir=" + q(fx / "ck") + " --set checkpoint.interval=1");
     must("train --config " + q(fx / "data.toml") + " --set train.output_dir=" + q(dir / "runs/fixture_data"));
     must("ckpt convert " + q(fx / "ck") + " --to safetensors " + q(fx / "model.safetensors"));
     // A Llama-family checkpoint and its Hugging Face folder (config.json + model.safetensors).
-    write_file(fx / "llama.toml", "[model]\narch = \"llama\"\n" + base.substr(base.find('\n') + 1));
+    test::ConfigOverrides llama = small;
+    llama.emplace_back("model.arch", "\"llama\"");
+    write_file(fx / "llama.toml", test::tiny_config(llama));
     must("train --config " + q(fx / "llama.toml") + " --set train.output_dir=" + q(dir / "runs/fixture_llama") +
          " --set checkpoint.dir=" + q(fx / "ckl"));
     must("ckpt convert " + q(fx / "ckl") + " --to safetensors " + q(fx / "llama_hf"));
@@ -82,7 +73,7 @@ synthetic = true
   }
 
   static void must(const std::string& args) {
-    auto r = run_cmd(test::tripod_bin() + " " + args);
+    auto r = run_tripod(args);
     ASSERT_EQ(r.status, 0) << args << "\n" << r.err;
   }
   static fs::path ck_iter() { return fx / "ck" / "iter_0000002"; }
@@ -154,9 +145,7 @@ synthetic = true
   void refused(const std::string& args, const std::string& needle, int np = 1, const std::string& env = "") {
     ++cases;
     const auto before = snapshot(fx);
-    const std::string cmd = "timeout -k 5 60 env " + env + " " + (np > 1 ? test::mpirun(np) : std::string()) +
-                            test::tripod_bin() + " " + args;
-    const auto r = run_cmd(cmd);
+    const auto r = run_tripod(args, {.np = np, .env = env, .timeout_s = 60});
     SCOPED_TRACE("tripod " + args + (np > 1 ? " (" + std::to_string(np) + " ranks)" : ""));
     EXPECT_EQ(r.status, 2) << r.err;
     EXPECT_EQ(test::count_lines_starting(r.err, "error:"), 1) << r.err;

@@ -1,57 +1,39 @@
 // `tripod eval` and `tripod generate` end to end, alone and under mpirun, and the periodic
 // evaluation of `tripod train` as the report reads it. Bad input: one "error:" line, exit 2.
-#include <gtest/gtest.h>
-
 #include <cmath>
-#include <nlohmann/json.hpp>
 
-#include "cli_util.h"
+#include "e2e_test.h"
 #include "train/report.h"
 
 namespace tripod {
 namespace {
 
-using test::run_cmd;
-
-const char* kTiny = R"([model]
-n_layers = 2
-n_heads = 4
-d_model = 32
-seq_len = 16
-vocab_size = 512
-[train]
-micro_batch_size = 2
-global_batch_size = 8
-steps = 4
-log_interval = 1
-eval_steps = 2
-[data]
-synthetic = true
-)";
-
-std::string tripod(const std::string& args) { return test::tripod_bin() + " " + args; }
+using test::run_tripod;
 
 void expect_error(const test::CmdResult& r, const std::string& what, const std::string& label) {
-  EXPECT_EQ(r.status, 2) << label << ": " << r.err;
-  EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << label << ": " << r.err;
-  EXPECT_NE(r.err.find(what), std::string::npos) << label << ": " << r.err;
+  SCOPED_TRACE(label);
+  test::expect_refused(r, what);
 }
 
-class EvalGenerateCli : public ::testing::Test {
+class EvalGenerateCli : public test::E2eTest {
  protected:
   void SetUp() override {
-    dir_ = test::scratch_dir("evalgen");
-    cfg_ = (dir_ / "c.toml").string();
-    test::write_file(cfg_, kTiny);
+    E2eTest::SetUp();
+    cfg_ = write_config({{"model.vocab_size", "512"}, {"train.steps", "4"}, {"train.eval_steps", "2"}}).string();
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::filesystem::path dir_;
+  // Trains a SentencePiece model of 400 pieces on the fixture text, as dir_/tok.model.
+  void train_tokenizer() {
+    auto tok =
+        run_tripod("data train-tokenizer --input " + std::string(TRIPOD_SOURCE_PATH) +
+                   "/tests/fixtures/data/genesis_1_8.jsonl --vocab-size 400 --model-prefix " + (dir_ / "tok").string());
+    ASSERT_EQ(tok.status, 0) << tok.err;
+  }
   std::string cfg_;
 };
 
 TEST_F(EvalGenerateCli, EvalIsTheSameOnEveryGridAndPrintsJson) {
   auto eval = [&](const std::string& extra) {
-    return run_cmd(tripod("eval --config " + cfg_ + " --init-seed 7 --json " + extra));
+    return run_tripod("eval --config " + cfg_ + " --init-seed 7 --json " + extra);
   };
   auto one = eval("");
   ASSERT_EQ(one.status, 0) << one.err;
@@ -61,7 +43,7 @@ TEST_F(EvalGenerateCli, EvalIsTheSameOnEveryGridAndPrintsJson) {
   EXPECT_NEAR(j["loss"].get<double>(), std::log(512.0), 0.1) << "random weights guess about uniformly";
   EXPECT_NEAR(j["perplexity"].get<double>(), std::exp(j["loss"].get<double>()), 1e-6 * j["perplexity"].get<double>());
   for (const char* grid : {"--set parallel.tp=2", "--set parallel.pp=2"}) {
-    auto r = run_cmd(test::mpirun(2) + tripod("eval --config " + cfg_ + " --init-seed 7 --json " + grid));
+    auto r = run_tripod("eval --config " + cfg_ + " --init-seed 7 --json " + grid, {.np = 2});
     ASSERT_EQ(r.status, 0) << grid << ": " << r.err;
     EXPECT_NEAR(nlohmann::json::parse(r.out)["loss"].get<double>(), j["loss"].get<double>(),
                 1e-6 * j["loss"].get<double>()) << grid;
@@ -72,28 +54,24 @@ TEST_F(EvalGenerateCli, EvalIsTheSameOnEveryGridAndPrintsJson) {
   EXPECT_EQ(t["split"], "test");
   EXPECT_EQ(t["tokens"], 5 * 16);
   EXPECT_NE(t["loss"].get<double>(), j["loss"].get<double>());
-  auto text = run_cmd(tripod("eval --config " + cfg_ + " --init-seed 7"));
+  auto text = run_tripod("eval --config " + cfg_ + " --init-seed 7");
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_EQ(text.out.rfind("eval valid: loss ", 0), 0u) << text.out;
   EXPECT_NE(text.out.find("perplexity"), std::string::npos) << text.out;
 
-  expect_error(run_cmd(tripod("eval --config " + cfg_)), "--init-seed", "no weights");
+  expect_error(run_tripod("eval --config " + cfg_), "--init-seed", "no weights");
   expect_error(eval("--split train"), "--split 'train'", "train split");
   expect_error(eval("--samples -3"), "--samples -3", "negative samples");
-  expect_error(run_cmd(tripod("eval --config " + cfg_ + " --load " + (dir_ / "nothing").string())),
+  expect_error(run_tripod("eval --config " + cfg_ + " --load " + (dir_ / "nothing").string()),
                (dir_ / "nothing").string() + " does not exist", "a missing checkpoint");
 }
 
 TEST_F(EvalGenerateCli, TrainingEvaluatesEveryIntervalAndTheReportReadsIt) {
   const auto run = dir_ / "run";
-  auto r = run_cmd(tripod("train --config " + cfg_ + " --set train.eval_interval=2 --set train.output_dir=" +
-                          run.string()));
+  auto r = run_tripod("train --config " + cfg_ + " --set train.eval_interval=2 --set train.output_dir=" + run.string());
   ASSERT_EQ(r.status, 0) << r.err;
-  std::ifstream in(run / "metrics.jsonl");
-  std::string line;
   std::vector<int64_t> eval_steps;
-  while (std::getline(in, line)) {
-    auto j = nlohmann::json::parse(line);
+  for (const auto& j : test::metrics(run)) {
     if (!j.value("eval", false)) continue;
     eval_steps.push_back(j["step"]);
     EXPECT_EQ(j["val_loss"], j["loss"]);
@@ -107,22 +85,19 @@ TEST_F(EvalGenerateCli, TrainingEvaluatesEveryIntervalAndTheReportReadsIt) {
 }
 
 TEST_F(EvalGenerateCli, GenerateIsDeterministicAndTheSameAtTpTwo) {
-  auto tok = run_cmd(tripod("data train-tokenizer --input " + std::string(TRIPOD_SOURCE_PATH) +
-                            "/tests/fixtures/data/genesis_1_8.jsonl --vocab-size 400 --model-prefix " +
-                            (dir_ / "tok").string()));
-  ASSERT_EQ(tok.status, 0) << tok.err;
+  ASSERT_NO_FATAL_FAILURE(train_tokenizer());
   // GPT-2 and a Llama-family model (2 key/value heads: one per rank at tp = 2, rope at the cached positions).
   for (const std::string arch : {"", "--set model.arch=llama --set model.n_kv_heads=2 "})
   for (const std::string sampling : {"--temperature 0", "--temperature 0.8 --top-k 50 --top-p 0.9 --seed 11"}) {
     SCOPED_TRACE(arch + sampling);
     const std::string base = "generate --config " + cfg_ + " --set data.tokenizer=" + (dir_ / "tok.model").string() +
                              " --init-seed 3 --prompt 'And God said' --max-tokens 10 " + arch;
-    auto a = run_cmd(tripod(base + sampling));
+    auto a = run_tripod(base + sampling);
     ASSERT_EQ(a.status, 0) << a.err;
     EXPECT_GT(a.out.size(), 1u) << "some text streamed";
-    auto b = run_cmd(tripod(base + sampling));
+    auto b = run_tripod(base + sampling);
     EXPECT_EQ(a.out, b.out) << sampling << ": the same seed, the same text";
-    auto tp2 = run_cmd(test::mpirun(2) + tripod(base + sampling + " --set parallel.pp=2"));
+    auto tp2 = run_tripod(base + sampling + " --set parallel.pp=2", {.np = 2});
     ASSERT_EQ(tp2.status, 0) << tp2.err;
     EXPECT_EQ(tp2.out, a.out) << sampling << ": tp=2 generates what tp=1 does";
     EXPECT_NE(tp2.err.find("tp=2"), std::string::npos) << tp2.err;
@@ -130,66 +105,63 @@ TEST_F(EvalGenerateCli, GenerateIsDeterministicAndTheSameAtTpTwo) {
 
   const std::string with_tok = "generate --config " + cfg_ + " --init-seed 3 --set data.tokenizer=" +
                                (dir_ / "tok.model").string();
-  expect_error(run_cmd(tripod("generate --config " + cfg_ + " --init-seed 3 --prompt hi")), "data.tokenizer",
+  expect_error(run_tripod("generate --config " + cfg_ + " --init-seed 3 --prompt hi"), "data.tokenizer",
                "no tokenizer");
-  expect_error(run_cmd(tripod("generate --config " + cfg_ + " --init-seed 3 --prompt hi --set data.tokenizer=" +
-                              (dir_ / "missing.model").string())),
+  expect_error(run_tripod("generate --config " + cfg_ +
+                          " --init-seed 3 --prompt hi --set data.tokenizer=" + (dir_ / "missing.model").string()),
                "missing.model", "missing tokenizer file");
-  expect_error(run_cmd(tripod(with_tok + " --prompt ''")), "--prompt", "empty prompt");
-  expect_error(run_cmd(tripod(with_tok + " --prompt 'And God said' --max-tokens 16")), "model holds 16 positions",
+  expect_error(run_tripod(with_tok + " --prompt ''"), "--prompt", "empty prompt");
+  expect_error(run_tripod(with_tok + " --prompt 'And God said' --max-tokens 16"), "model holds 16 positions",
                "beyond seq_len");
-  expect_error(run_cmd(tripod(with_tok + " --prompt hi --temperature -1")), "--temperature -1", "temperature");
-  expect_error(run_cmd(tripod(with_tok + " --prompt hi --top-p 0")), "--top-p 0", "top-p 0");
-  expect_error(run_cmd(tripod(with_tok + " --prompt hi --top-p 1.5")), "--top-p 1.5", "top-p 1.5");
-  expect_error(run_cmd(tripod(with_tok + " --prompt hi --top-k -2")), "--top-k -2", "top-k");
-  expect_error(run_cmd(tripod(with_tok + " --prompt hi --set model.vocab_size=300")), "model.vocab_size = 300",
+  expect_error(run_tripod(with_tok + " --prompt hi --temperature -1"), "--temperature -1", "temperature");
+  expect_error(run_tripod(with_tok + " --prompt hi --top-p 0"), "--top-p 0", "top-p 0");
+  expect_error(run_tripod(with_tok + " --prompt hi --top-p 1.5"), "--top-p 1.5", "top-p 1.5");
+  expect_error(run_tripod(with_tok + " --prompt hi --top-k -2"), "--top-k -2", "top-k");
+  expect_error(run_tripod(with_tok + " --prompt hi --set model.vocab_size=300"), "model.vocab_size = 300",
                "tokenizer larger than the model");
 }
 
 TEST_F(EvalGenerateCli, ACheckpointAloneIsEnoughAndEvalFitsItsGridToTheWorld) {
-  auto tok = run_cmd(tripod("data train-tokenizer --input " + std::string(TRIPOD_SOURCE_PATH) +
-                            "/tests/fixtures/data/genesis_1_8.jsonl --vocab-size 400 --model-prefix " +
-                            (dir_ / "tok").string()));
-  ASSERT_EQ(tok.status, 0) << tok.err;
+  ASSERT_NO_FATAL_FAILURE(train_tokenizer());
   const std::string ckpt = (dir_ / "ckpt").string();
-  auto train = run_cmd(tripod("train --config " + cfg_ + " --set train.steps=2 --set checkpoint.dir=" + ckpt +
-                              " --set data.tokenizer=" + (dir_ / "tok.model").string() +
-                              " --set train.output_dir=" + (dir_ / "run").string()));
+  auto train = run_tripod("train --config " + cfg_ + " --set train.steps=2 --set checkpoint.dir=" + ckpt +
+                          " --set data.tokenizer=" + (dir_ / "tok.model").string() +
+                          " --set train.output_dir=" + (dir_ / "run").string());
   ASSERT_EQ(train.status, 0) << train.err;
 
   // eval: the checkpoint's config (grid dp = pp = tp = 1) on one rank, and refitted to two.
-  auto one = run_cmd(tripod("eval --load " + ckpt + " --json"));
+  auto one = run_tripod("eval --load " + ckpt + " --json");
   ASSERT_EQ(one.status, 0) << one.err;
-  auto with_config = run_cmd(tripod("eval --config " + cfg_ + " --load " + ckpt + " --json"));
+  auto with_config = run_tripod("eval --config " + cfg_ + " --load " + ckpt + " --json");
   ASSERT_EQ(with_config.status, 0) << with_config.err;
   EXPECT_EQ(one.out, with_config.out);
-  auto two = run_cmd(test::mpirun(2) + tripod("eval --load " + ckpt + " --json"));
+  auto two = run_tripod("eval --load " + ckpt + " --json", {.np = 2});
   ASSERT_EQ(two.status, 0) << two.err;
   EXPECT_NE(two.err.find("eval runs on grid (dp=2, pp=1, tp=1)"), std::string::npos) << two.err;
   const double loss = nlohmann::json::parse(one.out)["loss"].get<double>();
   EXPECT_NEAR(nlohmann::json::parse(two.out)["loss"].get<double>(), loss, 1e-6 * loss);
   EXPECT_EQ(nlohmann::json::parse(two.out)["tokens"], nlohmann::json::parse(one.out)["tokens"]);
   // A grid given with --set is honoured exactly, so this one does not fit two ranks.
-  expect_error(run_cmd(test::mpirun(2) + tripod("eval --load " + ckpt + " --set parallel.dp=1")), "world size is 2",
+  expect_error(run_tripod("eval --load " + ckpt + " --set parallel.dp=1", {.np = 2}), "world size is 2",
                "explicit grid");
 
   // generate: the tokenizer comes from the checkpoint's config too.
   const std::string gen = " --prompt 'And God said' --max-tokens 6 --temperature 0";
-  auto alone = run_cmd(tripod("generate --load " + ckpt + gen));
+  auto alone = run_tripod("generate --load " + ckpt + gen);
   ASSERT_EQ(alone.status, 0) << alone.err;
-  auto given = run_cmd(tripod("generate --config " + cfg_ + " --set data.tokenizer=" + (dir_ / "tok.model").string() +
-                              " --load " + ckpt + gen));
+  auto given = run_tripod("generate --config " + cfg_ + " --set data.tokenizer=" + (dir_ / "tok.model").string() +
+                          " --load " + ckpt + gen);
   ASSERT_EQ(given.status, 0) << given.err;
   EXPECT_EQ(alone.out, given.out);
   std::filesystem::rename(dir_ / "tok.model", dir_ / "moved.model");
-  expect_error(run_cmd(tripod("generate --load " + ckpt + gen)), "data.tokenizer = \"" + (dir_ / "tok.model").string(),
+  expect_error(run_tripod("generate --load " + ckpt + gen), "data.tokenizer = \"" + (dir_ / "tok.model").string(),
                "a tokenizer that moved");
-  auto moved = run_cmd(tripod("generate --load " + ckpt + " --set data.tokenizer=" + (dir_ / "moved.model").string() + gen));
+  auto moved = run_tripod("generate --load " + ckpt + " --set data.tokenizer=" + (dir_ / "moved.model").string() + gen);
   ASSERT_EQ(moved.status, 0) << moved.err;
   EXPECT_EQ(moved.out, alone.out);
 
-  expect_error(run_cmd(tripod("eval --init-seed 1")), "give --config F.toml, or --load CKPT", "no config at all");
-  expect_error(run_cmd(tripod("eval --load latest")), "--load latest looks in checkpoint.dir", "latest, no config");
+  expect_error(run_tripod("eval --init-seed 1"), "give --config F.toml, or --load CKPT", "no config at all");
+  expect_error(run_tripod("eval --load latest"), "--load latest looks in checkpoint.dir", "latest, no config");
 }
 
 }  // namespace

@@ -1,16 +1,13 @@
 // `tripod report` end to end: a real two-rank pipeline run becomes one self-contained HTML page
 // with its curves, memory bars and timeline; missing pieces are stated on the page; bad inputs
 // fail with one "error:" line; and, where Debian's chromium is installed, the page renders.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
 
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 
-#include "cli_util.h"
+#include "e2e_test.h"
 #include "train/report.h"
 
 namespace tripod {
@@ -20,23 +17,7 @@ using test::slurp;
 
 namespace fs = std::filesystem;
 using test::run_cmd;
-
-const char* kTiny = R"([model]
-n_layers = 2
-n_heads = 4
-d_model = 32
-seq_len = 16
-vocab_size = 64
-[parallel]
-pp = 2
-[train]
-micro_batch_size = 2
-global_batch_size = 8
-steps = 4
-log_interval = 1
-[data]
-synthetic = true
-)";
+using test::run_tripod;
 
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
@@ -70,14 +51,17 @@ nlohmann::json chart_data(const std::string& html) {
   return nlohmann::json::parse(text);
 }
 
+class Report : public test::E2eTest {};
+
 // One tiny pp=2 training under mpirun, shared by the tests that read its run directory.
 class ReportOfRun : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new fs::path(test::scratch_dir("report_run"));
-    test::write_file(*dir_ / "c.toml", kTiny);
-    auto r = run_cmd(test::mpirun(2) + test::tripod_bin() + " train --config " + (*dir_ / "c.toml").string() +
-                     " --set train.output_dir=" + (*dir_ / "run").string());
+    test::write_file(*dir_ / "c.toml", test::tiny_config({{"parallel.pp", "2"}, {"train.steps", "4"}}));
+    auto r = run_tripod(
+        "train --config " + (*dir_ / "c.toml").string() + " --set train.output_dir=" + (*dir_ / "run").string(),
+        {.np = 2});
     train_status_ = r.status;
     train_err_ = r.err;
   }
@@ -100,7 +84,7 @@ TEST_F(ReportOfRun, PageHoldsCurvesMemoryTimelineAndConfig) {
   std::set<std::string> files_before;
   for (const auto& e : fs::directory_iterator(run())) files_before.insert(e.path().filename().string());
 
-  auto r = run_cmd(test::tripod_bin() + " report " + run().string());
+  auto r = run_tripod("report " + run().string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("wrote " + (run() / "report.html").string()), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("4 logged step(s)"), std::string::npos) << r.out;
@@ -126,11 +110,8 @@ TEST_F(ReportOfRun, PageHoldsCurvesMemoryTimelineAndConfig) {
   EXPECT_NE(html.find("<path class=\"series\" data-series=\"tokens/s\" d=\"M"), std::string::npos);
   EXPECT_NE(html.find("<path class=\"series\" data-series=\"MFU\" d=\"M"), std::string::npos);
   auto data = chart_data(html);
-  std::ifstream m(run() / "metrics.jsonl");
-  std::string line;
   std::vector<double> losses, tps;
-  while (std::getline(m, line)) {
-    auto j = nlohmann::json::parse(line);
+  for (const auto& j : test::metrics(run())) {
     losses.push_back(j.at("loss").get<double>());
     tps.push_back(j.at("tokens_per_s").get<double>());
   }
@@ -159,7 +140,7 @@ TEST_F(ReportOfRun, PageHoldsCurvesMemoryTimelineAndConfig) {
 
 TEST_F(ReportOfRun, OutWritesElsewhereAndMatchesTheLibrary) {
   auto out = run().parent_path() / "page.html";
-  auto r = run_cmd(test::tripod_bin() + " report " + run().string() + " --out " + out.string());
+  auto r = run_tripod("report " + run().string() + " --out " + out.string());
   ASSERT_EQ(r.status, 0) << r.err;
   ASSERT_TRUE(fs::exists(out));
   ReportInfo info;
@@ -172,8 +153,7 @@ TEST_F(ReportOfRun, OutWritesElsewhereAndMatchesTheLibrary) {
   EXPECT_EQ(strip_time(slurp(out)), strip_time(html));
 }
 
-TEST(Report, ValidationRecordsGiveASecondCurveAndLaterRecordsWin) {
-  auto dir = test::scratch_dir("report_eval");
+TEST_F(Report, ValidationRecordsGiveASecondCurveAndLaterRecordsWin) {
   std::string metrics;
   // Steps 1..40, then a resumed session logging steps 31..40 again with other losses.
   for (int s = 1; s <= 40; ++s)
@@ -190,10 +170,10 @@ TEST(Report, ValidationRecordsGiveASecondCurveAndLaterRecordsWin) {
                            R"("tokens_per_s":1000,"mfu":0.01,"skipped":{}}})"
                            "\n",
                            s, s == 35 ? "null" : "1.25", s == 35 ? "true" : "false");
-  test::write_file(dir / "metrics.jsonl", metrics);
-  auto r = run_cmd(test::tripod_bin() + " report " + dir.string());
+  test::write_file(dir_ / "metrics.jsonl", metrics);
+  auto r = run_tripod("report " + dir_.string());
   ASSERT_EQ(r.status, 0) << r.err;
-  const std::string html = slurp(dir / "report.html");
+  const std::string html = slurp(dir_ / "report.html");
   expect_self_contained(html);
   auto data = chart_data(html);
   const auto& series = data["charts"]["loss"]["series"];
@@ -214,53 +194,45 @@ TEST(Report, ValidationRecordsGiveASecondCurveAndLaterRecordsWin) {
   EXPECT_NE(html.find("No configuration: "), std::string::npos);
   EXPECT_NE(html.find("No pipeline timeline: "), std::string::npos);
   EXPECT_NE(html.find("No memory figures"), std::string::npos);
-  fs::remove_all(dir);
 }
 
-TEST(Report, EmptyRunDirectoryStatesWhatIsMissing) {
-  auto dir = test::scratch_dir("report_empty");
-  auto r = run_cmd(test::tripod_bin() + " report " + dir.string());
+TEST_F(Report, EmptyRunDirectoryStatesWhatIsMissing) {
+  auto r = run_tripod("report " + dir_.string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("note: No metrics yet"), std::string::npos) << r.out;
-  const std::string html = slurp(dir / "report.html");
+  const std::string html = slurp(dir_ / "report.html");
   expect_self_contained(html);
-  EXPECT_NE(html.find("No metrics yet: " + (dir / "metrics.jsonl").string() + " does not exist"), std::string::npos);
-  EXPECT_NE(html.find("No pipeline timeline: " + (dir / "trace").string() + " does not exist"), std::string::npos);
+  EXPECT_NE(html.find("No metrics yet: " + (dir_ / "metrics.jsonl").string() + " does not exist"), std::string::npos);
+  EXPECT_NE(html.find("No pipeline timeline: " + (dir_ / "trace").string() + " does not exist"), std::string::npos);
   EXPECT_NE(html.find("No configuration: "), std::string::npos);
   // A trace folder without rank files yet.
-  fs::create_directories(dir / "trace");
-  test::write_file(dir / "metrics.jsonl", "\n");
-  r = run_cmd(test::tripod_bin() + " report " + dir.string());
+  fs::create_directories(dir_ / "trace");
+  test::write_file(dir_ / "metrics.jsonl", "\n");
+  r = run_tripod("report " + dir_.string());
   ASSERT_EQ(r.status, 0) << r.err;
-  const std::string html2 = slurp(dir / "report.html");
+  const std::string html2 = slurp(dir_ / "report.html");
   EXPECT_NE(html2.find("holds no rank_&lt;R&gt;.jsonl files yet"), std::string::npos);
   EXPECT_NE(html2.find("holds no step records"), std::string::npos);
-  fs::remove_all(dir);
 }
 
-TEST(Report, BadInputsExitTwoNamingTheFileAndWriteNothing) {
-  auto dir = test::scratch_dir("report_bad");
+TEST_F(Report, BadInputsExitTwoNamingTheFileAndWriteNothing) {
   // No such directory.
-  auto r = run_cmd(test::tripod_bin() + " report " + (dir / "nope").string());
-  EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
-  EXPECT_NE(r.err.find((dir / "nope").string() + ": no such run directory"), std::string::npos) << r.err;
-  EXPECT_FALSE(fs::exists(dir / "nope"));
+  auto r = run_tripod("report " + (dir_ / "nope").string());
+  test::expect_refused(r, (dir_ / "nope").string() + ": no such run directory");
+  EXPECT_FALSE(fs::exists(dir_ / "nope"));
 
   // A line that is not JSON: named with its line number; an existing page is left as it was.
-  test::write_file(dir / "report.html", "old page");
-  test::write_file(dir / "metrics.jsonl", "{\"step\":1,\"loss\":2.5}\n\n{\"step\":2,\"loss\":\n");
-  r = run_cmd(test::tripod_bin() + " report " + dir.string());
-  EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
-  EXPECT_NE(r.err.find((dir / "metrics.jsonl").string() + ":3: not a JSON line"), std::string::npos) << r.err;
-  EXPECT_EQ(slurp(dir / "report.html"), "old page");
+  test::write_file(dir_ / "report.html", "old page");
+  test::write_file(dir_ / "metrics.jsonl", "{\"step\":1,\"loss\":2.5}\n\n{\"step\":2,\"loss\":\n");
+  test::expect_refused(run_tripod("report " + dir_.string()),
+                       (dir_ / "metrics.jsonl").string() + ":3: not a JSON line");
+  EXPECT_EQ(slurp(dir_ / "report.html"), "old page");
   // The same line last, without its newline, is one being written: left out, and said so.
-  test::write_file(dir / "metrics.jsonl", "{\"step\":1,\"loss\":2.5}\n{\"step\":2,\"loss\":");
-  r = run_cmd(test::tripod_bin() + " report " + dir.string() + " --out " + (dir / "live.html").string());
+  test::write_file(dir_ / "metrics.jsonl", "{\"step\":1,\"loss\":2.5}\n{\"step\":2,\"loss\":");
+  r = run_tripod("report " + dir_.string() + " --out " + (dir_ / "live.html").string());
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("1 logged step(s)"), std::string::npos) << r.out;
-  EXPECT_NE(slurp(dir / "live.html").find("metrics.jsonl is unfinished (being written?)"), std::string::npos);
+  EXPECT_NE(slurp(dir_ / "live.html").find("metrics.jsonl is unfinished (being written?)"), std::string::npos);
 
   struct Case {
     std::string line, expect;
@@ -272,29 +244,26 @@ TEST(Report, BadInputsExitTwoNamingTheFileAndWriteNothing) {
            {"{\"step\":1,\"loss\":1,\"mem_peak_bytes\":{\"params\":\"x\"}}", ":1: mem_peak_bytes.params must be"},
            {"{\"eval\":true,\"step\":1,\"split\":3,\"loss\":1}", ":1: \"split\" must be a string"},
        }) {
-    test::write_file(dir / "metrics.jsonl", c.line + "\n");
-    r = run_cmd(test::tripod_bin() + " report " + dir.string());
-    EXPECT_EQ(r.status, 2) << c.line << ": " << r.err;
-    EXPECT_EQ(test::count_lines_starting(r.err, "error: "), 1) << r.err;
-    EXPECT_NE(r.err.find("metrics.jsonl" + c.expect), std::string::npos) << c.line << ": " << r.err;
+    test::write_file(dir_ / "metrics.jsonl", c.line + "\n");
+    SCOPED_TRACE(c.line);
+    test::expect_refused(run_tripod("report " + dir_.string()), "metrics.jsonl" + c.expect);
   }
 
   // A broken trace file is named as it is in the run directory.
-  test::write_file(dir / "metrics.jsonl", "");
-  fs::create_directories(dir / "trace");
-  test::write_file(dir / "trace" / "rank_0.jsonl", "not json\n");
-  r = run_cmd(test::tripod_bin() + " report " + dir.string());
+  test::write_file(dir_ / "metrics.jsonl", "");
+  fs::create_directories(dir_ / "trace");
+  test::write_file(dir_ / "trace" / "rank_0.jsonl", "not json\n");
+  r = run_tripod("report " + dir_.string());
   EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_NE(r.err.find((dir / "trace" / "rank_0.jsonl").string() + ":1:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find((dir_ / "trace" / "rank_0.jsonl").string() + ":1:"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("tripod_report_"), std::string::npos) << r.err;
-  fs::remove_all(dir / "trace");
+  fs::remove_all(dir_ / "trace");
 
   // --out into a folder that does not exist.
-  r = run_cmd(test::tripod_bin() + " report " + dir.string() + " --out " + (dir / "no" / "page.html").string());
+  r = run_tripod("report " + dir_.string() + " --out " + (dir_ / "no" / "page.html").string());
   EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_NE(r.err.find((dir / "no" / "page.html").string()), std::string::npos) << r.err;
-  EXPECT_EQ(slurp(dir / "report.html"), "old page");
-  fs::remove_all(dir);
+  EXPECT_NE(r.err.find((dir_ / "no" / "page.html").string()), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(dir_ / "report.html"), "old page");
 }
 
 // The page in a real browser: Debian's chromium renders it headless, its script runs, and the
@@ -302,7 +271,7 @@ TEST(Report, BadInputsExitTwoNamingTheFileAndWriteNothing) {
 TEST_F(ReportOfRun, ChromiumRendersThePage) {
   const std::string chromium = "/usr/bin/chromium";
   if (!fs::exists(chromium)) GTEST_SKIP() << chromium << " not installed (apt-get install chromium)";
-  auto r = run_cmd(test::tripod_bin() + " report " + run().string());
+  auto r = run_tripod("report " + run().string());
   ASSERT_EQ(r.status, 0) << r.err;
   auto profile = run().parent_path() / "chromium_profile";
   auto png = run().parent_path() / "report.png";
@@ -311,7 +280,7 @@ TEST_F(ReportOfRun, ChromiumRendersThePage) {
                             "--user-data-dir=" + profile.string() + " --window-size=1400,2000 ";
   const std::string url = "file://" + (run() / "report.html").string();
   // The DOM after the script ran: it marks the root with the number of charts it wired up.
-  r = run_cmd("timeout 120 " + chromium + " " + flags + "--dump-dom " + url);
+  r = run_cmd(chromium + " " + flags + "--dump-dom " + url, 120);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("data-ready=\"5\""), std::string::npos) << "the page's script did not run to the end";
   // Hovering over the loss chart writes the values under it: a copy of the page with a probe
@@ -324,11 +293,11 @@ TEST_F(ReportOfRun, ChromiumRendersThePage) {
       "document.getElementById('readout-loss').textContent);})();</script>";
   page.insert(page.rfind("</body>"), probe);
   test::write_file(run().parent_path() / "hover.html", page);
-  r = run_cmd("timeout 120 " + chromium + " " + flags + "--dump-dom file://" + (run().parent_path() / "hover.html").string());
+  r = run_cmd(chromium + " " + flags + "--dump-dom file://" + (run().parent_path() / "hover.html").string(), 120);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_TRUE(std::regex_search(r.out, std::regex("data-probe=\"step [23]:  train [0-9.]+\""))) << r.out.substr(0, 400);
 
-  r = run_cmd("timeout 120 " + chromium + " " + flags + "--screenshot=" + png.string() + " " + url);
+  r = run_cmd(chromium + " " + flags + "--screenshot=" + png.string() + " " + url, 120);
   ASSERT_EQ(r.status, 0) << r.err;
   ASSERT_TRUE(fs::exists(png)) << r.err;
   // A PNG of the window's size, and big enough to hold drawn charts (a blank page of this size

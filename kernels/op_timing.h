@@ -1,0 +1,56 @@
+// Per-op-family time, recorded by each backend around its own ops (Ops::set_timing,
+// Ops::take_times): what share of a step goes to GEMMs, attention, norms, the optimizer, ...
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace tripod {
+
+// The families the backend's ops are timed in; every op belongs to exactly one.
+enum class OpFamily {
+  Gemm,         // linear_forward, linear_backward (and linear_gelu_forward where it is one fused GEMM)
+  Attention,    // attention_forward, attention_backward, attention_decode, rope
+  LayerNorm,    // layernorm_*, rmsnorm_*
+  Gelu,         // gelu_*, swiglu_*
+  Xent,         // xent_stats, xent_combine, xent_backward
+  Embedding,    // embedding_forward, embedding_backward
+  Optimizer,    // adamw
+  Elementwise,  // add, accumulate, scale
+  Memory,       // fill, copy
+  Reduction,    // sum, sum_squares
+};
+inline constexpr int kNumOpFamilies = 10;
+
+// The family's name in tables: "gemm", "attention", "layernorm", ...
+inline const char* op_family_name(OpFamily f) {
+  static constexpr const char* kNames[kNumOpFamilies] = {
+      "gemm", "attention", "layernorm", "gelu", "xent", "embedding", "optimizer", "elementwise", "memory", "reduction"};
+  return kNames[static_cast<int>(f)];
+}
+
+// The time and number of ops per family since timing was last taken: wall time on the CPU (its
+// ops run synchronously), GPU time between events around each op on CUDA.
+struct OpTimes {
+  std::array<double, kNumOpFamilies> seconds{};
+  std::array<int64_t, kNumOpFamilies> calls{};
+
+  void add(OpFamily f, double s) {
+    seconds[static_cast<int>(f)] += s;
+    ++calls[static_cast<int>(f)];
+  }
+  double seconds_of(OpFamily f) const { return seconds[static_cast<int>(f)]; }
+  int64_t calls_of(OpFamily f) const { return calls[static_cast<int>(f)]; }
+  double total_seconds() const {
+    double t = 0;
+    for (double s : seconds) t += s;
+    return t;
+  }
+  int64_t total_calls() const {
+    int64_t n = 0;
+    for (int64_t c : calls) n += c;
+    return n;
+  }
+};
+
+}  // namespace tripod
