@@ -21,13 +21,13 @@ struct DebugOptions {
   bool force_mpi = false;
   // TRIPOD_ATTENTION=auto|cudnn|reference: the CUDA attention kernels (kernels/cuda/attention_runner.h).
   AttentionKernels attention = AttentionKernels::Auto;
-  // TRIPOD_CUDA_TIMING=1: GPU time per op family (CudaOps::take_times).
+  // TRIPOD_CUDA_TIMING=1: GPU time per op family (Ops::take_times).
   bool cuda_timing = false;
   // TRIPOD_PEAK_TFLOPS=X (X > 0): the GPU's peak for MFU, instead of the datasheet figure found by
   // its name (gpu_peak_flops); 0: unset.
   double peak_tflops = 0;
   // TRIPOD_INJECT_NAN="loss@3,grad@5" (test hook).
-  std::vector<FaultInjection> inject_nan;
+  std::vector<FaultInjection> inject_nan = {};
   // TRIPOD_TEST_CKPT_SLEEP_MS=N: a checkpoint write sleeps N ms after its first tensor, so a test
   // can kill the process mid-save (test hook).
   int checkpoint_sleep_ms = 0;

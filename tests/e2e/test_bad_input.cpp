@@ -19,7 +19,7 @@ using test::run_tripod;
 using test::slurp;
 using test::write_file;
 
-std::string q(const fs::path& p) { return "'" + p.string() + "'"; }
+std::string q(const fs::path& p) { return test::shell_quote(p.string()); }
 
 // Every file under `root` and a hash of its bytes.
 std::map<std::string, uint64_t> snapshot(const fs::path& root) {
