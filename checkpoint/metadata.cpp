@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "checkpoint/crc32c.h"
@@ -21,6 +22,20 @@ std::string metadata_checksum(nlohmann::json meta) {
 namespace {
 
 using json = nlohmann::json;
+
+// A name shard_file_name writes: "pp" digits "_tp" digits "_dp" digits ".h5", at most 255 bytes.
+bool is_shard_file_name(const std::string& n) {
+  if (n.size() > 255) return false;
+  size_t i = 0;
+  for (const char* part : {"pp", "_tp", "_dp"}) {
+    if (n.compare(i, std::strlen(part), part) != 0) return false;
+    i += std::strlen(part);
+    const size_t digits = i;
+    while (i < n.size() && n[i] >= '0' && n[i] <= '9') ++i;
+    if (i == digits) return false;
+  }
+  return n.compare(i, std::string::npos, ".h5") == 0;
+}
 
 // The checks of one object's fields; `where` names the object in errors ("grid").
 struct Fields {
@@ -111,9 +126,9 @@ void validate_metadata(const json& meta, const std::string& path) {
     const Fields ff{f, path, where};
     ff.string("name", true);
     const std::string n = f["name"].get<std::string>();
-    if (n.size() < 4 || n.find('/') != std::string::npos || n.find('\\') != std::string::npos || n[0] == '.' ||
-        n.compare(n.size() - 3, 3, ".h5") != 0)
-      ff.fail("name", fmt::format("is '{}'; it must be a file name ending .h5 (no directories)", n));
+    if (!is_shard_file_name(n))
+      ff.fail("name", fmt::format("is {}; it must be a piece's file name, ppNN_tpNN_dpNN.h5",
+                                  json(n.size() > 64 ? n.substr(0, 64) + "..." : n).dump()));
     ff.integer("bytes", 0);
   }
   const Fields grid = top.object("grid", true);

@@ -161,6 +161,11 @@ TEST(CheckpointMetadata, EveryFieldIsCheckedAndTheModelComparedByKey) {
   refused([](auto& j) { j.erase("grid"); }, "'grid' is missing");
   refused([](auto& j) { j["grid"]["tp"] = 0.5; }, "'grid.tp'");
   refused([](auto& j) { j["files"][0]["name"] = "../x.h5"; }, "'files[0].name'");
+  // Only the names pieces are written under: a name longer than a file name may be (fuzzing found
+  // that the reader's std::filesystem calls threw on one) or with a line break is refused too.
+  refused([](auto& j) { j["files"][0]["name"] = "pp00_tp00_dp00" + std::string(300, '0') + ".h5"; }, "'files[0].name'");
+  refused([](auto& j) { j["files"][0]["name"] = "pp0\n_tp00_dp00.h5"; }, "'files[0].name'");
+  refused([](auto& j) { j["files"][0]["name"] = "pp00_tp00_dp00.h5x"; }, "'files[0].name'");
   refused([](auto& j) { j["model"]["n_heads"] = nullptr; }, "'model.n_heads'");
   refused([](auto& j) { j["iteration"] = 5; }, "checksum", /*resum=*/false);
   // The model: every recorded key but seq_len, named with both values.
