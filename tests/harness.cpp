@@ -3,8 +3,27 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 namespace tripod::test {
+
+SharedDir::SharedDir(const std::string& name) {
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+  int id = rank_ == 0 ? static_cast<int>(::getpid()) : 0;
+  MPI_Bcast(&id, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  path_ = std::filesystem::temp_directory_path() / fmt::format("tripod_{}_{}", name, id);
+  if (rank_ == 0) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+SharedDir::~SharedDir() {
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::error_code ec;
+  if (rank_ == 0) std::filesystem::remove_all(path_, ec);
+}
 
 std::map<std::string, std::vector<float>> gather_global_params(ParamRegistry& reg, ParallelContext& par, Ops& ops,
                                                                bool grads) {

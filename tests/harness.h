@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -78,6 +79,23 @@ inline SubWorld make_selfworld(Ops& ops) {
   w.par = std::make_unique<ParallelContext>(make_parallel_context(*w.comm, RankGrid(1, 1, 1), {}));
   return w;
 }
+
+// A fresh directory every rank of MPI_COMM_WORLD shares, named by rank 0's process id (so two
+// test runs on one machine never share one), removed by rank 0 when every rank is done with it.
+// Construct and destroy it on every rank together.
+class SharedDir {
+ public:
+  explicit SharedDir(const std::string& name);
+  ~SharedDir();
+  SharedDir(const SharedDir&) = delete;
+  SharedDir& operator=(const SharedDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& leaf) const { return path_ / leaf; }
+
+ private:
+  std::filesystem::path path_;
+  int rank_ = 0;
+};
 
 // How parallel runs are held to the serial one: the loss of every step within 1e-5 relative; all
 // weights together within 1e-5 relative (L2); each tensor within 1e-4 relative. The per-tensor

@@ -38,19 +38,6 @@ Config base_config(const Grid& g) {
   return cfg;
 }
 
-// A directory every rank agrees on, fresh.
-fs::path shared_dir(const std::string& name) {
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  fs::path d = fs::temp_directory_path() / ("tripod_ckpt_dist_" + name);
-  if (rank == 0) {
-    fs::remove_all(d);
-    fs::create_directories(d);
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  return d;
-}
-
 class CheckpointGrids : public ::testing::Test {
  protected:
   std::unique_ptr<Ops> ops = make_ops(Device::CPU);
@@ -63,12 +50,12 @@ TEST_F(CheckpointGrids, SaveOnInterleavedDistOptGridLoadsOnOtherGrids) {
     auto self = test::make_selfworld(*ops);
     ref = test::run_training(base_config({1, 1, 1, 1}), *ops, *self.par, data);
   }
-  const fs::path dir = shared_dir("reshard");
+  const test::SharedDir dir("ckpt_dist_reshard");
   const Grid save{2, 2, 2, 2};
   {
     auto w = test::make_subworld(*ops, RankGrid(save.tp, save.dp, save.pp));
     Config cfg = base_config(save);
-    cfg.checkpoint.dir = dir.string();
+    cfg.checkpoint.dir = dir.path().string();
     validate_layout(cfg, 8);
     Trainer t(cfg, *ops, *w.par, &data);
     for (int s = 0; s < 3; ++s) EXPECT_NEAR(t.step().loss, ref.losses[s], test::kLossTol * ref.losses[s]);
@@ -109,9 +96,9 @@ TEST_F(CheckpointGrids, SameGridResumeIsBitExactSyncAndAsync) {
   }
   for (bool async : {false, true}) {
     SCOPED_TRACE(async ? "async" : "sync");
-    const fs::path dir = shared_dir(async ? "async" : "sync");
+    const test::SharedDir dir(async ? "ckpt_dist_async" : "ckpt_dist_sync");
     Config c = cfg;
-    c.checkpoint.dir = dir.string();
+    c.checkpoint.dir = dir.path().string();
     c.checkpoint.async = async;
     {
       Trainer t(c, *ops, *w.par, &data);

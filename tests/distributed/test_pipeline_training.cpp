@@ -85,9 +85,8 @@ TEST_F(PipelineTraining, CustomCsvScheduleTrainsAndBrokenOneIsRefused) {
   test::RunResult ref = serial();
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  auto dir = std::filesystem::temp_directory_path() / "tripod_pp_csv";
+  const test::SharedDir dir("pp_csv");
   if (rank == 0) {
-    std::filesystem::create_directories(dir);
     // A valid schedule of our own: 1F1B on rank 1, all-forwards-first on rank 0 (pp=2, m=8).
     Schedule s = build_schedule("1f1b", 2, 1, 8);
     s.ranks[0] = build_schedule("gpipe", 2, 1, 8).ranks[0];
