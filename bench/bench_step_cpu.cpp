@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 
 #include "core/log.h"
 #include "kernels/op.h"
@@ -78,6 +79,8 @@ int main(int argc, char** argv) {
     for (int i = 0; i < s.steps; ++i) times.push_back(t.step().step_time_s);
     ops->set_timing(false);
     const OpTimes op_times = ops->take_times();
+    // Shares are of the timed steps' total wall time (the median step can be shorter than their mean).
+    const double timed_s = std::accumulate(times.begin(), times.end(), 0.0);
     std::sort(times.begin(), times.end());
     double median = times[times.size() / 2];
     double tokens = static_cast<double>(cfg.train.global_batch_size) * s.seq;
@@ -89,11 +92,11 @@ int main(int argc, char** argv) {
         if (op_times.calls[f] == 0) continue;
         const double v = op_times.seconds[f];
         text += fmt::format("    {:<12} {:6.1f}% of step ({:.3f} s/step, {} ops/step)\n",
-                            op_family_name(static_cast<OpFamily>(f)), 100.0 * v / (median * s.steps), v / s.steps,
+                            op_family_name(static_cast<OpFamily>(f)), 100.0 * v / timed_s, v / s.steps,
                             op_times.calls[f] / s.steps);
       }
       profiles.push_back(text + fmt::format("    {:<12} {:6.1f}% of step\n", "outside ops",
-                                            100.0 * (1 - op_times.total_seconds() / (median * s.steps))));
+                                            100.0 * (1 - op_times.total_seconds() / timed_s)));
     }
   }
   const double sgemm_after = sgemm_rate(), sgemm = std::max(sgemm_before, sgemm_after);
