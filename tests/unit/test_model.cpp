@@ -25,6 +25,18 @@ json load_golden(const std::string& file) {
 }
 
 // The model config of a golden file: GPT-2's, or the Llama architecture when it has n_kv_heads.
+// A reference tensor of a golden file as doubles, padded with zeros to `numel` (vocabulary rows the
+// reference lacks), and its largest magnitude (the scale its tolerance is relative to).
+std::pair<std::vector<double>, double> golden_tensor(const json& ref, int64_t numel) {
+  std::vector<double> v(numel, 0.0);
+  double scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    v[i] = ref[i].get<double>();
+    scale = std::max(scale, std::abs(v[i]));
+  }
+  return {std::move(v), scale};
+}
+
 ModelConfig golden_config(const json& c) {
   ModelConfig cfg{.n_layers = c["n_layers"], .n_heads = c["n_heads"], .d_model = c["d_model"], .ffn_hidden = 0,
                   .seq_len = c["seq_len"], .max_positions = 0, .vocab_size = c["vocab_size"]};
@@ -102,13 +114,7 @@ TEST_P(Golden, MatchesPyTorchLossAndGradients) {
   double loss = m.loss_and_grads();
   EXPECT_NEAR(loss, m.g["loss"].get<double>(), 1e-5 * m.g["loss"].get<double>());
   for (Param& p : m.reg.params()) {
-    const auto& ref = m.g["grads"][p.spec.name];
-    std::vector<double> want(p.numel(), 0.0);
-    double scale = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      want[i] = ref[i].get<double>();
-      scale = std::max(scale, std::abs(want[i]));
-    }
+    const auto [want, scale] = golden_tensor(m.g["grads"][p.spec.name], p.numel());
     SCOPED_TRACE(p.spec.name);
     // f32 against f64: absolute error relative to the tensor's largest gradient.
     EXPECT_CLOSE(p.grad, want, 2e-5 * scale, 1e-3);
@@ -371,13 +377,7 @@ TEST(Trainer, TenStepsMatchPyTorch) {
   EXPECT_GT(clipped, 0) << "the golden run must exercise clipping";
   EXPECT_LT(clipped, cfg.train.steps) << "and steps without it";
   for (Param& p : t.registry().params()) {
-    const auto& ref = g["final_params"][p.spec.name];
-    std::vector<double> want(p.numel(), 0.0);
-    double scale = 0;
-    for (size_t i = 0; i < ref.size(); ++i) {
-      want[i] = ref[i].get<double>();
-      scale = std::max(scale, std::abs(want[i]));
-    }
+    const auto [want, scale] = golden_tensor(g["final_params"][p.spec.name], p.numel());
     SCOPED_TRACE(p.spec.name);
     EXPECT_CLOSE(p.value, want, 1e-5 * scale, 1e-4);
   }
