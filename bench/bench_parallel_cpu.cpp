@@ -10,6 +10,7 @@
 
 #include "core/log.h"
 #include "parallel/comm/mpi_comm.h"
+#include "config/layout.h"
 #include "train/trainer.h"
 #include "kernels/op.h"
 
@@ -27,11 +28,11 @@ struct Expect {
   double tp = 0, dp = 0;
 };
 
-Expect expected(const Config& c, const Layout& l, int64_t grad_elems, int64_t param_elems) {
+Expect expected(const Config& c, const Layout& l, const RankLayout& rl) {
   const double b = 4;  // f32 activations on the CPU
   const int64_t L = c.model.n_layers, C = c.model.d_model;
-  const int64_t N = static_cast<int64_t>(c.train.micro_batch_size) * c.model.seq_len;
-  const int64_t micro = c.train.global_batch_size / (c.train.micro_batch_size * l.dp);
+  const int64_t N = rl.micro_tokens, micro = rl.microbatches;
+  const int64_t grad_elems = rl.flat_elements, param_elems = rl.flat_elements;
   Expect e;
   if (l.tp > 1) {
     const double p = l.tp, act = N * C * b;
@@ -112,8 +113,7 @@ int main(int argc, char** argv) {
       for (int s = 0; s < steps; ++s) times.push_back(t.step().step_time_s);
       std::sort(times.begin(), times.end());
       double tp_mb = (par.tp->bytes_sent() - tp0) / 1e6 / steps, dp_mb = (par.dp->bytes_sent() - dp0) / 1e6 / steps;
-      int64_t grads = t.registry().flat_size();
-      Expect e = expected(c, l, grads, grads);
+      Expect e = expected(c, l, t.layout());
       if (rank == 0)
         fmt::print("{:<22} {:>10.3f} {:>16.2f} {:>16.2f} {:>16.2f} {:>16.2f}\n",
                    fmt::format("tp={} dp={}{}{}", l.tp, l.dp, l.sp ? " sp" : "", l.distopt ? " distopt" : ""),

@@ -9,7 +9,7 @@
 
 #include "core/log.h"
 #include "train/runtime.h"
-#include "train/memory_plan.h"
+#include "config/memory_plan.h"
 #include "train/trainer.h"
 #include "kernels/op.h"
 

@@ -21,8 +21,8 @@ class Error : public std::runtime_error {
   static const char* strip(const char* file) {
     // Keep the path below the repository root: ".../tripod/kernels/cpu/x.cpp" -> "kernels/cpu/x.cpp".
     std::string_view f(file);
-    for (const char* top : {"/core/", "/kernels/", "/parallel/", "/model/", "/data/", "/checkpoint/",
-                            "/train/", "/tests/", "/bench/"}) {
+    for (const char* top : {"/core/", "/kernels/", "/parallel/", "/model/", "/data/", "/checkpoint/", "/config/",
+                            "/train/", "/plan/", "/tests/", "/bench/"}) {
       auto pos = f.rfind(top);
       if (pos != std::string_view::npos) return file + pos + 1;
     }
@@ -38,9 +38,12 @@ class Error : public std::runtime_error {
 //   its rank, so it is never lost.
 // - Rank: this rank's own input (its shard file, a node-local file): printed at once, with the rank.
 // - Elsewhere: a collective check that another rank reports (see reported_elsewhere()).
+// - Agreed: every rank throws it at the same point, before any rank waits on another (the setup
+//   of an MPI command: its options, config and inputs): world rank 0 prints it, and every rank
+//   finalizes MPI and exits 2, so the launcher reports nothing more.
 class InputError : public std::runtime_error {
  public:
-  enum class Scope { Shared, Rank, Elsewhere };
+  enum class Scope { Shared, Rank, Elsewhere, Agreed };
   explicit InputError(const std::string& what, Scope scope = Scope::Shared)
       : std::runtime_error(what), scope_(scope) {}
   static InputError reported_elsewhere() { return InputError("", Scope::Elsewhere); }

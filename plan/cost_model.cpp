@@ -6,7 +6,7 @@
 
 #include "core/error.h"
 #include "model/gpt.h"
-#include "train/trainer.h"
+#include "config/layout.h"
 
 namespace tripod {
 
@@ -182,7 +182,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
   double step_end = 0;
   const double bucket = std::max(1.0, p.bucket_mb * 1024 * 1024);
   for (int q : pp_ranks) {
-    RankMemory m = plan_rank_memory(cfg, grid.rank({.tp = 0, .dp = 0, .pp = q}), schedule, plan);
+    RankMemory m = plan_rank_memory(cfg, make_rank_layout(cfg, grid.rank({.tp = 0, .dp = 0, .pp = q}), schedule, plan));
     if (m.total() > out.memory.total()) out.memory = m;
     // DP reduction of this rank's f32 gradients in buckets, started as the final backward of
     // each chunk makes them final (the last backward of the first chunk to finish).

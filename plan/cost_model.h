@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "plan/hardware.h"
-#include "train/config.h"
-#include "train/memory_plan.h"
+#include "config/config.h"
+#include "config/memory_plan.h"
 
 namespace tripod {
 

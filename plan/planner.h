@@ -9,7 +9,7 @@
 
 #include "plan/cost_model.h"
 #include "plan/hardware.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace tripod {
 

@@ -11,7 +11,7 @@
 
 #include "parallel/comm/mpi_comm.h"
 #include "parallel/context.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/trainer.h"
 
 namespace tripod::test {

@@ -29,26 +29,21 @@ std::unique_ptr<SampleSource> make_split_source(const Config& cfg, Split split, 
                          split, sync);
 }
 
-Evaluator::Evaluator(const Config& cfg, Ops& ops, ParallelContext& par, GptModel& model)
-    : cfg_(cfg), ops_(ops), par_(par), model_(model) {
-  const int micro = cfg.train.global_batch_size / (cfg.train.micro_batch_size * cfg.parallel.dp);
-  executor_ = std::make_unique<PipelineExecutor>(forward_only_schedule(cfg.parallel.pp, cfg.parallel.vp, micro),
-                                                 par.pp.get(), par.coords.pp);
-  for (int c = 0; c < model_.num_chunks(); ++c) {
-    needs_tokens_ |= model_.layout(c).has_embedding;
-    needs_targets_ |= model_.layout(c).has_head;
-  }
+Evaluator::Evaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par, GptModel& model)
+    : cfg_(cfg), layout_(layout), ops_(ops), par_(par), model_(model) {
+  executor_ = std::make_unique<PipelineExecutor>(
+      forward_only_schedule(layout.grid.pp(), layout.schedule.vp, layout.microbatches), par.pp.get(), layout.coords.pp);
 }
 
 EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_t first) {
   TRIPOD_CHECK(samples >= 1 && first >= 0, "evaluate {} samples from {}", samples, first);
-  TRIPOD_CHECK(!(needs_tokens_ || needs_targets_) || data, "rank {} holds the embedding or head but has no eval data",
-               par_.rank);
-  const TrainConfig& tc = cfg_.train;
-  const int64_t gb = tc.global_batch_size, B = tc.micro_batch_size, T = cfg_.model.seq_len;
-  const int64_t N = B * T, Ns = local_tokens(par_, N);
-  const int M = executor_->schedule().microbatches, vp = model_.num_chunks();
-  const SampleOrder order{.global_batch = gb, .micro_batch = B, .dp = par_.grid.dp()};
+  const RankLayout& l = layout_;
+  TRIPOD_CHECK(!(l.has_embedding || l.has_head) || data, "rank {} holds the embedding or head but has no eval data",
+               l.rank);
+  const int64_t gb = cfg_.train.global_batch_size, B = l.micro_batch_size, T = cfg_.model.seq_len;
+  const int64_t N = l.micro_tokens, Ns = l.local_tokens;
+  const int M = l.microbatches, vp = model_.num_chunks();
+  const SampleOrder order{.global_batch = gb, .micro_batch = B, .dp = l.grid.dp()};
   const int64_t end = first + samples, batches = (samples + gb - 1) / gb;
   CpuAllocator host;
   Tensor host_losses = Tensor::empty(host, {N}, DType::F32, MemCategory::Workspace);
@@ -61,17 +56,17 @@ EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_
     PipelineCallbacks cb;
     cb.forward = [&](int mb, int chunk, const Tensor& input) {
       if (pending[mb] == 0) {
-        load_microbatch(data, cfg_, par_, ops_, consumed, mb, needs_tokens_, needs_targets_, mbs[mb]);
-        if (needs_targets_) mbs[mb].losses = ops_.empty({N}, DType::F32, MemCategory::Workspace);
+        load_microbatch(data, cfg_, l, ops_, consumed, mb, mbs[mb]);
+        if (l.has_head) mbs[mb].losses = ops_.empty({N}, DType::F32, MemCategory::Workspace);
         pending[mb] = vp;
       }
       ChunkActs acts;  // nothing is kept: there is no backward
       Tensor out = model_.forward(chunk, mbs[mb], input, acts);
-      if (model_.layout(chunk).has_head && par_.coords.tp == 0) {
+      if (model_.layout(chunk).has_head && l.coords.tp == 0) {
         ops_.copy(mbs[mb].losses, host_losses);
         const float* l = host_losses.data<float>();
         for (int64_t b = 0; b < B; ++b) {
-          if (order.index(consumed, mb, par_.coords.dp, b) >= end) continue;  // padding of the last batch
+          if (order.index(consumed, mb, l.coords.dp, b) >= end) continue;  // padding of the last batch
           double s = 0;
           for (int64_t t = 0; t < T; ++t) s += l[b * T + t];
           loss_sum += s;

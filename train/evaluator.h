@@ -12,7 +12,8 @@
 #include "model/gpt.h"
 #include "parallel/context.h"
 #include "parallel/pipeline/executor.h"
-#include "train/config.h"
+#include "config/config.h"
+#include "config/layout.h"
 
 namespace tripod {
 
@@ -24,10 +25,10 @@ struct EvalResult {
 
 class Evaluator {
  public:
-  // `model` is this rank's part of the model on the grid of `par` (as built by the trainer or a
-  // command); cfg gives the batch sizes (train.micro_batch_size, train.global_batch_size) and
-  // the grid. The schedule is forward-only over the same pp and vp, whatever parallel.schedule is.
-  Evaluator(const Config& cfg, Ops& ops, ParallelContext& par, GptModel& model);
+  // `model` is this rank's part of the model as `layout` places it (built by the trainer or a
+  // command); cfg gives the global batch. The schedule is forward-only over the layout's micro-
+  // batches, pp and vp, whatever parallel.schedule is.
+  Evaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par, GptModel& model);
 
   // Mean loss over samples [first, first + samples) of `data`, read in global batches in the
   // training order (data/sampler.h) so that any grid reads the same samples; a last partial
@@ -38,11 +39,11 @@ class Evaluator {
 
  private:
   Config cfg_;
+  RankLayout layout_;
   Ops& ops_;
   ParallelContext& par_;
   GptModel& model_;
   std::unique_ptr<PipelineExecutor> executor_;
-  bool needs_tokens_ = false, needs_targets_ = false;
 };
 
 // The samples of `split` for a run: data.prefixes' split (data.split), or, with data.synthetic, a

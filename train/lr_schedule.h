@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "train/config.h"
+#include "config/config.h"
 
 namespace tripod {
 

@@ -28,10 +28,20 @@ std::pair<int, int> world_rank_size() {
 }
 
 // Prints the one "error:" line of the run (see InputError's scopes) and exits without unwinding
-// further: other ranks may be waiting on this one; the launcher ends them.
+// further: other ranks may be waiting on this one; the launcher ends them. An error every rank
+// agreed on (their setup) finalizes MPI first: no rank waits on another there.
 [[noreturn]] void report_and_exit(const std::exception& e, tripod::InputError::Scope scope, int status) {
   using Scope = tripod::InputError::Scope;
   const auto [rank, size] = world_rank_size();
+  if (scope == Scope::Agreed) {
+    if (rank == 0) fmt::print(stderr, "error: {}\n", e.what());
+    std::fflush(stderr);
+    int initialized = 0, finalized = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (initialized && !finalized) MPI_Finalize();
+    std::exit(status);
+  }
   if (size == 1 || (scope == Scope::Shared && rank == 0)) {
     fmt::print(stderr, "error: {}\n", e.what());
   } else if (scope == Scope::Shared) {

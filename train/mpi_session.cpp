@@ -1,8 +1,6 @@
 // Local rank from the launcher's environment; what every MPI command does before its grid exists.
 #include "train/mpi_session.h"
 
-#include <fmt/format.h>
-
 #include <cstdlib>
 #include <initializer_list>
 
@@ -12,12 +10,6 @@ int MpiSession::local_rank() {
   for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID", "LOCAL_RANK"})
     if (const char* v = std::getenv(var)) return std::atoi(v);
   return 0;
-}
-
-void exit_on_bad_input(const MpiSession& mpi, const std::exception& e) {
-  if (mpi.rank() == 0) fmt::print(stderr, "error: {}\n", e.what());
-  MPI_Finalize();
-  std::exit(2);
 }
 
 }  // namespace tripod

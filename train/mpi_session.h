@@ -7,8 +7,7 @@
 #include <exception>
 #include <memory>
 
-#include "kernels/op.h"
-#include "train/config.h"
+#include "core/error.h"
 
 namespace tripod {
 
@@ -39,8 +38,9 @@ class MpiSession {
   int rank_ = 0, size_ = 1;
 };
 
-// Before the grid exists every rank reads the same inputs and fails the same way: rank 0 alone
-// reports (one "error:" line), and every rank exits 2 without waiting on the others.
-[[noreturn]] void exit_on_bad_input(const MpiSession& mpi, const std::exception& e);
+// Before the grid exists every rank reads the same inputs and fails the same way: the command
+// rethrows such an error as agreed by every rank, and main reports it once (rank 0), finalizes
+// MPI and exits 2 on every rank.
+[[noreturn]] inline void rethrow_agreed(const InputError& e) { throw InputError(e.what(), InputError::Scope::Agreed); }
 
 }  // namespace tripod

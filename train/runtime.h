@@ -8,7 +8,7 @@
 #include "kernels/op.h"
 #include "parallel/comm/mpi_comm.h"
 #include "parallel/context.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace tripod {
 

@@ -26,28 +26,6 @@ namespace fs = std::filesystem;
 
 namespace tripod {
 
-Schedule make_schedule(const Config& cfg) {
-  const ParallelConfig& pc = cfg.parallel;
-  const int micro = cfg.train.global_batch_size / (cfg.train.micro_batch_size * pc.dp);
-  if (pc.schedule_file.empty()) return build_schedule(pc.schedule, pc.pp, pc.vp, micro);
-  Schedule s = load_schedule_csv(pc.schedule_file);
-  check_schedule_shape(s, pc.pp, pc.vp, micro, "parallel.schedule_file");
-  return s;
-}
-
-std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb) {
-  std::vector<FlatSpan> spans;
-  std::vector<int> boundaries;  // no bucket holds parameters i and i+1
-  const auto& ps = reg.params();
-  for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
-    spans.push_back({ps[i].offset, ps[i].offset + ps[i].numel()});
-    bool last = i + 1 == static_cast<int>(ps.size());
-    if (!last && (&ps[i] == wte || &ps[i + 1] == wte || ps[i + 1].spec.chunk != ps[i].spec.chunk))
-      boundaries.push_back(i);
-  }
-  return GradReducer::make_buckets(spans, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4), boundaries);
-}
-
 std::string new_run_id() {
   const auto ns = std::chrono::system_clock::now().time_since_epoch() / std::chrono::nanoseconds(1);
   return fmt::format("{:x}-{}", ns, ::getpid());
@@ -55,34 +33,31 @@ std::string new_run_id() {
 
 Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data,
                  const SampleSource* eval_data, const DebugOptions& debug)
-    : cfg_(cfg), ops_(ops), par_(par), data_(train_data), eval_data_(eval_data), faults_(debug.inject_nan) {
+    : cfg_(cfg),
+      layout_(make_rank_layout(cfg, par.rank)),  // the schedule validated before anything is allocated
+      ops_(ops), par_(par), data_(train_data), eval_data_(eval_data), faults_(debug.inject_nan) {
   const ParallelConfig& pc = cfg_.parallel;
   const TrainConfig& tc = cfg_.train;
-  micro_per_rank_ = tc.global_batch_size / (tc.micro_batch_size * pc.dp);
-  Schedule schedule = make_schedule(cfg_);  // validated before anything is allocated
   if (tc.trace && !tc.output_dir.empty()) {
-    trace_ = std::make_unique<TraceRecorder>(tc.output_dir, par.rank, par.grid.world_size(), par.coords, schedule);
+    trace_ = std::make_unique<TraceRecorder>(tc.output_dir, par.rank, par.grid.world_size(), par.coords,
+                                             layout_.schedule);
     trace_->start(par.world.get());
   }
-  executor_ = std::make_unique<PipelineExecutor>(std::move(schedule), par.pp.get(), par.coords.pp, trace_.get());
+  executor_ = std::make_unique<PipelineExecutor>(layout_.schedule, par.pp.get(), par.coords.pp, trace_.get());
 
-  auto counts = layers_per_stage(cfg_.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage);
-  model_ = std::make_unique<GptModel>(ops, par, cfg_.model, rank_chunks(counts, pc.pp, pc.vp, par.coords.pp),
-                                      cfg_.recompute, reg_);
+  model_ = std::make_unique<GptModel>(ops, par, cfg_.model, layout_.chunks, cfg_.recompute, reg_);
+  TRIPOD_CHECK(reg_.flat_size() == layout_.flat_elements, "rank {} registered {} parameter elements, its layout {}",
+               par.rank, reg_.flat_size(), layout_.flat_elements);
   reg_.allocate(ops);
   reg_.initialize(ops, tc.seed);
   wte_ = model_->wte();
-  for (int c = 0; c < model_->num_chunks(); ++c) {
-    needs_tokens_ |= model_->layout(c).has_embedding;
-    needs_targets_ |= model_->layout(c).has_head;
-  }
-  TRIPOD_CHECK(!(needs_tokens_ || needs_targets_) || data_, "rank {} holds the embedding or head but has no data",
-               par.rank);
+  TRIPOD_CHECK(!(layout_.has_embedding || layout_.has_head) || data_,
+               "rank {} holds the embedding or head but has no data", par.rank);
 
-  evaluator_ = std::make_unique<Evaluator>(cfg_, ops, par, *model_);
+  evaluator_ = std::make_unique<Evaluator>(cfg_, layout_, ops, par, *model_);
 
-  reducer_ = std::make_unique<GradReducer>(ops, par.dp.get(), reg_.flat_grads(), reg_.flat_values(),
-                                           make_grad_buckets(reg_, wte_, pc.bucket_mb), pc.distributed_optimizer);
+  reducer_ = std::make_unique<GradReducer>(ops, par.dp.get(), reg_.flat_grads(), reg_.flat_values(), layout_.buckets,
+                                           pc.distributed_optimizer);
   optimizer_ = std::make_unique<AdamW>(
       ops, reg_, reducer_->owned(),
       AdamWConfig{.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay}, tc.seed);
@@ -114,22 +89,22 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                mc.arch, mc.norm, mc.position, mc.mlp, mc.n_layers, mc.d_model, mc.n_heads, mc.kv_heads(), mc.seq_len,
                mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6);
   spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {} (vp {}); device {}",
-               par.grid.str(), par.grid.world_size(), micro_per_rank_, tc.micro_batch_size,
-               executor_->schedule().kind, pc.vp, tc.device);
+               par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
+               layout_.schedule.kind, pc.vp, tc.device);
 }
 
 Trainer::~Trainer() = default;
 
-void load_microbatch(const SampleSource* data, const Config& cfg, const ParallelContext& par, Ops& ops,
-                     int64_t consumed, int micro, bool tokens, bool targets, MicroBatch& mb) {
-  const TrainConfig& tc = cfg.train;
-  const int64_t B = tc.micro_batch_size, T = cfg.model.seq_len;
+void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayout& layout, Ops& ops,
+                     int64_t consumed, int micro, MicroBatch& mb) {
+  const int64_t B = layout.micro_batch_size, T = cfg.model.seq_len;
+  const bool tokens = layout.has_embedding, targets = layout.has_head;
   mb.shape = {B, T};
   if (!tokens && !targets) return;
-  TRIPOD_CHECK(data, "rank {} holds the embedding or head but has no data", par.rank);
+  TRIPOD_CHECK(data, "rank {} holds the embedding or head but has no data", layout.rank);
   // The samples depend on (step, micro, DP rank) only through the global index (data/sampler.h).
-  const SampleOrder order{.global_batch = tc.global_batch_size, .micro_batch = B, .dp = par.grid.dp()};
-  const int64_t base = order.index(consumed, micro, par.coords.dp, 0);
+  const SampleOrder order{.global_batch = cfg.train.global_batch_size, .micro_batch = B, .dp = layout.grid.dp()};
+  const int64_t base = order.index(consumed, micro, layout.coords.dp, 0);
   CpuAllocator host;
   Tensor in = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
   Tensor tg = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
@@ -156,8 +131,7 @@ void load_microbatch(const SampleSource* data, const Config& cfg, const Parallel
 void Trainer::load_microbatch(int64_t step, int micro, MicroBatch& mb) {
   const TrainConfig& tc = cfg_.train;
   mb.grad_scale = 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * cfg_.model.seq_len);
-  tripod::load_microbatch(data_, cfg_, par_, ops_, step * tc.global_batch_size, micro, needs_tokens_, needs_targets_,
-                          mb);
+  tripod::load_microbatch(data_, cfg_, layout_, ops_, step * tc.global_batch_size, micro, mb);
 }
 
 void Trainer::on_grads_ready(const std::vector<Param*>& params) {
@@ -173,9 +147,8 @@ void Trainer::on_grads_ready(const std::vector<Param*>& params) {
 }
 
 void Trainer::run_schedule(Tensor& losses) {
-  const int M = micro_per_rank_, vp = model_->num_chunks();
-  const int64_t N = static_cast<int64_t>(cfg_.train.micro_batch_size) * cfg_.model.seq_len;
-  const int64_t Ns = local_tokens(par_, N);
+  const int M = layout_.microbatches, vp = model_->num_chunks();
+  const int64_t N = layout_.micro_tokens, Ns = layout_.local_tokens;
   // Per micro-batch: its data (loaded at its first forward here, dropped after its last
   // backward) and how many chunks still owe a backward; per (micro-batch, chunk): activations.
   std::vector<MicroBatch> mbs(M);
@@ -224,10 +197,9 @@ StepMetrics Trainer::step() {
 
   if (trace_) trace_->set_step(step_ + 1);
   // Losses of this rank's micro-batches, one row each (the last stage fills them).
-  const int64_t N = static_cast<int64_t>(tc.micro_batch_size) * cfg_.model.seq_len;
   Tensor losses;
-  if (needs_targets_) {
-    losses = ops_.empty({micro_per_rank_, N}, DType::F32, MemCategory::Workspace);
+  if (layout_.has_head) {
+    losses = ops_.empty({layout_.microbatches, layout_.micro_tokens}, DType::F32, MemCategory::Workspace);
     ops_.fill(losses, 0.f);
   }
   run_schedule(losses);
@@ -242,7 +214,7 @@ StepMetrics Trainer::step() {
   double sq = 0;
   if (sharded || par_.coords.dp == 0)
     sq = optimizer_->grad_sq_sum([this](const ParamSpec& s) { return s.counts_in_norm(par_.coords.tp); });
-  double loss_sum = (needs_targets_ && par_.coords.tp == 0) ? ops_.sum(losses) : 0.0;
+  double loss_sum = (layout_.has_head && par_.coords.tp == 0) ? ops_.sum(losses) : 0.0;
   if (par_.rank == 0) {  // fault injection (tests): the world's sums become non-finite
     for (const FaultInjection& f : faults_)
       if (f.step == step_ + 1) (f.in_loss ? loss_sum : sq) = std::numeric_limits<double>::quiet_NaN();
@@ -352,7 +324,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       {"run_id", run_id_},
       {"model", model_to_json(cfg_.model)},
       {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"world_size", par_.grid.world_size()},
-                {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", executor_->schedule().kind}}},
+                {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", layout_.schedule.kind}}},
       {"has_optimizer", true},
       {"lr_schedule", {{"lr", lr_.lr}, {"min_lr", lr_.min_lr}, {"warmup_steps", lr_.warmup_steps},
                        {"total_steps", lr_.total_steps}, {"decay", lr_.decay}, {"next_step", step_},

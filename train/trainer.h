@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/writer.h"
+#include "config/config.h"
+#include "config/layout.h"
 #include "core/debug_options.h"
 #include "data/sample_source.h"
 #include "model/gpt.h"
@@ -14,26 +16,18 @@
 #include "parallel/data_parallel/grad_reducer.h"
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/trace.h"
-#include "train/config.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
 
 namespace tripod {
 
-// The run's pipeline schedule: parallel.schedule built for the step's micro-batches per rank, or
-// parallel.schedule_file loaded and checked against the grid. Throws InputError.
-Schedule make_schedule(const Config& cfg);
-// DP buckets over a rank's parameters in registration order, about parallel.bucket_mb each;
-// chunks never share a bucket and the tied table `wte` (synchronised between the pipeline's ends
-// first) gets one of its own.
-std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb);
 // Fills micro-batch `micro` of the global batch that starts after `consumed` samples of `data`
-// (data/sampler.h's order, for DP rank par.coords.dp): its shape, and on the device its input
-// tokens (when `tokens`) and next-token targets (when `targets`). A token id outside
-// model.vocab_size is an InputError.
-void load_microbatch(const SampleSource* data, const Config& cfg, const ParallelContext& par, Ops& ops,
-                     int64_t consumed, int micro, bool tokens, bool targets, MicroBatch& mb);
+// (data/sampler.h's order, for the layout's DP rank): its shape, and on the device its input
+// tokens (when the rank holds the embedding) and next-token targets (when it holds the head). A
+// token id outside model.vocab_size is an InputError.
+void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayout& layout, Ops& ops,
+                     int64_t consumed, int micro, MicroBatch& mb);
 
 class Evaluator;
 struct EvalResult;
@@ -43,7 +37,8 @@ std::string new_run_id();
 
 class Trainer {
  public:
-  // `cfg` must have passed validate_layout() for par's world size. `eval_data` (the validation
+  // `cfg` must have passed validate_layout() for par's world size; the trainer computes its rank's
+  // layout once (layout()). `eval_data` (the validation
   // split) is needed when train.eval_interval > 0 on ranks holding the embedding or the head.
   // `debug`: the test hooks it honours (inject_nan, checkpoint_sleep_ms).
   Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data,
@@ -74,7 +69,8 @@ class Trainer {
   ParamRegistry& registry() { return reg_; }
   GptModel& model() { return *model_; }
   const Config& config() const { return cfg_; }
-  const Schedule& schedule() const { return executor_->schedule(); }
+  const Schedule& schedule() const { return layout_.schedule; }
+  const RankLayout& layout() const { return layout_; }
 
  private:
   // The tokens (first stage) and targets (last stage) of micro-batch `micro` of `step`.
@@ -89,6 +85,7 @@ class Trainer {
   void check_checkpoint_dir() const;
 
   Config cfg_;
+  RankLayout layout_;
   Ops& ops_;
   ParallelContext& par_;
   const SampleSource* data_;
@@ -113,10 +110,8 @@ class Trainer {
   LrSchedule lr_;
   int64_t step_ = 0;
   int64_t skipped_total_ = 0, bad_in_a_row_ = 0;
-  int micro_per_rank_ = 1;
   double peak_flops_ = 0;  // the whole world's
   Param* wte_ = nullptr;
-  bool needs_tokens_ = false, needs_targets_ = false;  // holds the embedding / the head
 };
 
 }  // namespace tripod

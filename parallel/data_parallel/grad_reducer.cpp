@@ -9,7 +9,7 @@ GradReducer::GradReducer(Ops& ops, Communicator* dp, Tensor flat_grads, Tensor f
                          std::vector<GradBucket> buckets, bool shard)
     : ops_(ops), dp_(dp), grads_(std::move(flat_grads)), values_(std::move(flat_values)),
       buckets_(std::move(buckets)), shard_(shard && dp && dp->size() > 1) {
-  for (const GradBucket& b : buckets_) owned_.push_back(shard_ ? shard_of(b.span) : b.span);
+  for (const GradBucket& b : buckets_) owned_.push_back(shard_ ? dp_shard(b.span, dp_->size(), dp_->rank()) : b.span);
   ready_.assign(buckets_.size(), 0);
   launched_.assign(buckets_.size(), false);
 }
@@ -18,9 +18,9 @@ GradReducer::~GradReducer() {
   for (auto& p : pending_) p.req.reset();  // completes abandoned requests
 }
 
-FlatSpan GradReducer::shard_of(const FlatSpan& s) const {
-  const int64_t n = dp_->size(), per = (s.size() + n - 1) / n, r = dp_->rank();
-  int64_t b = std::min(s.end, s.begin + r * per), e = std::min(s.end, b + per);
+FlatSpan dp_shard(const FlatSpan& s, int dp, int dp_rank) {
+  const int64_t per = (s.size() + dp - 1) / dp;
+  const int64_t b = std::min(s.end, s.begin + dp_rank * per), e = std::min(s.end, b + per);
   return {b, e};
 }
 

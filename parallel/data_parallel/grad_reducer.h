@@ -21,6 +21,11 @@ struct FlatSpan {
   int64_t size() const { return end - begin; }
 };
 
+// DP rank `dp_rank`'s slice of `s` under the distributed optimizer: `s` cut into dp blocks of
+// ceil(size / dp) elements, the last ones short or empty. Example: 10 elements over dp = 4 ->
+// [0, 3) [3, 6) [6, 9) [9, 10).
+FlatSpan dp_shard(const FlatSpan& s, int dp, int dp_rank);
+
 struct GradBucket {
   FlatSpan span;             // range of the flat buffers
   int64_t param_elements;    // elements of the parameters inside (the span less alignment gaps)
@@ -51,7 +56,6 @@ class GradReducer {
 
  private:
   void launch(size_t b);
-  FlatSpan shard_of(const FlatSpan& s) const;
   Ops& ops_;
   Communicator* dp_;
   Tensor grads_, values_;

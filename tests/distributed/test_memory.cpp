@@ -7,7 +7,7 @@
 #include "harness.h"
 #include "test_util.h"
 #include "model/memory_estimate.h"
-#include "train/memory_plan.h"
+#include "config/memory_plan.h"
 
 namespace tripod {
 namespace {

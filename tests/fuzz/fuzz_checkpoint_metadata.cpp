@@ -7,7 +7,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/reader.h"
 #include "tests/fuzz/fuzz_util.h"
-#include "train/config.h"
+#include "config/config.h"
 
 using namespace tripod;
 

@@ -2,7 +2,7 @@
 // 1 to 8 ranks (the first byte), and the resolved config written back, which must parse to the
 // same config.
 #include "tests/fuzz/fuzz_util.h"
-#include "train/config.h"
+#include "config/config.h"
 
 using namespace tripod;
 

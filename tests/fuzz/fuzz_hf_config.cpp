@@ -8,7 +8,7 @@
 
 #include "checkpoint/llama_hf.h"
 #include "tests/fuzz/fuzz_util.h"
-#include "train/config.h"
+#include "config/config.h"
 
 using namespace tripod;
 

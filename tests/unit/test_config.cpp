@@ -3,7 +3,7 @@
 
 #include "core/debug_options.h"
 #include "core/error.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace tripod {
 namespace {

@@ -15,7 +15,7 @@
 #include "core/error.h"
 #include "parallel/pipeline/schedules.h"
 #include "plan/planner.h"
-#include "train/trainer.h"
+#include "config/layout.h"
 
 namespace tripod {
 namespace {

@@ -55,7 +55,7 @@ int run_calibrate(const CalibrateOptions& o) {
     cfg.parallel.dp = mpi.size();
     rt = make_runtime(cfg);
   } catch (const InputError& e) {
-    exit_on_bad_input(mpi, e);
+    rethrow_agreed(e);
   }
   Ops* ops = rt.ops.get();
   ParallelContext& par = rt.par;

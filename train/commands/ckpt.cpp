@@ -27,7 +27,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "train/commands/commands.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace fs = std::filesystem;
 

@@ -109,19 +109,18 @@ int run_eval(const EvalOptions& o) {
     samples = o.samples.value_or(cfg.train.eval_steps * (batch > 0 ? batch : cfg.train.global_batch_size));
     rt = make_runtime(cfg);
   } catch (const InputError& e) {
-    exit_on_bad_input(mpi, e);
+    rethrow_agreed(e);
   }
   Ops& ops = *rt.ops;
   ParallelContext& par = rt.par;
   std::unique_ptr<SampleSource> data = make_split_source(cfg, split, samples, par.world.get());
 
+  const RankLayout layout = make_eval_layout(cfg, par.rank);
   ParamRegistry reg;
-  auto counts = layers_per_stage(cfg.model.n_layers, cfg.parallel.pp, cfg.parallel.vp, cfg.parallel.layers_per_stage);
-  GptModel model(ops, par, cfg.model, rank_chunks(counts, cfg.parallel.pp, cfg.parallel.vp, par.coords.pp),
-                 RecomputeConfig{}, reg);
+  GptModel model(ops, par, cfg.model, layout.chunks, RecomputeConfig{}, reg);
   reg.allocate(ops);
   load_weights(o.weights, cfg, reg, ops, par);
-  Evaluator evaluator(cfg, ops, par, model);
+  Evaluator evaluator(cfg, layout, ops, par, model);
   auto t0 = std::chrono::steady_clock::now();
   EvalResult r = evaluator.evaluate(data.get(), samples);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

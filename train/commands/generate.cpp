@@ -89,14 +89,14 @@ int run_generate(const GenerateOptions& o) {
     validate_layout(cfg, mpi.size());
     rt = make_runtime(cfg);
   } catch (const InputError& e) {
-    exit_on_bad_input(mpi, e);
+    rethrow_agreed(e);
   }
   Ops& ops = *rt.ops;
   ParallelContext& par = rt.par;
 
   // The training model registers every parameter with its TP shard; inference reads them.
   ParamRegistry reg;
-  GptModel model(ops, par, cfg.model, rank_chunks({cfg.model.n_layers}, 1, 1, 0), RecomputeConfig{}, reg);
+  GptModel model(ops, par, cfg.model, chunks_of(cfg, 0), RecomputeConfig{}, reg);
   reg.allocate(ops);
   load_weights(o.weights, cfg, reg, ops, par);
   const int64_t len = static_cast<int64_t>(prompt.size());

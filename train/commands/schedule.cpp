@@ -11,8 +11,8 @@
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/simulate.h"
 #include "parallel/pipeline/svg.h"
-#include "train/memory_plan.h"
-#include "train/trainer.h"
+#include "config/memory_plan.h"
+#include "config/layout.h"
 #include "train/commands/commands.h"
 
 namespace tripod {

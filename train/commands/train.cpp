@@ -9,7 +9,7 @@
 #include "parallel/pipeline/simulate.h"
 #include "train/commands/commands.h"
 #include "train/evaluator.h"
-#include "train/memory_plan.h"
+#include "config/memory_plan.h"
 #include "train/mpi_session.h"
 #include "train/runtime.h"
 #include "train/trainer.h"
@@ -49,7 +49,7 @@ int run_train(const TrainOptions& o) {
     validate_layout(cfg, mpi.size());
     rt = make_runtime(cfg);
   } catch (const InputError& e) {
-    exit_on_bad_input(mpi, e);
+    rethrow_agreed(e);
   }
   ParallelContext& par = rt.par;
 

@@ -13,7 +13,7 @@
 
 #include "model/param_registry.h"
 #include "parallel/context.h"
-#include "train/config.h"
+#include "config/config.h"
 
 namespace tripod {
 

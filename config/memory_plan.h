@@ -1,15 +1,16 @@
 // The analytic memory of every rank for a config and grid, computed before anything is
-// allocated: parameters, gradients and optimizer states from the rank's parameter registry
-// (built without storage), activations by walking the pipeline plan with the bytes each chunk
-// keeps (model/memory_estimate.h). `tripod train --dry-run` and `tripod schedule --config` print it.
+// allocated, from the rank's layout (config/layout.h, the value the run itself is built from):
+// parameters, gradients and optimizer states from its flat buffers and owned spans, activations
+// by walking its pipeline plan with the bytes each chunk keeps (model/memory_estimate.h).
+// `tripod train --dry-run` and `tripod schedule --config` print it.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "config/config.h"
+#include "config/layout.h"
 #include "parallel/grid.h"
-#include "parallel/pipeline/simulate.h"
-#include "train/config.h"
 
 namespace tripod {
 
@@ -22,9 +23,8 @@ struct RankMemory {
 
 // `cfg` must have passed validate_layout(). The compute dtype and whether attention keeps its
 // probabilities follow train.device (CPU: f32, kept; CUDA: bf16, recomputed by the fused kernel).
+RankMemory plan_rank_memory(const Config& cfg, const RankLayout& layout);
 RankMemory plan_rank_memory(const Config& cfg, int rank);
-// The same with the config's schedule and its plan already built (the planner reuses them).
-RankMemory plan_rank_memory(const Config& cfg, int rank, const Schedule& schedule, const PipePlan& plan);
 std::vector<RankMemory> plan_memory(const Config& cfg);
 // A table of the ranks' estimates (one row per distinct (pp, tp) position; DP replicas agree
 // except under the distributed optimizer, where the largest shard is shown).

@@ -1,5 +1,5 @@
 // TOML -> typed config, with validation that names the key and what is valid.
-#include "train/config.h"
+#include "config/config.h"
 
 #include <fmt/ranges.h>
 

@@ -1,0 +1,80 @@
+// RankLayout: everything the config, the world size and a rank imply for that rank, computed once
+// by a pure function and read by whatever needs it (the trainer, the evaluator, the memory plan,
+// the planner's cost model, the commands and the benches). Nothing else re-derives these facts.
+//
+// Worked example, 8 ranks, tp=2 dp=2 pp=2, vp=2, 8 layers, micro-batch 2, global batch 16:
+// rank 5 has coords (tp=1, dp=0, pp=1); 16 / (2 * 2) = 4 micro-batches per step; the interleaved
+// schedule over pp=2, vp=2; layers per virtual stage [2, 2, 2, 2]; its chunks are virtual stages
+// 1 (layers 2-3) and 3 (layers 6-7, the head), so it reads targets but not tokens.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "config/config.h"
+#include "model/gpt.h"
+#include "parallel/data_parallel/grad_reducer.h"
+#include "parallel/grid.h"
+#include "parallel/pipeline/plan.h"
+
+namespace tripod {
+
+class ParamRegistry;
+struct Param;
+
+struct RankLayout {
+  RankGrid grid;
+  int rank = 0;
+  Coords coords;
+  bool sequence_parallel = false;
+
+  // Batch: micro-batches of `micro_batch_size` samples, `microbatches` of them per rank and step.
+  int micro_batch_size = 1;
+  int microbatches = 1;         // train.global_batch_size / (micro_batch_size * dp)
+  int64_t micro_tokens = 0;     // N = micro_batch_size * seq_len
+  int64_t local_tokens = 0;     // Ns: this rank's slice of N between TP regions (N / tp under SP)
+
+  // Pipeline: the training schedule (validated) and its plan; the layers of every virtual stage
+  // and this rank's chunks in local order; whether a chunk here holds the embedding (the rank
+  // reads input tokens) or the head (it reads targets and computes the loss).
+  Schedule schedule;
+  PipePlan plan;
+  std::vector<int> stage_layers;  // pp*vp entries
+  std::vector<ChunkLayout> chunks;
+  bool has_embedding = false, has_head = false;
+
+  // Gradients: the rank's parameter elements (the flat buffers' size, alignment included), the
+  // DP buckets over them, and the ranges this rank's optimizer updates (every bucket, or its DP
+  // slice of each under the distributed optimizer).
+  int64_t flat_elements = 0;
+  std::vector<GradBucket> buckets;
+  std::vector<FlatSpan> owned;
+  int64_t owned_elements() const;
+};
+
+// The layout of `rank` for `cfg`, which must have passed validate_layout() (the grid is
+// cfg.parallel's). Throws InputError when the schedule (a CSV file, or one the builders cannot
+// make for these sizes) or the layer split is invalid.
+RankLayout make_rank_layout(const Config& cfg, int rank);
+// The same with the schedule (and its plan) already built: the planner evaluates several ranks of
+// one candidate.
+RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedule, const PipePlan& plan);
+
+// The layout of a forward-only run (tripod eval): the forward-only schedule over the same
+// micro-batches; parallel.schedule and schedule_file are not read.
+RankLayout make_eval_layout(const Config& cfg, int rank);
+
+// The run's pipeline schedule: parallel.schedule built for the step's micro-batches per rank, or
+// parallel.schedule_file loaded and checked against the grid. Throws InputError.
+Schedule make_schedule(const Config& cfg);
+// Micro-batches per rank and step: train.global_batch_size / (micro_batch_size * dp).
+int microbatches_per_rank(const Config& cfg);
+// This rank's chunks: the layer split of cfg.parallel (parallel.layers_per_stage or even).
+std::vector<ChunkLayout> chunks_of(const Config& cfg, int pp_rank);
+
+// DP buckets over a rank's parameters in registration order, about parallel.bucket_mb each;
+// chunks never share a bucket and the tied table `wte` (synchronised between the pipeline's ends
+// first) gets one of its own.
+std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb);
+
+}  // namespace tripod

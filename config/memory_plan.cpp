@@ -1,0 +1,64 @@
+// Per-rank memory estimates.
+#include "config/memory_plan.h"
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "model/memory_estimate.h"
+
+namespace tripod {
+
+RankMemory plan_rank_memory(const Config& cfg, int rank) { return plan_rank_memory(cfg, make_rank_layout(cfg, rank)); }
+
+RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
+  const bool cuda = cfg.train.device == "cuda";
+  const int64_t act_bytes = cuda ? 2 : 4;
+  RankMemory m;
+  m.rank = l.rank;
+  m.coords = l.coords;
+  m.params = l.flat_elements * act_bytes;
+  m.grads = l.flat_elements * 4;
+  // Adam's two moments (and an f32 master copy when computing in bf16) over the owned ranges.
+  m.optimizer = l.owned_elements() * (cuda ? 12 : 8);
+
+  ActivationShape shape{.B = l.micro_batch_size, .T = cfg.model.seq_len, .tp = l.grid.tp(),
+                        .sequence_parallel = l.sequence_parallel, .act_bytes = act_bytes, .keeps_probs = !cuda};
+  std::vector<ChunkActivationBytes> bytes;
+  for (const ChunkLayout& c : l.chunks) bytes.push_back(chunk_activation_bytes(cfg.model, c, cfg.recompute, shape));
+  const int64_t token_bytes = (l.has_embedding ? l.micro_tokens * 4 : 0) + (l.has_head ? l.micro_tokens * 4 : 0);
+  m.activations = activation_peak(l.schedule, l.plan, l.coords.pp, bytes, token_bytes);
+  return m;
+}
+
+std::vector<RankMemory> plan_memory(const Config& cfg) {
+  Schedule schedule = make_schedule(cfg);
+  PipePlan plan = plan_pipeline(schedule);
+  std::vector<RankMemory> out;
+  RankGrid grid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp);
+  for (int r = 0; r < grid.world_size(); ++r) out.push_back(plan_rank_memory(cfg, make_rank_layout(cfg, r, schedule, plan)));
+  return out;
+}
+
+std::string memory_table(const Config& cfg, const std::vector<RankMemory>& ranks) {
+  auto gib = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
+  std::map<std::pair<int, int>, RankMemory> rows;  // (pp, tp) -> the largest DP replica
+  for (const RankMemory& m : ranks) {
+    auto key = std::make_pair(m.coords.pp, m.coords.tp);
+    if (!rows.count(key) || m.total() > rows[key].total()) rows[key] = m;
+  }
+  const char* modes[] = {"none", "selective", "full"};
+  std::string out = fmt::format(
+      "memory estimate per rank (GiB), recompute {}, schedule {}, micro-batch {} x {} tokens, {}:\n",
+      modes[static_cast<int>(cfg.recompute.mode)],
+      cfg.parallel.schedule_file.empty() ? cfg.parallel.schedule : cfg.parallel.schedule_file,
+      cfg.train.micro_batch_size, cfg.model.seq_len, cfg.train.device == "cuda" ? "bf16" : "f32");
+  out += fmt::format("{:>4} {:>4} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "pp", "tp", "params", "grads", "optimizer",
+                     "activations", "total");
+  for (auto& [key, m] : rows)
+    out += fmt::format("{:>4} {:>4} {:>10.3f} {:>10.3f} {:>10.3f} {:>12.3f} {:>10.3f}\n", key.first, key.second,
+                       gib(m.params), gib(m.grads), gib(m.optimizer), gib(m.activations), gib(m.total()));
+  return out;
+}
+
+}  // namespace tripod
