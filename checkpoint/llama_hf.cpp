@@ -78,10 +78,8 @@ ModelConfig llama_model_from_hf(const nlohmann::json& hf, const std::string& whe
   TRIPOD_INPUT_CHECK(attn_bias == mlp_bias, "{}: attention_bias = {} but mlp_bias = {}; tripod has one model.bias",
                      where, attn_bias, mlp_bias);
   ModelConfig m;
-  m.arch = "llama";
-  m.norm = "rmsnorm";
-  m.position = "rope";
-  m.mlp = "swiglu";
+  m.arch = Arch::Llama;
+  m.apply_arch_preset();
   m.bias = attn_bias;
   m.d_model = count("hidden_size", 0);
   m.ffn_hidden = count("intermediate_size", 0);
@@ -93,7 +91,7 @@ ModelConfig llama_model_from_hf(const nlohmann::json& hf, const std::string& whe
   m.norm_eps = positive("rms_norm_eps", 1e-6);
   m.rope_theta = positive("rope_theta", 10000.0);
   m.tie_embeddings = flag("tie_word_embeddings", false);
-  // What tripod's config validation asks of a model (train/config.cpp), in this file's keys.
+  // What tripod's config validation asks of a model (ModelConfig::validate), in this file's keys.
   TRIPOD_INPUT_CHECK(m.vocab_size >= 2, "{}: vocab_size = {} must be >= 2", where, m.vocab_size);
   TRIPOD_INPUT_CHECK(m.d_model % m.n_heads == 0, "{}: num_attention_heads = {} does not divide hidden_size = {}",
                      where, m.n_heads, m.d_model);
@@ -118,7 +116,7 @@ void check_llama_agrees(const ModelConfig& hf, const ModelConfig& c, const std::
     same(a == b, hf_key, std::to_string(a), key, std::to_string(b));
   };
   same(llama_shaped(c) && c.bias == hf.bias, "model_type", "\"llama\"", "arch",
-       fmt::format("\"{}\" (norm \"{}\", position \"{}\", mlp \"{}\", bias {})", c.arch, c.norm, c.position, c.mlp,
+       fmt::format("\"{}\" (norm \"{}\", position \"{}\", mlp \"{}\", bias {})", enum_name(c.arch), enum_name(c.norm), enum_name(c.position), enum_name(c.mlp),
                    c.bias));
   same_int(hf.d_model, "hidden_size", c.d_model, "d_model");
   same_int(hf.ffn(), "intermediate_size", c.ffn(), "ffn_hidden");

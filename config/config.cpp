@@ -20,6 +20,25 @@ namespace tripod {
 
 namespace {
 
+// A key whose value is one of an enum's names (core/enum_names.h): parsed into the enum here, the
+// boundary, and written back by name.
+struct EnumRef {
+  void* ptr;
+  std::string_view (*name)(const void*);
+  bool (*parse)(void*, std::string_view);
+  std::string (*choices)();
+  template <class E>
+  explicit EnumRef(E* e)
+      : ptr(e),
+        name([](const void* p) { return enum_name(*static_cast<const E*>(p)); }),
+        parse([](void* p, std::string_view text) {
+          const std::optional<E> v = parse_enum<E>(text);
+          if (v) *static_cast<E*>(p) = *v;
+          return v.has_value();
+        }),
+        choices(&enum_choices<E>) {}
+};
+
 // Reads the keys of one [section], remembering which were read so the rest can be refused.
 class Section {
  public:
@@ -55,6 +74,11 @@ class Section {
     } else if constexpr (std::is_same_v<T, std::string>) {
       TRIPOD_INPUT_CHECK(node->is_string(), "{}: {} must be a string, got {}", origin_, key(k), type_of(*node));
       out = *node->value<std::string>();
+    } else if constexpr (std::is_same_v<T, EnumRef>) {
+      TRIPOD_INPUT_CHECK(node->is_string(), "{}: {} must be a string (one of {}), got {}", origin_, key(k),
+                         out.choices(), type_of(*node));
+      const std::string v = *node->value<std::string>();
+      TRIPOD_INPUT_CHECK(out.parse(out.ptr, v), "{}: {} = \"{}\" is not one of {}", origin_, key(k), v, out.choices());
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       out.clear();
       if (node->is_string()) {
@@ -116,14 +140,14 @@ class Section {
 
 // Each section's keys, listed once: parsing reads them and the resolved config writes them.
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*,
-                              std::vector<double>*, std::vector<int>*>;
+                              std::vector<double>*, std::vector<int>*, EnumRef>;
 struct Field {
   const char* key;
   FieldRef ref;
 };
 
 std::vector<Field> fields(ModelConfig& m) {
-  return {{"arch", &m.arch},
+  return {{"arch", EnumRef(&m.arch)},
           {"n_layers", &m.n_layers},
           {"n_heads", &m.n_heads},
           {"n_kv_heads", &m.n_kv_heads},
@@ -132,11 +156,11 @@ std::vector<Field> fields(ModelConfig& m) {
           {"seq_len", &m.seq_len},
           {"max_positions", &m.max_positions},
           {"vocab_size", &m.vocab_size},
-          {"norm", &m.norm},
+          {"norm", EnumRef(&m.norm)},
           {"norm_eps", &m.norm_eps},
-          {"position", &m.position},
+          {"position", EnumRef(&m.position)},
           {"rope_theta", &m.rope_theta},
-          {"mlp", &m.mlp},
+          {"mlp", EnumRef(&m.mlp)},
           {"bias", &m.bias},
           {"tie_embeddings", &m.tie_embeddings}};
 }
@@ -145,7 +169,7 @@ std::vector<Field> fields(ParallelConfig& p) {
           {"pp", &p.pp},
           {"dp", &p.dp},
           {"vp", &p.vp},
-          {"schedule", &p.schedule},
+          {"schedule", EnumRef(&p.schedule)},
           {"schedule_file", &p.schedule_file},
           {"layers_per_stage", &p.layers_per_stage},
           {"sequence_parallel", &p.sequence_parallel},
@@ -154,7 +178,7 @@ std::vector<Field> fields(ParallelConfig& p) {
           {"timeout_s", &p.timeout_s}};
 }
 std::vector<Field> fields(TrainConfig& t) {
-  return {{"device", &t.device},
+  return {{"device", EnumRef(&t.device)},
           {"seed", &t.seed},
           {"micro_batch_size", &t.micro_batch_size},
           {"global_batch_size", &t.global_batch_size},
@@ -162,7 +186,7 @@ std::vector<Field> fields(TrainConfig& t) {
           {"lr", &t.lr},
           {"min_lr", &t.min_lr},
           {"warmup_steps", &t.warmup_steps},
-          {"decay", &t.decay},
+          {"decay", EnumRef(&t.decay)},
           {"weight_decay", &t.weight_decay},
           {"beta1", &t.beta1},
           {"beta2", &t.beta2},
@@ -176,6 +200,7 @@ std::vector<Field> fields(TrainConfig& t) {
           {"max_bad_steps", &t.max_bad_steps},
           {"trace", &t.trace}};
 }
+std::vector<Field> fields(RecomputeConfig& r) { return {{"mode", EnumRef(&r.mode)}, {"num_layers", &r.num_layers}}; }
 std::vector<Field> fields(DataConfig& d) {
   return {{"prefixes", &d.prefixes}, {"weights", &d.weights}, {"split", &d.split}, {"tokenizer", &d.tokenizer},
           {"synthetic", &d.synthetic}};
@@ -186,34 +211,45 @@ std::vector<Field> fields(CheckpointConfig& k) {
 }
 
 void read_fields(Section& s, const std::vector<Field>& fs) {
-  for (const Field& f : fs) std::visit([&](auto* ptr) { s.get(f.key, *ptr); }, f.ref);
+  for (Field f : fs)
+    std::visit(
+        [&](auto& ref) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(ref)>, EnumRef>)
+            s.get(f.key, ref);
+          else
+            s.get(f.key, *ref);
+        },
+        f.ref);
 }
 
 toml::table write_fields(const std::vector<Field>& fs) {
   toml::table t;
   for (const Field& f : fs)
     std::visit(
-        [&](auto* ptr) {
-          using T = std::remove_pointer_t<decltype(ptr)>;
-          if constexpr (std::is_same_v<T, uint64_t>) {
-            t.insert(f.key, static_cast<int64_t>(*ptr));
-          } else if constexpr (std::is_same_v<T, std::vector<std::string>> || std::is_same_v<T, std::vector<double>> ||
-                               std::is_same_v<T, std::vector<int>>) {
+        [&](const auto& ref) {
+          using R = std::decay_t<decltype(ref)>;
+          if constexpr (std::is_same_v<R, EnumRef>) {
+            t.insert(f.key, std::string(ref.name(ref.ptr)));
+          } else if constexpr (std::is_same_v<R, uint64_t*>) {
+            t.insert(f.key, static_cast<int64_t>(*ref));
+          } else if constexpr (std::is_same_v<R, std::vector<std::string>*> || std::is_same_v<R, std::vector<double>*> ||
+                               std::is_same_v<R, std::vector<int>*>) {
             toml::array a;
-            for (const auto& e : *ptr) a.push_back(e);
+            for (const auto& e : *ref) a.push_back(e);
             t.insert(f.key, std::move(a));
           } else {
-            t.insert(f.key, *ptr);
+            t.insert(f.key, *ref);
           }
         },
         f.ref);
   return t;
 }
 
-const char* kModes[] = {"none", "selective", "full"};
-
-void require(bool ok, const std::string& origin, const std::string& key, const std::string& what) {
-  if (!ok) throw InputError(fmt::format("{}: {} {}", origin, key, what));
+// Reads one [section] of `root` into `out` (its field list), refusing keys it does not have.
+template <class S> void read_section(const toml::table& root, const char* name, const std::string& origin, S& out) {
+  Section s(root, name, origin);
+  read_fields(s, fields(out));
+  s.finish();
 }
 
 void apply_override(toml::table& root, const std::string& assignment) {
@@ -238,7 +274,64 @@ void apply_override(toml::table& root, const std::string& assignment) {
 
 }  // namespace
 
-Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides) {
+namespace {
+
+void require(bool ok, const std::string& origin, const char* key, const std::string& what) {
+  if (!ok) throw InputError(fmt::format("{}: {} {}", origin, key, what));
+}
+
+}  // namespace
+
+void ParallelConfig::validate(const std::string& origin) const {
+  require(tp >= 1, origin, "parallel.tp", fmt::format("must be >= 1, got {}", tp));
+  require(pp >= 1, origin, "parallel.pp", fmt::format("must be >= 1, got {}", pp));
+  require(dp >= 0, origin, "parallel.dp", fmt::format("must be >= 1 (or absent to derive it), got {}", dp));
+  require(vp >= 1, origin, "parallel.vp", fmt::format("must be >= 1, got {}", vp));
+  require(bucket_mb > 0 && bucket_mb <= 1e6, origin, "parallel.bucket_mb",
+          fmt::format("must be in (0, 1e6] (MB), got {}", bucket_mb));
+  require(timeout_s > 0 && timeout_s <= 1e8, origin, "parallel.timeout_s",
+          fmt::format("must be in (0, 1e8] (seconds), got {}", timeout_s));
+}
+
+void TrainConfig::validate(const std::string& origin, bool training) const {
+  require(micro_batch_size >= 1, origin, "train.micro_batch_size", fmt::format("must be >= 1, got {}", micro_batch_size));
+  require(global_batch_size >= 0, origin, "train.global_batch_size",
+          fmt::format("must be >= 1 (or absent for micro_batch_size * dp), got {}", global_batch_size));
+  require(steps >= (training ? 1 : 0), origin, "train.steps", fmt::format("must be >= 1, got {}", steps));
+  require(lr > 0, origin, "train.lr", fmt::format("must be > 0, got {}", lr));
+  require(min_lr >= 0 && min_lr <= lr, origin, "train.min_lr",
+          fmt::format("must be in [0, train.lr = {}], got {}", lr, min_lr));
+  require(warmup_steps >= 0, origin, "train.warmup_steps", fmt::format("must be >= 0, got {}", warmup_steps));
+  require(weight_decay >= 0, origin, "train.weight_decay", fmt::format("must be >= 0, got {}", weight_decay));
+  require(beta1 >= 0 && beta1 < 1, origin, "train.beta1", fmt::format("must be in [0, 1), got {}", beta1));
+  require(beta2 >= 0 && beta2 < 1, origin, "train.beta2", fmt::format("must be in [0, 1), got {}", beta2));
+  require(eps > 0, origin, "train.eps", fmt::format("must be > 0, got {}", eps));
+  require(grad_clip >= 0, origin, "train.grad_clip", fmt::format("must be >= 0 (0 turns clipping off), got {}", grad_clip));
+  require(log_interval >= 1, origin, "train.log_interval", fmt::format("must be >= 1, got {}", log_interval));
+  require(eval_interval >= 0, origin, "train.eval_interval", fmt::format("must be >= 0, got {}", eval_interval));
+  require(eval_steps >= 1, origin, "train.eval_steps", fmt::format("must be >= 1, got {}", eval_steps));
+  require(!output_dir.empty(), origin, "train.output_dir", "must not be empty");
+  require(exit_interval >= 0, origin, "train.exit_interval", fmt::format("must be >= 0, got {}", exit_interval));
+  require(max_bad_steps >= 1, origin, "train.max_bad_steps", fmt::format("must be >= 1, got {}", max_bad_steps));
+}
+
+void DataConfig::validate(const std::string& origin, bool reads_data) const {
+  require(!reads_data || !prefixes.empty() || synthetic, origin, "data.prefixes",
+          "is missing: name the indexed datasets to train on (or set data.synthetic = true for synthetic tokens)");
+  require(weights.empty() || weights.size() == prefixes.size(), origin, "data.weights",
+          fmt::format("has {} entries for {} data.prefixes; give one weight per prefix", weights.size(),
+                      prefixes.size()));
+  for (double w : weights) require(w > 0, origin, "data.weights", fmt::format("must all be > 0, got {}", w));
+}
+
+void CheckpointConfig::validate(const std::string& origin) const {
+  require(interval >= 0, origin, "checkpoint.interval", fmt::format("must be >= 0, got {}", interval));
+  require(keep >= 0, origin, "checkpoint.keep", fmt::format("must be >= 0 (0 keeps all), got {}", keep));
+  require(interval == 0 || !dir.empty(), origin, "checkpoint.dir", "must be set when checkpoint.interval > 0");
+}
+
+Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides,
+                    ConfigUse use) {
   toml::table root;
   try {
     root = toml::parse(text, origin);
@@ -255,147 +348,40 @@ Config parse_config(const std::string& text, const std::string& origin, const st
 
   Config c;
   {
+    // The architecture preset first: it sets the keys that the ones given then override.
     Section s(root, "model", origin);
-    ModelConfig& m = c.model;
-    // The preset first: it sets the architecture keys, which the keys given then override.
-    s.get("arch", m.arch);
-    require(m.arch == "gpt2" || m.arch == "llama", origin, "model.arch",
-            fmt::format("= \"{}\" is not one of \"gpt2\", \"llama\"", m.arch));
-    if (m.arch == "llama") {
-      m.norm = "rmsnorm";
-      m.position = "rope";
-      m.mlp = "swiglu";
-      m.bias = false;
-      m.tie_embeddings = false;
-    }
-    read_fields(s, fields(m));
-    s.finish();
-    auto one_of = [&](const std::string& v, const char* key, const char* a, const char* b) {
-      require(v == a || v == b, origin, fmt::format("model.{}", key),
-              fmt::format("= \"{}\" is not one of \"{}\", \"{}\"", v, a, b));
-    };
-    one_of(m.norm, "norm", "layernorm", "rmsnorm");
-    one_of(m.position, "position", "learned", "rope");
-    one_of(m.mlp, "mlp", "gelu", "swiglu");
-    require(m.norm_eps > 0 && std::isfinite(m.norm_eps), origin, "model.norm_eps",
-            fmt::format("must be a finite number > 0, got {}", m.norm_eps));
-    require(m.rope_theta > 0 && std::isfinite(m.rope_theta), origin, "model.rope_theta",
-            fmt::format("must be a finite number > 0, got {}", m.rope_theta));
-    require(m.n_layers >= 1, origin, "model.n_layers", fmt::format("must be >= 1, got {}", m.n_layers));
-    require(m.n_heads >= 1, origin, "model.n_heads", fmt::format("must be >= 1, got {}", m.n_heads));
-    require(m.d_model >= 1, origin, "model.d_model", fmt::format("must be >= 1, got {}", m.d_model));
-    require(m.d_model % m.n_heads == 0, origin, "model.n_heads",
-            fmt::format("= {} must divide model.d_model = {}", m.n_heads, m.d_model));
-    require(m.n_kv_heads >= 0, origin, "model.n_kv_heads",
-            fmt::format("must be >= 1 (or 0 for model.n_heads), got {}", m.n_kv_heads));
-    require(m.n_heads % m.kv_heads() == 0, origin, "model.n_kv_heads",
-            fmt::format("= {} must divide model.n_heads = {} (each key/value head serves a group of query heads)",
-                        m.kv_heads(), m.n_heads));
-    require(!m.rope() || m.head_dim() % 2 == 0, origin, "model.position",
-            fmt::format("= \"rope\" rotates pairs of a head's dimensions: the head dimension model.d_model / "
-                        "model.n_heads = {} / {} = {} must be even", m.d_model, m.n_heads, m.head_dim()));
-    require(m.ffn_hidden >= 0, origin, "model.ffn_hidden", fmt::format("must be >= 1 (or 0: 4*d_model for gelu, Llama's rule for swiglu), got {}", m.ffn_hidden));
-    require(m.seq_len >= 1, origin, "model.seq_len", fmt::format("must be >= 1, got {}", m.seq_len));
-    require(m.max_positions >= 0, origin, "model.max_positions", fmt::format("must be >= 1 (or 0 for seq_len), got {}", m.max_positions));
-    require(m.seq_len <= m.positions(), origin, "model.seq_len",
-            fmt::format("= {} exceeds the position table (model.max_positions = {})", m.seq_len, m.positions()));
-    require(m.vocab_size >= 2, origin, "model.vocab_size", fmt::format("must be >= 2, got {}", m.vocab_size));
-    require(m.ffn() >= 1, origin, "model.ffn_hidden", fmt::format("= {} after derivation; must be >= 1", m.ffn()));
-    m.ffn_hidden = m.ffn();  // resolved: the config records what runs
-    m.n_kv_heads = m.kv_heads();
-    m.max_positions = m.positions();
+    EnumRef arch(&c.model.arch);
+    s.get("arch", arch);
+    c.model.apply_arch_preset();
+  }
+  read_section(root, "model", origin, c.model);
+  read_section(root, "parallel", origin, c.parallel);
+  read_section(root, "train", origin, c.train);
+  read_section(root, "recompute", origin, c.recompute);
+  read_section(root, "data", origin, c.data);
+  read_section(root, "checkpoint", origin, c.checkpoint);
+
+  c.model.validate(origin);
+  ModelConfig& m = c.model;  // resolved: the config records what runs
+  m.ffn_hidden = m.ffn();
   m.n_kv_heads = m.kv_heads();
-  }
-  {
-    Section s(root, "parallel", origin);
-    ParallelConfig& p = c.parallel;
-    read_fields(s, fields(p));
-    s.finish();
-    require(p.tp >= 1, origin, "parallel.tp", fmt::format("must be >= 1, got {}", p.tp));
-    require(p.pp >= 1, origin, "parallel.pp", fmt::format("must be >= 1, got {}", p.pp));
-    require(p.dp >= 0, origin, "parallel.dp", fmt::format("must be >= 1 (or absent to derive it), got {}", p.dp));
-    require(p.vp >= 1, origin, "parallel.vp", fmt::format("must be >= 1, got {}", p.vp));
-    require(p.schedule == "gpipe" || p.schedule == "1f1b" || p.schedule == "interleaved", origin, "parallel.schedule",
-            fmt::format("= \"{}\" is not one of \"gpipe\", \"1f1b\", \"interleaved\"", p.schedule));
-    require(p.bucket_mb > 0 && p.bucket_mb <= 1e6, origin, "parallel.bucket_mb",
-            fmt::format("must be in (0, 1e6] (MB), got {}", p.bucket_mb));
-    require(p.timeout_s > 0 && p.timeout_s <= 1e8, origin, "parallel.timeout_s",
-            fmt::format("must be in (0, 1e8] (seconds), got {}", p.timeout_s));
-  }
-  {
-    Section s(root, "train", origin);
-    TrainConfig& t = c.train;
-    read_fields(s, fields(t));
-    s.finish();
-    require(t.device == "cpu" || t.device == "cuda", origin, "train.device",
-            fmt::format("= \"{}\" is not \"cpu\" or \"cuda\"", t.device));
-    require(t.micro_batch_size >= 1, origin, "train.micro_batch_size", fmt::format("must be >= 1, got {}", t.micro_batch_size));
-    require(t.global_batch_size >= 0, origin, "train.global_batch_size",
-            fmt::format("must be >= 1 (or absent for micro_batch_size * dp), got {}", t.global_batch_size));
-    require(t.steps >= 1, origin, "train.steps", fmt::format("must be >= 1, got {}", t.steps));
-    require(t.lr > 0, origin, "train.lr", fmt::format("must be > 0, got {}", t.lr));
-    require(t.min_lr >= 0 && t.min_lr <= t.lr, origin, "train.min_lr",
-            fmt::format("must be in [0, train.lr = {}], got {}", t.lr, t.min_lr));
-    require(t.warmup_steps >= 0, origin, "train.warmup_steps", fmt::format("must be >= 0, got {}", t.warmup_steps));
-    require(t.decay == "cosine" || t.decay == "linear" || t.decay == "constant", origin, "train.decay",
-            fmt::format("= \"{}\" is not one of \"cosine\", \"linear\", \"constant\"", t.decay));
-    require(t.weight_decay >= 0, origin, "train.weight_decay", fmt::format("must be >= 0, got {}", t.weight_decay));
-    require(t.beta1 >= 0 && t.beta1 < 1, origin, "train.beta1", fmt::format("must be in [0, 1), got {}", t.beta1));
-    require(t.beta2 >= 0 && t.beta2 < 1, origin, "train.beta2", fmt::format("must be in [0, 1), got {}", t.beta2));
-    require(t.eps > 0, origin, "train.eps", fmt::format("must be > 0, got {}", t.eps));
-    require(t.grad_clip >= 0, origin, "train.grad_clip", fmt::format("must be >= 0 (0 turns clipping off), got {}", t.grad_clip));
-    require(t.log_interval >= 1, origin, "train.log_interval", fmt::format("must be >= 1, got {}", t.log_interval));
-    require(t.eval_interval >= 0, origin, "train.eval_interval", fmt::format("must be >= 0, got {}", t.eval_interval));
-    require(t.eval_steps >= 1, origin, "train.eval_steps", fmt::format("must be >= 1, got {}", t.eval_steps));
-    require(!t.output_dir.empty(), origin, "train.output_dir", "must not be empty");
-    require(t.exit_interval >= 0, origin, "train.exit_interval", fmt::format("must be >= 0, got {}", t.exit_interval));
-    require(t.max_bad_steps >= 1, origin, "train.max_bad_steps", fmt::format("must be >= 1, got {}", t.max_bad_steps));
-  }
-  {
-    Section s(root, "recompute", origin);
-    std::string mode = "none";
-    s.get("mode", mode);
-    s.get("num_layers", c.recompute.num_layers);
-    s.finish();
-    auto it = std::find(std::begin(kModes), std::end(kModes), mode);
-    if (it == std::end(kModes))
-      throw InputError(fmt::format("{}: recompute.mode = \"{}\" is not one of \"none\", \"selective\", \"full\"",
-                                   origin, mode));
-    c.recompute.mode = static_cast<RecomputeMode>(it - std::begin(kModes));
-    require(c.recompute.num_layers >= -1, origin, "recompute.num_layers",
-            fmt::format("must be >= 0 (or -1 for every layer), got {}", c.recompute.num_layers));
-  }
-  {
-    Section s(root, "data", origin);
-    DataConfig& d = c.data;
-    read_fields(s, fields(d));
-    s.finish();
-    require(!d.prefixes.empty() || d.synthetic, origin, "data.prefixes",
-            "is missing: name the indexed datasets to train on (or set data.synthetic = true for synthetic tokens)");
-    require(d.weights.empty() || d.weights.size() == d.prefixes.size(), origin, "data.weights",
-            fmt::format("has {} entries for {} data.prefixes; give one weight per prefix", d.weights.size(), d.prefixes.size()));
-    for (double w : d.weights) require(w > 0, origin, "data.weights", fmt::format("must all be > 0, got {}", w));
-  }
-  {
-    Section s(root, "checkpoint", origin);
-    CheckpointConfig& k = c.checkpoint;
-    read_fields(s, fields(k));
-    s.finish();
-    require(k.interval >= 0, origin, "checkpoint.interval", fmt::format("must be >= 0, got {}", k.interval));
-    require(k.keep >= 0, origin, "checkpoint.keep", fmt::format("must be >= 0 (0 keeps all), got {}", k.keep));
-    require(k.interval == 0 || !k.dir.empty(), origin, "checkpoint.dir", "must be set when checkpoint.interval > 0");
-  }
+  m.max_positions = m.positions();
+  c.parallel.validate(origin);
+  c.train.validate(origin, use.training);
+  c.recompute.validate(origin);
+  c.data.validate(origin, use.data);
+  c.checkpoint.validate(origin);
   return c;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, ConfigUse use) {
   std::error_code ec;
   TRIPOD_INPUT_CHECK(!std::filesystem::is_directory(path, ec), "config file {} is a directory; give a TOML file", path);
   std::ifstream in(path);
   TRIPOD_INPUT_CHECK(in, "config file {} cannot be read (missing or not readable)", path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_config(ss.str(), path, overrides);
+  return parse_config(ss.str(), path, overrides, use);
 }
 
 void validate_layout(Config& cfg, int world_size) {
@@ -431,10 +417,10 @@ void validate_layout(Config& cfg, int world_size) {
         static_cast<int64_t>(t.micro_batch_size) * m.seq_len, p.tp);
   TRIPOD_INPUT_CHECK(p.vp == 1 || p.pp > 1, "parallel.vp = {} needs parallel.pp > 1 (virtual stages interleave across "
                      "pipeline ranks)", p.vp);
-  TRIPOD_INPUT_CHECK((p.vp > 1) == (p.schedule == "interleaved"),
+  TRIPOD_INPUT_CHECK((p.vp > 1) == (p.schedule == ScheduleKind::Interleaved),
                      "parallel.schedule = \"{}\" with parallel.vp = {}: the interleaved schedule is the one for vp > 1 "
                      "(use schedule = \"interleaved\" with vp > 1, or \"gpipe\"/\"1f1b\" with vp = 1)",
-                     p.schedule, p.vp);
+                     enum_name(p.schedule), p.vp);
   layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
 }
 
@@ -446,11 +432,12 @@ nlohmann::json model_to_json(const ModelConfig& model) {
   nlohmann::json out = nlohmann::json::object();
   for (const Field& f : fields(m))
     std::visit(
-        [&](auto* ptr) {
-          using T = std::remove_pointer_t<decltype(ptr)>;
-          if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double> || std::is_same_v<T, bool> ||
-                        std::is_same_v<T, std::string>)
-            out[f.key] = *ptr;
+        [&](const auto& ref) {
+          using R = std::decay_t<decltype(ref)>;
+          if constexpr (std::is_same_v<R, EnumRef>)
+            out[f.key] = std::string(ref.name(ref.ptr));
+          else if constexpr (std::is_same_v<R, int*> || std::is_same_v<R, double*> || std::is_same_v<R, bool*>)
+            out[f.key] = *ref;
         },
         f.ref);
   return out;
@@ -460,15 +447,18 @@ ModelConfig model_from_json(const nlohmann::json& j, const std::string& origin) 
   ModelConfig m;
   for (const Field& f : fields(m))
     std::visit(
-        [&](auto* ptr) {
-          using T = std::remove_pointer_t<decltype(ptr)>;
-          if constexpr (std::is_same_v<T, int> || std::is_same_v<T, double> || std::is_same_v<T, bool> ||
-                        std::is_same_v<T, std::string>) {
-            if (!j.contains(f.key)) return;
+        [&](const auto& ref) {
+          using R = std::decay_t<decltype(ref)>;
+          if (!j.contains(f.key)) return;
+          const nlohmann::json& v = j[f.key];
+          if constexpr (std::is_same_v<R, EnumRef>) {
+            TRIPOD_INPUT_CHECK(v.is_string() && ref.parse(ref.ptr, v.get<std::string>()),
+                               "{}: model.{} = {} is not one of {}", origin, f.key, v.dump(), ref.choices());
+          } else if constexpr (std::is_same_v<R, int*> || std::is_same_v<R, double*> || std::is_same_v<R, bool*>) {
             try {
-              *ptr = j[f.key].get<T>();
+              *ref = v.get<std::remove_pointer_t<R>>();
             } catch (const nlohmann::json::exception&) {
-              throw InputError(fmt::format("{}: model.{} = {} has the wrong type", origin, f.key, j[f.key].dump()));
+              throw InputError(fmt::format("{}: model.{} = {} has the wrong type", origin, f.key, v.dump()));
             }
           }
         },
@@ -481,8 +471,7 @@ std::string config_to_toml(const Config& cfg) {
   toml::table t{{"model", write_fields(fields(c.model))},
                 {"parallel", write_fields(fields(c.parallel))},
                 {"train", write_fields(fields(c.train))},
-                {"recompute", toml::table{{"mode", kModes[static_cast<int>(c.recompute.mode)]},
-                                          {"num_layers", c.recompute.num_layers}}},
+                {"recompute", write_fields(fields(c.recompute))},
                 {"data", write_fields(fields(c.data))},
                 {"checkpoint", write_fields(fields(c.checkpoint))}};
   // A library run without a run directory (output_dir "") records none, so that the text parses back.

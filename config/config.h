@@ -1,6 +1,7 @@
-// The run's configuration: TOML sections read into typed per-section structs and validated.
-// Unknown keys, wrong types and out-of-range values are InputErrors naming the key and what is
-// valid. Checks that need the world size (the grid) are in validate_layout().
+// The run's configuration: TOML sections read into typed per-section structs, each validated by
+// its own validate() beside it. Unknown keys, wrong types, unknown choices (parsed once into
+// enums here) and out-of-range values are InputErrors naming the key and what is valid. Checks
+// that need the world size (the grid) are in validate_layout().
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -11,32 +12,47 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/device.h"
 #include "model/config.h"
+#include "parallel/pipeline/schedules.h"
 
 namespace tripod {
+
+// What a command needs of its config beyond what every command checks: training needs
+// train.steps, and reading data needs data.prefixes (or data.synthetic). `tripod plan` needs
+// neither.
+struct ConfigUse {
+  bool training = true;
+  bool data = true;
+};
 
 struct ParallelConfig {
   int tp = 1, pp = 1;
   int dp = 0;  // 0: derived from the world size
   int vp = 1;  // model chunks (virtual stages) per pipeline rank
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
   std::string schedule_file;      // a custom schedule (CSV), overriding `schedule`
   std::vector<int> layers_per_stage;  // explicit layer counts per virtual stage
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   double bucket_mb = 25.0;   // DP gradient bucket size
   double timeout_s = 600.0;  // longest wait on any communication before failing
+
+  void validate(const std::string& origin) const;
 };
 
+enum class Decay { Cosine, Linear, Constant };  // of the learning rate after the warmup
+template <> struct EnumNames<Decay> { static constexpr std::array<std::string_view, 3> names{"cosine", "linear", "constant"}; };
+
 struct TrainConfig {
-  std::string device = "cpu";
+  Device device = Device::CPU;
   uint64_t seed = 1234;
   int micro_batch_size = 1;
   int global_batch_size = 0;  // 0: micro_batch_size * dp
   int64_t steps = 0;
   double lr = 6e-4, min_lr = 0.0;
   int64_t warmup_steps = 0;
-  std::string decay = "cosine";  // cosine | linear | constant
+  Decay decay = Decay::Cosine;
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double grad_clip = 1.0;  // 0: off
@@ -47,6 +63,9 @@ struct TrainConfig {
   int64_t exit_interval = 0;  // stop (with a checkpoint) after this step; 0: run all steps
   int max_bad_steps = 3;      // consecutive non-finite losses or grad norms before stopping
   bool trace = true;          // record the per-rank timeline in output_dir/trace/
+
+  // `training`: train.steps must be given (>= 1).
+  void validate(const std::string& origin, bool training) const;
 };
 
 struct DataConfig {
@@ -55,6 +74,9 @@ struct DataConfig {
   std::string split = "969,30,1";     // train, valid, test
   std::string tokenizer;              // SentencePiece model, for eval/generate
   bool synthetic = false;             // deterministic synthetic tokens instead of data
+
+  // `reads_data`: data.prefixes (or data.synthetic) must be given.
+  void validate(const std::string& origin, bool reads_data) const;
 };
 
 struct CheckpointConfig {
@@ -64,6 +86,8 @@ struct CheckpointConfig {
   std::string load;   // a checkpoint directory, or "latest" (in dir)
   bool async = false;
   bool overwrite = false;  // let a fresh run write into a directory holding another run's checkpoints
+
+  void validate(const std::string& origin) const;
 };
 
 struct Config {
@@ -76,9 +100,10 @@ struct Config {
 };
 
 // Reads `path` and applies `overrides` ("section.key=value", value in TOML syntax or a bare string).
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {}, ConfigUse use = {});
 // Parses TOML text (`origin` names it in errors).
-Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides = {});
+Config parse_config(const std::string& text, const std::string& origin, const std::vector<std::string>& overrides = {},
+                    ConfigUse use = {});
 // The resolved configuration as TOML (every key, defaults filled in).
 std::string config_to_toml(const Config& cfg);
 // Every [model] key with its resolved value (ffn_hidden and max_positions filled in), as JSON:

@@ -12,7 +12,7 @@ namespace tripod {
 RankMemory plan_rank_memory(const Config& cfg, int rank) { return plan_rank_memory(cfg, make_rank_layout(cfg, rank)); }
 
 RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
-  const bool cuda = cfg.train.device == "cuda";
+  const bool cuda = cfg.train.device == Device::CUDA;
   const int64_t act_bytes = cuda ? 2 : 4;
   RankMemory m;
   m.rank = l.rank;
@@ -47,12 +47,11 @@ std::string memory_table(const Config& cfg, const std::vector<RankMemory>& ranks
     auto key = std::make_pair(m.coords.pp, m.coords.tp);
     if (!rows.count(key) || m.total() > rows[key].total()) rows[key] = m;
   }
-  const char* modes[] = {"none", "selective", "full"};
   std::string out = fmt::format(
       "memory estimate per rank (GiB), recompute {}, schedule {}, micro-batch {} x {} tokens, {}:\n",
-      modes[static_cast<int>(cfg.recompute.mode)],
-      cfg.parallel.schedule_file.empty() ? cfg.parallel.schedule : cfg.parallel.schedule_file,
-      cfg.train.micro_batch_size, cfg.model.seq_len, cfg.train.device == "cuda" ? "bf16" : "f32");
+      enum_name(cfg.recompute.mode),
+      cfg.parallel.schedule_file.empty() ? std::string(enum_name(cfg.parallel.schedule)) : cfg.parallel.schedule_file,
+      cfg.train.micro_batch_size, cfg.model.seq_len, cfg.train.device == Device::CUDA ? "bf16" : "f32");
   out += fmt::format("{:>4} {:>4} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "pp", "tp", "params", "grads", "optimizer",
                      "activations", "total");
   for (auto& [key, m] : rows)

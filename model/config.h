@@ -1,12 +1,28 @@
 // The model shape and architecture: GPT-2 by default; Llama-family decoders (RMSNorm, rotary
 // positions, SwiGLU, grouped-query attention, no biases, untied head) are the same code with
-// other choices. train/config.cpp reads, presets and validates these.
+// other choices. config/config.cpp reads the [model] section and presets its architecture;
+// ModelConfig::validate (model/config.cpp) checks it.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "core/enum_names.h"
+
 namespace tripod {
+
+enum class Arch { Gpt2, Llama };          // a preset of the choices below
+enum class NormKind { LayerNorm, RmsNorm };
+enum class PositionKind { Learned, Rope };  // a position table, or rotary q and k
+enum class MlpKind { Gelu, SwiGlu };        // proj(gelu(fc x)), or proj(silu(gate x) * up x)
+template <> struct EnumNames<Arch> { static constexpr std::array<std::string_view, 2> names{"gpt2", "llama"}; };
+template <> struct EnumNames<NormKind> {
+  static constexpr std::array<std::string_view, 2> names{"layernorm", "rmsnorm"};
+};
+template <> struct EnumNames<PositionKind> {
+  static constexpr std::array<std::string_view, 2> names{"learned", "rope"};
+};
+template <> struct EnumNames<MlpKind> { static constexpr std::array<std::string_view, 2> names{"gelu", "swiglu"}; };
 
 struct ModelConfig {
   int n_layers = 0;
@@ -16,19 +32,32 @@ struct ModelConfig {
   int seq_len = 0;
   int max_positions = 0;  // rows of the position table (learned) / longest sequence (rope); 0: seq_len
   int vocab_size = 0;
-  std::string arch = "gpt2";  // preset of the keys below: "gpt2" | "llama"
-  std::string norm = "layernorm";  // "layernorm" | "rmsnorm"
+  Arch arch = Arch::Gpt2;
+  NormKind norm = NormKind::LayerNorm;
   double norm_eps = 1e-5;
-  std::string position = "learned";  // "learned" (a position table) | "rope" (rotary q and k)
+  PositionKind position = PositionKind::Learned;
   double rope_theta = 10000.0;
-  std::string mlp = "gelu";  // "gelu": proj(gelu(fc x)) | "swiglu": proj(silu(gate x) * up x)
+  MlpKind mlp = MlpKind::Gelu;
   int n_kv_heads = 0;        // key/value heads (grouped-query attention); 0: n_heads
   bool bias = true;          // biases in every linear
   bool tie_embeddings = true;  // the output head is the input embedding table
 
-  bool rms() const { return norm == "rmsnorm"; }
-  bool rope() const { return position == "rope"; }
-  bool swiglu() const { return mlp == "swiglu"; }
+  // Llama's choices (RMSNorm, rope, SwiGLU, no biases, an untied head) when arch is Llama: what
+  // model.arch = "llama" sets before the keys given override them.
+  void apply_arch_preset() {
+    if (arch != Arch::Llama) return;
+    norm = NormKind::RmsNorm;
+    position = PositionKind::Rope;
+    mlp = MlpKind::SwiGlu;
+    bias = false;
+    tie_embeddings = false;
+  }
+  // InputError naming `origin` and the [model] key at fault, with what would be valid.
+  void validate(const std::string& origin) const;
+
+  bool rms() const { return norm == NormKind::RmsNorm; }
+  bool rope() const { return position == PositionKind::Rope; }
+  bool swiglu() const { return mlp == MlpKind::SwiGlu; }
   int positions() const { return max_positions > 0 ? max_positions : seq_len; }
   int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   // GELU: 4 d_model. SwiGLU (Llama's rule, which keeps the MLP's parameters near GELU's):
@@ -81,11 +110,15 @@ namespace tripod {
 // its forward just before its backward. num_layers: only the first N layers of each pipeline
 // chunk recompute (-1: all).
 enum class RecomputeMode { None, Selective, Full };
+template <> struct EnumNames<RecomputeMode> {
+  static constexpr std::array<std::string_view, 3> names{"none", "selective", "full"};
+};
 
 struct RecomputeConfig {
   RecomputeMode mode = RecomputeMode::None;
   int num_layers = -1;
   bool applies_to(int layer_in_chunk) const { return num_layers < 0 || layer_in_chunk < num_layers; }
+  void validate(const std::string& origin) const;
 };
 
 }  // namespace tripod

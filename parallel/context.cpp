@@ -3,57 +3,21 @@
 
 #include <algorithm>
 
+#include "parallel/comm/device_comm.h"
 #include "parallel/comm/mpi_comm.h"
-#ifdef TRIPOD_HAVE_NCCL
-#include <spdlog/spdlog.h>
-
-#include "kernels/cuda/cuda_ops.h"
-#include "parallel/comm/nccl_comm.h"
-#endif
 
 namespace tripod {
 
-namespace cuda {
-class CudaOps;
-}
-
 namespace {
 
-// The GPU backend when every rank has a GPU of its own, so NCCL can carry the device tensors;
-// null for the CPU backend and when ranks share GPUs (NCCL refuses two ranks on one GPU), where
-// MPI stages device tensors through pinned host memory instead. Collective over the world.
-#ifdef TRIPOD_HAVE_NCCL
-cuda::CudaOps* nccl_backend(const MpiComm& world, bool force_mpi) {
-  auto* ops = dynamic_cast<cuda::CudaOps*>(world.ops());
-  int ok = ops != nullptr && !force_mpi;
-  int node_ranks = 1;
-  if (ok) {
-    MPI_Comm node;
-    MPI_Comm_split_type(world.handle(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
-    MPI_Comm_size(node, &node_ranks);
-    MPI_Comm_free(&node);
-    if (node_ranks > cuda_device_count()) ok = 0;
-  }
-  int all_ok = ok;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, world.handle());
-  if (ops && !all_ok && world.rank() == 0 && !force_mpi)
-    spdlog::warn("{} ranks share the {} GPU(s) of a node: communication is staged through host memory with MPI, "
-                 "which is slow (NCCL needs one GPU per rank); use this for correctness runs",
-                 node_ranks, cuda_device_count());
-  return all_ok ? ops : nullptr;
-}
-#endif
-
 std::unique_ptr<Communicator> split(const MpiComm& world, const std::vector<int>& group, int my_rank,
-                                    const char* name, cuda::CudaOps* nccl_ops) {
+                                    const char* name, const DeviceCommFactory& device) {
   // Every rank calls MPI_Comm_split once per axis; color = the group's first rank.
   MPI_Comm comm;
   int key = static_cast<int>(std::find(group.begin(), group.end(), my_rank) - group.begin());
   MPI_Comm_split(world.handle(), group.front(), key, &comm);
   auto mpi = std::make_unique<MpiComm>(comm, name, world.ops(), world.timeout_s(), group, world.probe());
-#ifdef TRIPOD_HAVE_NCCL
-  if (nccl_ops) return std::make_unique<NcclComm>(std::move(mpi), *nccl_ops, group);
-#endif
+  if (device) return device(std::move(mpi), group);
   return mpi;
 }
 
@@ -67,16 +31,13 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
   ctx.rank = world.rank();
   ctx.coords = grid.coords(ctx.rank);
   ctx.sequence_parallel = options.sequence_parallel;
-  cuda::CudaOps* nccl_ops = nullptr;
-#ifdef TRIPOD_HAVE_NCCL
-  nccl_ops = nccl_backend(world, options.force_mpi);
-#endif
+  const DeviceCommFactory device = device_comm_factory(world, options.force_mpi);
   std::vector<int> all(world.size());
   for (int i = 0; i < world.size(); ++i) all[i] = i;
-  ctx.world = split(world, all, ctx.rank, "world", nccl_ops);
-  ctx.tp = split(world, grid.group(Axis::TP, ctx.rank), ctx.rank, "tp", nccl_ops);
-  ctx.dp = split(world, grid.group(Axis::DP, ctx.rank), ctx.rank, "dp", nccl_ops);
-  ctx.pp = split(world, grid.group(Axis::PP, ctx.rank), ctx.rank, "pp", nccl_ops);
+  ctx.world = split(world, all, ctx.rank, "world", device);
+  ctx.tp = split(world, grid.group(Axis::TP, ctx.rank), ctx.rank, "tp", device);
+  ctx.dp = split(world, grid.group(Axis::DP, ctx.rank), ctx.rank, "dp", device);
+  ctx.pp = split(world, grid.group(Axis::PP, ctx.rank), ctx.rank, "pp", device);
   // Embedding group: first and last stage; the middle stages split with MPI_UNDEFINED.
   auto emb = grid.embedding_group(ctx.rank);
   bool member = grid.pp() > 1 && (ctx.first_stage() || ctx.last_stage());
@@ -84,11 +45,9 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
   MPI_Comm_split(world.handle(), member ? emb.front() : MPI_UNDEFINED, ctx.coords.pp, &comm);
   if (member) {
     auto mpi = std::make_unique<MpiComm>(comm, "embedding", world.ops(), world.timeout_s(), emb, world.probe());
-#ifdef TRIPOD_HAVE_NCCL
-    if (nccl_ops)
-      ctx.embedding = std::make_unique<NcclComm>(std::move(mpi), *nccl_ops, emb);
+    if (device)
+      ctx.embedding = device(std::move(mpi), emb);
     else
-#endif
       ctx.embedding = std::move(mpi);
   }
   return ctx;

@@ -217,9 +217,9 @@ void calibrate(Ops& ops, Communicator* world, const CalibrateGrid& grid, Hardwar
   hw.gemm.clear();
   hw.attention.clear();
   hw.collectives.clear();
-  hw.device = ops.device() == Device::CPU ? "cpu" : "cuda";
+  hw.device = ops.device();
   hw.peak_flops = ops.peak_flops();
-  if (hw.device == "cpu") hw.peak_flops_f32 = hw.peak_flops;
+  if (hw.device == Device::CPU) hw.peak_flops_f32 = hw.peak_flops;
   measure_gemms(ops, grid, hw);
   measure_attention(ops, grid, hw);
   measure_elementwise(ops, grid, hw);

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/gpt.h"
 #include "config/layout.h"
+#include "parallel/pipeline/simulate.h"
 
 namespace tripod {
 

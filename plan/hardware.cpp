@@ -236,9 +236,10 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
   {
     Keys k(*dev, origin + ": [device]");
     hw.name = k.string("name", origin);
-    hw.device = k.string("kind", "cuda");
-    TRIPOD_INPUT_CHECK(hw.device == "cuda" || hw.device == "cpu", "{}: device.kind = \"{}\" must be \"cuda\" or \"cpu\"",
-                       origin, hw.device);
+    const std::string kind = k.string("kind", "cuda");
+    const std::optional<Device> device = parse_enum<Device>(kind);
+    TRIPOD_INPUT_CHECK(device, "{}: device.kind = \"{}\" must be \"cuda\" or \"cpu\"", origin, kind);
+    hw.device = *device;
     hw.peak_flops = k.number("peak_tflops", 0, true) * 1e12;
     hw.peak_flops_f32 = k.number("peak_tflops_f32", hw.peak_flops / 1e12) * 1e12;
     hw.memory_capacity = k.number("memory_gib", 0, true) * kGiB;
@@ -312,7 +313,7 @@ std::string hardware_to_toml(const Hardware& hw) {
   std::string s;
   s += fmt::format("[device]\nname = \"{}\"\nkind = \"{}\"\npeak_tflops = {:.6g}\npeak_tflops_f32 = {:.6g}\n"
                    "memory_gib = {:.6g}\nmemory_bandwidth_gbs = {:.6g}\nreserved_gib = {:.6g}\ngpus_per_node = {}\n\n",
-                   hw.name, hw.device, hw.peak_flops / 1e12, hw.peak_flops_f32 / 1e12, hw.memory_capacity / kGiB,
+                   hw.name, enum_name(hw.device), hw.peak_flops / 1e12, hw.peak_flops_f32 / 1e12, hw.memory_capacity / kGiB,
                    hw.memory_bandwidth / 1e9, hw.reserved_memory / kGiB, hw.gpus_per_node);
   s += fmt::format("[intra_node]\nbandwidth_gbs = {:.6g}\nlatency_us = {:.6g}\n\n", hw.intra.bandwidth / 1e9,
                    hw.intra.latency * 1e6);

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
+
 namespace tripod {
 
 // One link class (inside a node, or between nodes), per GPU and direction.
@@ -48,7 +50,7 @@ struct CollectivePoint {
 
 struct Hardware {
   std::string name;
-  std::string device = "cuda";      // what tripod computes on: "cuda" (bf16) or "cpu" (f32)
+  Device device = Device::CUDA;     // what tripod computes on: CUDA (bf16) or the CPU (f32)
   double peak_flops = 0;            // dense, in the compute dtype (bf16 on GPUs, f32 on CPUs)
   double peak_flops_f32 = 0;        // dense f32 (informative on GPUs)
   double memory_bandwidth = 0;      // bytes/s
@@ -71,7 +73,7 @@ struct Hardware {
   ElementwiseRate elementwise[static_cast<int>(Elementwise::Count)];
   std::vector<CollectivePoint> collectives;
 
-  bool bf16() const { return device == "cuda"; }
+  bool bf16() const { return device == Device::CUDA; }
   int64_t act_bytes() const { return bf16() ? 2 : 4; }
 
   // Kernel times. gemm_time: forward (backward = false) or both backward GEMMs.

@@ -25,11 +25,6 @@ std::vector<T> pick(const std::optional<T>& fixed, std::vector<T> all) {
   return all;
 }
 
-const char* mode_name(RecomputeMode m) {
-  static const char* names[] = {"none", "selective", "full"};
-  return names[static_cast<int>(m)];
-}
-
 }  // namespace
 
 LayoutFilter parse_layout_filter(const std::string& text) {
@@ -63,9 +58,8 @@ LayoutFilter parse_layout_filter(const std::string& text) {
     else if (k == "sp") f.sequence_parallel = boolean(k, v);
     else if (k == "distopt") f.distributed_optimizer = boolean(k, v);
     else if (k == "recompute") {
-      TRIPOD_INPUT_CHECK(v == "none" || v == "selective" || v == "full",
-                         "--layout recompute={}: must be none, selective or full", v);
-      f.recompute = v == "none" ? RecomputeMode::None : v == "selective" ? RecomputeMode::Selective : RecomputeMode::Full;
+      f.recompute = parse_enum<RecomputeMode>(v);
+      TRIPOD_INPUT_CHECK(f.recompute, "--layout recompute={}: must be none, selective or full", v);
     } else {
       throw InputError(fmt::format("--layout: unknown knob '{}' (valid: tp, pp, vp, mbs, recompute, sp, distopt)", k));
     }
@@ -112,7 +106,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                 p.pp = pp;
                 p.vp = vp;
                 p.dp = dp;
-                p.schedule = vp > 1 ? "interleaved" : "1f1b";
+                p.schedule = vp > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
                 p.schedule_file.clear();
                 p.layers_per_stage.clear();
                 p.sequence_parallel = sp;
@@ -156,8 +150,8 @@ std::string layout_toml(const Config& cfg) {
       "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\nschedule = \"{}\"\nsequence_parallel = {}\n"
       "distributed_optimizer = {}\n\n[train]\nmicro_batch_size = {}\nglobal_batch_size = {}\n\n[recompute]\n"
       "mode = \"{}\"\n",
-      p.tp, p.pp, p.vp, p.dp, p.schedule, p.sequence_parallel, p.distributed_optimizer, cfg.train.micro_batch_size,
-      cfg.train.global_batch_size, mode_name(cfg.recompute.mode));
+      p.tp, p.pp, p.vp, p.dp, enum_name(p.schedule), p.sequence_parallel, p.distributed_optimizer, cfg.train.micro_batch_size,
+      cfg.train.global_batch_size, enum_name(cfg.recompute.mode));
 }
 
 }  // namespace tripod

@@ -21,7 +21,7 @@ inline Config tiny_config(int n_layers = 2, int d_model = 32, int n_heads = 4, i
   Config c;
   c.model = {.n_layers = n_layers, .n_heads = n_heads, .d_model = d_model, .ffn_hidden = 0, .seq_len = seq_len,
              .max_positions = 0, .vocab_size = vocab};
-  c.train.device = "cpu";
+  c.train.device = Device::CPU;
   c.train.micro_batch_size = 2;
   c.train.global_batch_size = 8;
   c.train.steps = 5;
@@ -34,13 +34,13 @@ inline Config tiny_config(int n_layers = 2, int d_model = 32, int n_heads = 4, i
 }
 
 // Turns a config's model into a Llama-family decoder of the same size (RMSNorm, rope with theta
-// 500000, SwiGLU, `n_kv_heads` key/value heads, no biases, untied head), as model.arch = "llama".
+// 500000, SwiGLU, `n_kv_heads` key/value heads, no biases, untied head), as model.arch = Arch::Llama.
 inline void make_llama(ModelConfig& m, int n_kv_heads) {
-  m.arch = "llama";
-  m.norm = "rmsnorm";
-  m.position = "rope";
+  m.arch = Arch::Llama;
+  m.norm = NormKind::RmsNorm;
+  m.position = PositionKind::Rope;
   m.rope_theta = 500000.0;
-  m.mlp = "swiglu";
+  m.mlp = MlpKind::SwiGlu;
   m.ffn_hidden = 3 * m.d_model;
   m.n_kv_heads = n_kv_heads;
   m.bias = false;

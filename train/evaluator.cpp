@@ -37,13 +37,13 @@ Evaluator::Evaluator(const Config& cfg, const RankLayout& layout, Ops& ops, Para
 
 EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_t first) {
   TRIPOD_CHECK(samples >= 1 && first >= 0, "evaluate {} samples from {}", samples, first);
-  const RankLayout& l = layout_;
-  TRIPOD_CHECK(!(l.has_embedding || l.has_head) || data, "rank {} holds the embedding or head but has no eval data",
-               l.rank);
-  const int64_t gb = cfg_.train.global_batch_size, B = l.micro_batch_size, T = cfg_.model.seq_len;
-  const int64_t N = l.micro_tokens, Ns = l.local_tokens;
-  const int M = l.microbatches, vp = model_.num_chunks();
-  const SampleOrder order{.global_batch = gb, .micro_batch = B, .dp = l.grid.dp()};
+  const RankLayout& rl = layout_;
+  TRIPOD_CHECK(!(rl.has_embedding || rl.has_head) || data, "rank {} holds the embedding or head but has no eval data",
+               rl.rank);
+  const int64_t gb = cfg_.train.global_batch_size, B = rl.micro_batch_size, T = cfg_.model.seq_len;
+  const int64_t N = rl.micro_tokens, Ns = rl.local_tokens;
+  const int M = rl.microbatches, vp = model_.num_chunks();
+  const SampleOrder order{.global_batch = gb, .micro_batch = B, .dp = rl.grid.dp()};
   const int64_t end = first + samples, batches = (samples + gb - 1) / gb;
   CpuAllocator host;
   Tensor host_losses = Tensor::empty(host, {N}, DType::F32, MemCategory::Workspace);
@@ -56,17 +56,17 @@ EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_
     PipelineCallbacks cb;
     cb.forward = [&](int mb, int chunk, const Tensor& input) {
       if (pending[mb] == 0) {
-        load_microbatch(data, cfg_, l, ops_, consumed, mb, mbs[mb]);
-        if (l.has_head) mbs[mb].losses = ops_.empty({N}, DType::F32, MemCategory::Workspace);
+        load_microbatch(data, cfg_, rl, ops_, consumed, mb, mbs[mb]);
+        if (rl.has_head) mbs[mb].losses = ops_.empty({N}, DType::F32, MemCategory::Workspace);
         pending[mb] = vp;
       }
       ChunkActs acts;  // nothing is kept: there is no backward
       Tensor out = model_.forward(chunk, mbs[mb], input, acts);
-      if (model_.layout(chunk).has_head && l.coords.tp == 0) {
+      if (model_.layout(chunk).has_head && rl.coords.tp == 0) {
         ops_.copy(mbs[mb].losses, host_losses);
         const float* l = host_losses.data<float>();
         for (int64_t b = 0; b < B; ++b) {
-          if (order.index(consumed, mb, l.coords.dp, b) >= end) continue;  // padding of the last batch
+          if (order.index(consumed, mb, rl.coords.dp, b) >= end) continue;  // padding of the last batch
           double s = 0;
           for (int64_t t = 0; t < T; ++t) s += l[b * T + t];
           loss_sum += s;

@@ -7,7 +7,7 @@ namespace tripod {
 
 std::unique_ptr<Ops> make_rank_ops(const Config& cfg, const DebugOptions& debug) {
   const int gpus = cuda_device_count();
-  return make_ops(cfg.train.device == "cuda" ? Device::CUDA : Device::CPU,
+  return make_ops(cfg.train.device,
                   gpus > 0 ? MpiSession::local_rank() % gpus : 0, debug);
 }
 

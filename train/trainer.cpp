@@ -86,11 +86,11 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   const ModelConfig& mc = cfg_.model;
   spdlog::info("model: {} ({}, {}, {}), {} layers, d_model {}, {} heads ({} key/value), seq {}, vocab {} (padded {}): "
                "{:.2f}M parameters",
-               mc.arch, mc.norm, mc.position, mc.mlp, mc.n_layers, mc.d_model, mc.n_heads, mc.kv_heads(), mc.seq_len,
+               enum_name(mc.arch), enum_name(mc.norm), enum_name(mc.position), enum_name(mc.mlp), mc.n_layers, mc.d_model, mc.n_heads, mc.kv_heads(), mc.seq_len,
                mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6);
   spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {} (vp {}); device {}",
                par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
-               layout_.schedule.kind, pc.vp, tc.device);
+               layout_.schedule.kind, pc.vp, enum_name(tc.device));
 }
 
 Trainer::~Trainer() = default;
@@ -327,7 +327,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
                 {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", layout_.schedule.kind}}},
       {"has_optimizer", true},
       {"lr_schedule", {{"lr", lr_.lr}, {"min_lr", lr_.min_lr}, {"warmup_steps", lr_.warmup_steps},
-                       {"total_steps", lr_.total_steps}, {"decay", lr_.decay}, {"next_step", step_},
+                       {"total_steps", lr_.total_steps}, {"decay", enum_name(lr_.decay)}, {"next_step", step_},
                        {"next_lr", lr_.at(step_)}}},
       {"trainer", {{"skipped_total", skipped_total_}, {"bad_in_a_row", bad_in_a_row_},
                    {"adam_steps", optimizer_->steps_taken()}}},

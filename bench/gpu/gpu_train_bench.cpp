@@ -44,7 +44,7 @@ Config make_config(const Shape& s, int micro_batch, const std::string& out_dir) 
   c.model.d_model = s.d_model;
   c.model.seq_len = 1024;
   c.model.vocab_size = 50257;
-  c.train.device = "cuda";
+  c.train.device = Device::CUDA;
   c.train.micro_batch_size = micro_batch;
   c.train.global_batch_size = micro_batch;
   c.train.steps = 1000000;
@@ -136,7 +136,7 @@ int bench_main(int argc, char** argv) {
   init_logging(0, 1);  // on stderr, so stdout is the table
   spdlog::set_level(spdlog::level::warn);
   Config one_gpu;  // (dp, pp, tp) = (1, 1, 1) on this rank's GPU
-  one_gpu.train.device = "cuda";
+  one_gpu.train.device = Device::CUDA;
   one_gpu.parallel.dp = 1;
   Runtime rt = make_runtime(one_gpu);
   auto& ops = dynamic_cast<cuda::CudaOps&>(*rt.ops);

@@ -2,6 +2,9 @@
 // events, grouped sends/receives, host tensors through MPI, a watchdog for timeouts and errors.
 #include "parallel/comm/nccl_comm.h"
 
+#include <mpi.h>
+#include <spdlog/spdlog.h>
+
 #include <cuda_runtime_api.h>
 #include <fmt/ranges.h>
 #include <nccl.h>
@@ -14,6 +17,7 @@
 #include "core/error.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "parallel/comm/device_comm.h"
 
 #define TRIPOD_NCCL_CHECK(call, ...)                                                                      \
   do {                                                                                                    \
@@ -352,6 +356,31 @@ std::unique_ptr<CommRequest> NcclComm::irecv(Tensor& t, int peer, int tag) {
   pending_.push_back({false, t.raw(), static_cast<size_t>(t.numel()), static_cast<int>(nccl_type(t.dtype())), peer,
                       done});
   return std::make_unique<NcclRequest>(this, std::move(done));
+}
+
+// NCCL when every rank has a GPU of its own; MPI (staged through pinned host memory) when ranks
+// share GPUs, which NCCL refuses, or when asked to.
+DeviceCommFactory device_comm_factory(const MpiComm& world, bool force_mpi) {
+  auto* ops = dynamic_cast<cuda::CudaOps*>(world.ops());
+  int ok = ops != nullptr && !force_mpi;
+  int node_ranks = 1;
+  if (ok) {
+    MPI_Comm node;
+    MPI_Comm_split_type(world.handle(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);
+    MPI_Comm_size(node, &node_ranks);
+    MPI_Comm_free(&node);
+    if (node_ranks > cuda_device_count()) ok = 0;
+  }
+  int all_ok = ok;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, world.handle());
+  if (ops && !all_ok && world.rank() == 0 && !force_mpi)
+    spdlog::warn("{} ranks share the {} GPU(s) of a node: communication is staged through host memory with MPI, "
+                 "which is slow (NCCL needs one GPU per rank); use this for correctness runs",
+                 node_ranks, cuda_device_count());
+  if (!all_ok) return {};
+  return [ops](std::unique_ptr<MpiComm> mpi, const std::vector<int>& group) -> std::unique_ptr<Communicator> {
+    return std::make_unique<NcclComm>(std::move(mpi), *ops, group);
+  };
 }
 
 }  // namespace tripod

@@ -58,17 +58,22 @@ std::vector<Action> interleaved_actions(int pp, int vp, int microbatches, int ra
 }
 
 Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches) {
-  TRIPOD_INPUT_CHECK(kind == "gpipe" || kind == "1f1b" || kind == "interleaved",
-                     "schedule kind '{}' is unknown (valid: gpipe, 1f1b, interleaved)", kind);
+  const std::optional<ScheduleKind> k = parse_enum<ScheduleKind>(kind);
+  TRIPOD_INPUT_CHECK(k, "schedule kind '{}' is unknown (valid: gpipe, 1f1b, interleaved)", kind);
+  return build_schedule(*k, pp, vp, microbatches);
+}
+
+Schedule build_schedule(ScheduleKind kind, int pp, int vp, int microbatches) {
+  const std::string_view name = enum_name(kind);
   TRIPOD_INPUT_CHECK(pp >= 1, "pp = {}: the pipeline needs at least 1 stage", pp);
   TRIPOD_INPUT_CHECK(vp >= 1, "vp = {}: each pipeline rank needs at least 1 model chunk", vp);
   TRIPOD_INPUT_CHECK(microbatches >= 1, "microbatches = {}: a step needs at least 1 micro-batch", microbatches);
   TRIPOD_INPUT_CHECK(static_cast<long long>(pp) * vp * microbatches <= kMaxSchedulePairs,
                      "pp = {} x vp = {} x microbatches = {} is too large (at most {} micro-batch/stage pairs)", pp,
                      vp, microbatches, kMaxSchedulePairs);
-  if (kind != "interleaved") {
+  if (kind != ScheduleKind::Interleaved) {
     TRIPOD_INPUT_CHECK(vp == 1, "vp = {}: the {} schedule runs one model chunk per rank; use vp = 1 or the interleaved "
-                       "schedule", vp, kind);
+                       "schedule", vp, name);
   } else {
     TRIPOD_INPUT_CHECK(vp >= 2, "vp = 1: the interleaved schedule needs vp >= 2 model chunks per rank (with one "
                        "chunk use the 1f1b schedule)");
@@ -78,17 +83,16 @@ Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches)
                        microbatches, pp, pp, std::max(1, microbatches / pp) * pp, (std::max(1, microbatches / pp) + 1) * pp);
   }
   Schedule s;
-  s.kind = std::string(kind);
+  s.kind = std::string(name);
   s.pp = pp;
   s.vp = vp;
   s.microbatches = microbatches;
   for (int r = 0; r < pp; ++r) {
-    if (kind == "gpipe")
-      s.ranks.push_back(gpipe_actions(pp, microbatches, r));
-    else if (kind == "1f1b")
-      s.ranks.push_back(one_f_one_b_actions(pp, microbatches, r));
-    else
-      s.ranks.push_back(interleaved_actions(pp, vp, microbatches, r));
+    switch (kind) {
+      case ScheduleKind::GPipe: s.ranks.push_back(gpipe_actions(pp, microbatches, r)); break;
+      case ScheduleKind::OneFOneB: s.ranks.push_back(one_f_one_b_actions(pp, microbatches, r)); break;
+      case ScheduleKind::Interleaved: s.ranks.push_back(interleaved_actions(pp, vp, microbatches, r)); break;
+    }
   }
   return s;
 }

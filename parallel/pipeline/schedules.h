@@ -6,9 +6,16 @@
 #include <string_view>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "parallel/pipeline/action.h"
 
 namespace tripod {
+
+// The schedules the builders make (parallel.schedule, tripod schedule --kind).
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
+template <> struct EnumNames<ScheduleKind> {
+  static constexpr std::array<std::string_view, 3> names{"gpipe", "1f1b", "interleaved"};
+};
 
 // The most (micro-batch, virtual stage) pairs a schedule may have: bounds what validating and
 // simulating one costs (a few hundred MB at most).
@@ -37,9 +44,10 @@ std::vector<Action> interleaved_actions(int pp, int vp, int microbatches, int ra
 // Worked example pp=2, vp=2, m=2, rank 1: F0.0 F1.0 F0.1 F1.1.
 Schedule forward_only_schedule(int pp, int vp, int microbatches);
 
-// The schedule of every rank for `kind` ("gpipe", "1f1b", "interleaved"). Bad numbers (pp < 1,
-// vp > 1 for a non-interleaved kind, m not a multiple of pp for interleaved, ...) throw
-// InputError naming them.
+// The schedule of every rank for `kind`. Bad numbers (pp < 1, vp > 1 for a non-interleaved kind,
+// m not a multiple of pp for interleaved, ...) throw InputError naming them.
+Schedule build_schedule(ScheduleKind kind, int pp, int vp, int microbatches);
+// The same for a kind given by name ("gpipe", "1f1b", "interleaved"; an InputError otherwise).
 Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches);
 
 // The CSV format of a custom schedule (also written by schedule_csv()):

@@ -1,8 +1,6 @@
 // The measured timeline: a per-rank recorder of what each rank did when (forward, backward,
-// send, receive, gradient reduction, optimizer step), written to RUN_DIR/trace/rank_<R>.jsonl,
-// and the merge of those files into RUN_DIR/trace.json (Chrome trace event format, for Perfetto
-// or chrome://tracing) and RUN_DIR/trace.svg (a Gantt chart with each rank's measured idle
-// fraction beside the ideal one the simulator gives for the same schedule).
+// send, receive, gradient reduction, optimizer step), written to RUN_DIR/trace/rank_<R>.jsonl.
+// report/trace_merge.h merges the files into RUN_DIR/trace.json and trace.svg.
 //
 // File format, one JSON object per line. A session (one run of the program) starts with a header
 //   {"tripod_trace":1,"rank":R,"world":W,"coords":{"tp":..,"dp":..,"pp":..},"origin_unix_us":..,
@@ -18,14 +16,12 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "parallel/grid.h"
 #include "parallel/pipeline/action.h"
-#include "parallel/pipeline/svg.h"
 
 namespace tripod {
 
@@ -106,61 +102,5 @@ class TraceRecorder {
   int64_t step_ = 0;
   std::vector<Event> events_;
 };
-
-// Per rank (world rank, in order), what the merge measured and what the simulator predicts.
-struct TraceRankSummary {
-  int rank = 0;
-  Coords coords;
-  int events = 0;
-  double measured_idle = 0;  // mean over the steps used (see steps_used) of 1 - compute/window
-  double ideal_idle = -1;    // the simulator's bubble for this rank's pipeline rank; -1 if unknown
-};
-struct TraceSummary {
-  std::string kind;
-  int pp = 1, vp = 1, microbatches = 1;
-  int64_t steps = 0;          // steps with pipeline events
-  int64_t steps_used = 0;     // steps averaged (all but the first when there are several)
-  int64_t drawn_step = -1;    // the step drawn in trace.svg
-  double mean_forward_us = 0, mean_backward_us = 0;  // costs given to the simulator
-  std::vector<TraceRankSummary> ranks;
-  std::string json_path, svg_path;
-};
-
-// One event of a rank's file.
-struct TraceEvent {
-  int64_t step;
-  std::string name, cat;
-  int mb, chunk;
-  double ts, dur;  // us
-};
-
-// One rank's file: its last session.
-struct RankTrace {
-  std::string path;
-  nlohmann::json header;
-  std::vector<TraceEvent> events;
-};
-
-// The ranks of the latest run and what the merge found in them: summary.ranks[i] describes
-// ranks[i] (world rank order).
-struct MergedTrace {
-  TraceSummary summary;
-  std::vector<RankTrace> ranks;
-};
-
-// Reads RUN_DIR/trace/rank_*.jsonl, by the rank in the file name. InputError naming the directory
-// or file:line at fault.
-std::map<int, RankTrace> read_traces(const std::string& run_dir);
-// Pure: the latest run's ranks (files of ranks beyond its world are older runs'), the schedule
-// rebuilt from the headers, each rank's measured idle and the simulator's ideal. InputError
-// naming the file whose header disagrees.
-MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files);
-// trace.json's text: Chrome trace event format, one process per rank.
-std::string render_trace_json(const MergedTrace& merged);
-// trace.svg's chart: the last step drawn, every event, in ms from the step's first event.
-GanttChart trace_chart(const MergedTrace& merged);
-
-// The writer: read_traces, merge_rank_traces, then RUN_DIR/trace.json and RUN_DIR/trace.svg.
-TraceSummary merge_traces(const std::string& run_dir);
 
 }  // namespace tripod

@@ -26,11 +26,11 @@ ModelConfig tiny_config(bool llama = false) {
   c.seq_len = 64;
   c.vocab_size = 300;  // padded to 384: the head has padding columns
   if (llama) {  // RMSNorm, rope, SwiGLU, 2 key/value heads, no biases, untied head
-    c.arch = "llama";
-    c.norm = "rmsnorm";
-    c.position = "rope";
+    c.arch = Arch::Llama;
+    c.norm = NormKind::RmsNorm;
+    c.position = PositionKind::Rope;
     c.rope_theta = 500000.0;
-    c.mlp = "swiglu";
+    c.mlp = MlpKind::SwiGlu;
     c.ffn_hidden = 192;
     c.n_kv_heads = 2;
     c.bias = c.tie_embeddings = false;

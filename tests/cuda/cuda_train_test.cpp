@@ -23,7 +23,7 @@
 #include "cli_util.h"
 #include "kernels/op.h"
 #include "test_util.h"
-#include "train/report.h"
+#include "report/report.h"
 
 namespace tripod {
 namespace {

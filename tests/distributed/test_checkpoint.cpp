@@ -32,7 +32,7 @@ Config base_config(const Grid& g) {
   cfg.parallel.pp = g.pp;
   cfg.parallel.tp = g.tp;
   cfg.parallel.vp = g.vp;
-  cfg.parallel.schedule = g.vp > 1 ? "interleaved" : "1f1b";
+  cfg.parallel.schedule = g.vp > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
   cfg.parallel.distributed_optimizer = true;
   cfg.parallel.bucket_mb = 0.01;
   return cfg;

@@ -81,7 +81,7 @@ TEST(Evaluator, MatchesTrainingForwardAndAgreesAcrossGrids) {
     c.parallel.dp = l.dp;
     c.parallel.pp = l.pp;
     c.parallel.vp = l.vp;
-    c.parallel.schedule = l.schedule;
+    c.parallel.schedule = *parse_enum<ScheduleKind>(l.schedule);
     c.parallel.sequence_parallel = l.sp;
     validate_layout(c, w.par->grid.world_size());
     Trainer t(c, *ops, *w.par, &train_data, valid.get());

@@ -21,10 +21,6 @@ struct Case {
   int num_layers = -1;
 };
 
-const char* mode_name(RecomputeMode m) {
-  return m == RecomputeMode::None ? "none" : m == RecomputeMode::Selective ? "selective" : "full";
-}
-
 class Memory : public ::testing::Test {
  protected:
   std::unique_ptr<Ops> ops = make_ops(Device::CPU);
@@ -73,7 +69,7 @@ TEST_F(Memory, MeasuredPeaksMatchThePlan) {
     SyntheticSource data(sz.seq, sz.vocab, 3);
     for (const Case& c : cases) {
       std::string label = fmt::format("{} {} (dp,pp,tp)=({},{},{}) vp={} {}{}{}", sz.name, c.name, c.dp, c.pp, c.tp,
-                                      c.vp, mode_name(c.mode), c.sp ? " +sp" : "", c.distopt ? " +distopt" : "");
+                                      c.vp, enum_name(c.mode), c.sp ? " +sp" : "", c.distopt ? " +distopt" : "");
       SCOPED_TRACE(label);
       RankGrid grid(c.tp, c.dp, c.pp);
       auto w = test::make_subworld(*ops, grid, c.sp);
@@ -81,7 +77,7 @@ TEST_F(Memory, MeasuredPeaksMatchThePlan) {
       Config cfg = test::tiny_config(sz.layers, sz.d_model, sz.heads, sz.seq, sz.vocab);
       if (sz.kv_heads > 0) test::make_llama(cfg.model, sz.kv_heads);
       ParallelConfig& pc = cfg.parallel;
-      pc.tp = c.tp, pc.pp = c.pp, pc.dp = c.dp, pc.vp = c.vp, pc.schedule = c.schedule;
+      pc.tp = c.tp, pc.pp = c.pp, pc.dp = c.dp, pc.vp = c.vp, pc.schedule = *parse_enum<ScheduleKind>(c.schedule);
       pc.sequence_parallel = c.sp, pc.distributed_optimizer = c.distopt, pc.bucket_mb = 0.05;
       cfg.train.micro_batch_size = sz.micro;
       cfg.train.global_batch_size = sz.micro * c.dp * 4;  // 4 micro-batches per pipeline

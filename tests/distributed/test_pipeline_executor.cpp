@@ -22,6 +22,7 @@
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/simulate.h"
+#include "report/trace_merge.h"
 
 namespace tripod {
 namespace {

@@ -53,7 +53,7 @@ class PipelineTraining : public ::testing::Test {
     cfg.parallel.pp = c.pp;
     cfg.parallel.dp = c.dp;
     cfg.parallel.vp = c.vp;
-    cfg.parallel.schedule = c.schedule;
+    cfg.parallel.schedule = *parse_enum<ScheduleKind>(c.schedule);
     cfg.parallel.schedule_file = schedule_file;
     cfg.parallel.sequence_parallel = c.sp;
     cfg.parallel.distributed_optimizer = c.distopt;

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "e2e_test.h"
-#include "train/report.h"
+#include "report/report.h"
 
 namespace tripod {
 namespace {

@@ -8,7 +8,7 @@
 #include <set>
 
 #include "e2e_test.h"
-#include "train/report.h"
+#include "report/report.h"
 
 namespace tripod {
 namespace {

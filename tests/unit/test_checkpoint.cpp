@@ -259,10 +259,10 @@ TEST(CheckpointTrainer, SafetensorsRoundTripGivesTheSameLoss) {
 // Hugging Face LlamaConfig: the writer and the parser are inverse, and every field is checked.
 ModelConfig llama(int layers, int heads, int kv, int d_model, bool tie, bool bias) {
   Config c = test::tiny_config(layers, d_model, heads, 8, 64);
-  c.model.arch = "llama";
-  c.model.norm = "rmsnorm";
-  c.model.position = "rope";
-  c.model.mlp = "swiglu";
+  c.model.arch = Arch::Llama;
+  c.model.norm = NormKind::RmsNorm;
+  c.model.position = PositionKind::Rope;
+  c.model.mlp = MlpKind::SwiGlu;
   c.model.n_kv_heads = kv;
   c.model.tie_embeddings = tie;
   c.model.bias = bias;

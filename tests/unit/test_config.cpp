@@ -46,7 +46,7 @@ TEST(Config, GoodConfigParsesWithDefaults) {
   Config c = parse_config(kGood, "test.toml");
   EXPECT_EQ(c.model.n_layers, 2);
   EXPECT_EQ(c.model.ffn(), 128);
-  EXPECT_EQ(c.train.device, "cpu");
+  EXPECT_EQ(c.train.device, Device::CPU);
   EXPECT_EQ(c.parallel.tp, 1);
   EXPECT_EQ(c.recompute.mode, RecomputeMode::None);
 }
@@ -161,9 +161,9 @@ namespace {
 TEST(Config, LlamaPresetSetsTheArchitectureKeysAndKeysOverrideIt) {
   Config c = parse_config(kGood, "test.toml", {"model.arch=\"llama\"", "model.n_kv_heads=2"});
   const ModelConfig& m = c.model;
-  EXPECT_EQ(m.norm, "rmsnorm");
-  EXPECT_EQ(m.position, "rope");
-  EXPECT_EQ(m.mlp, "swiglu");
+  EXPECT_EQ(m.norm, NormKind::RmsNorm);
+  EXPECT_EQ(m.position, PositionKind::Rope);
+  EXPECT_EQ(m.mlp, MlpKind::SwiGlu);
   EXPECT_FALSE(m.bias);
   EXPECT_FALSE(m.tie_embeddings);
   EXPECT_EQ(m.kv_heads(), 2);
@@ -175,7 +175,7 @@ TEST(Config, LlamaPresetSetsTheArchitectureKeysAndKeysOverrideIt) {
   // GPT-2 defaults: every key resolved, n_kv_heads = n_heads.
   Config g = parse_config(kGood, "test.toml");
   EXPECT_EQ(g.model.n_kv_heads, 4);
-  EXPECT_EQ(g.model.norm, "layernorm");
+  EXPECT_EQ(g.model.norm, NormKind::LayerNorm);
   EXPECT_TRUE(g.model.bias && g.model.tie_embeddings);
   // The resolved config shows every value and reads back the same.
   const std::string toml = config_to_toml(c);

@@ -16,7 +16,7 @@ Config grid_config(int tp, int dp, int pp, int vp) {
   c.parallel.dp = dp;
   c.parallel.pp = pp;
   c.parallel.vp = vp;
-  if (vp > 1) c.parallel.schedule = "interleaved";
+  if (vp > 1) c.parallel.schedule = ScheduleKind::Interleaved;
   c.train.micro_batch_size = 2;
   c.train.global_batch_size = 16;
   validate_layout(c, tp * dp * pp);
@@ -56,7 +56,8 @@ TEST(RankLayout, TheEndsAreHeldByTheFirstAndLastStage) {
 
 TEST(RankLayout, DistributedOptimizerShardsCoverEveryBucketOnce) {
   for (bool distopt : {false, true}) {
-    Config c = grid_config(1, 3, 1, 1);
+    Config c = test::tiny_config(8);
+    c.parallel.dp = 3;
     c.train.global_batch_size = 6;
     validate_layout(c, 3);
     c.parallel.distributed_optimizer = distopt;

@@ -12,7 +12,7 @@ namespace {
 // lr 1e-3 -> min_lr 1e-4 over 10 steps, the first 2 warming up: decay covers steps 2..9 with
 // ratio (step - 2) / 8.
 LrSchedule schedule(const char* decay) {
-  return {.lr = 1e-3, .min_lr = 1e-4, .warmup_steps = 2, .total_steps = 10, .decay = decay};
+  return {.lr = 1e-3, .min_lr = 1e-4, .warmup_steps = 2, .total_steps = 10, .decay = *parse_enum<Decay>(decay)};
 }
 
 TEST(LrSchedule, WarmupRisesLinearlyToLrAtItsLastStep) {
@@ -54,10 +54,10 @@ TEST(LrSchedule, ConstantKeepsLrAfterWarmup) {
 }
 
 TEST(LrSchedule, NoWarmupStartsAtLrAndWarmupToTheEndNeverDecays) {
-  const LrSchedule none{.lr = 1e-3, .min_lr = 0, .warmup_steps = 0, .total_steps = 4, .decay = "linear"};
+  const LrSchedule none{.lr = 1e-3, .min_lr = 0, .warmup_steps = 0, .total_steps = 4, .decay = Decay::Linear};
   EXPECT_DOUBLE_EQ(none.at(0), 1e-3);
   EXPECT_DOUBLE_EQ(none.at(3), 0.25e-3);
-  const LrSchedule all{.lr = 1e-3, .min_lr = 0, .warmup_steps = 4, .total_steps = 4, .decay = "cosine"};
+  const LrSchedule all{.lr = 1e-3, .min_lr = 0, .warmup_steps = 4, .total_steps = 4, .decay = Decay::Cosine};
   EXPECT_DOUBLE_EQ(all.at(3), 1e-3);
   EXPECT_DOUBLE_EQ(all.at(4), 1e-3);  // total_steps <= warmup_steps: nothing left to decay over
 }
@@ -68,7 +68,7 @@ TEST(LrSchedule, ExitIntervalDoesNotShortenTheSchedule) {
   tc.min_lr = 1e-4;
   tc.warmup_steps = 2;
   tc.steps = 10;
-  tc.decay = "cosine";
+  tc.decay = Decay::Cosine;
   const LrSchedule full = lr_schedule_of(tc);
   tc.exit_interval = 4;  // the run stops after step 4 and resumes later
   const LrSchedule stopped = lr_schedule_of(tc);

@@ -41,10 +41,10 @@ ModelConfig golden_config(const json& c) {
   ModelConfig cfg{.n_layers = c["n_layers"], .n_heads = c["n_heads"], .d_model = c["d_model"], .ffn_hidden = 0,
                   .seq_len = c["seq_len"], .max_positions = 0, .vocab_size = c["vocab_size"]};
   if (c.contains("n_kv_heads")) {
-    cfg.arch = "llama";
-    cfg.norm = "rmsnorm";
-    cfg.position = "rope";
-    cfg.mlp = "swiglu";
+    cfg.arch = Arch::Llama;
+    cfg.norm = NormKind::RmsNorm;
+    cfg.position = PositionKind::Rope;
+    cfg.mlp = MlpKind::SwiGlu;
     cfg.bias = cfg.tie_embeddings = false;
     cfg.n_kv_heads = c["n_kv_heads"];
     cfg.ffn_hidden = c["ffn_hidden"];
@@ -335,13 +335,13 @@ TEST(Trainer, TenStepsMatchPyTorch) {
   const json& h = g["hyper"];
   Config cfg;
   cfg.model = golden_config(g["config"]);
-  cfg.train.device = "cpu";
+  cfg.train.device = Device::CPU;
   cfg.train.micro_batch_size = cfg.train.global_batch_size = g["config"]["batch"];
   cfg.train.steps = h["steps"];
   cfg.train.warmup_steps = h["warmup_steps"];
   cfg.train.lr = h["lr"];
   cfg.train.min_lr = h["min_lr"];
-  cfg.train.decay = h["decay"];
+  cfg.train.decay = *parse_enum<Decay>(h["decay"].get<std::string>());
   cfg.train.weight_decay = h["weight_decay"];
   cfg.train.grad_clip = h["grad_clip"];
   cfg.train.beta1 = h["beta1"];

@@ -14,6 +14,7 @@
 #include "cli_util.h"
 #include "core/error.h"
 #include "parallel/pipeline/schedules.h"
+#include "parallel/pipeline/simulate.h"
 #include "plan/planner.h"
 #include "config/layout.h"
 
@@ -144,7 +145,7 @@ TEST(CostModel, StepTimeAddsUpOnOneDevice) {
   cfg.model = small_model();
   cfg.train.micro_batch_size = 2;
   cfg.train.global_batch_size = 8;
-  cfg.train.device = "cuda";
+  cfg.train.device = Device::CUDA;
   validate_layout(cfg, 1);
   StepPrediction p = predict_step(cfg, hw);
   ASSERT_EQ(p.stages.size(), 1u);
@@ -169,7 +170,7 @@ TEST(CostModel, LlamaShapes) {
   cfg.train.global_batch_size = 8;
   validate_layout(cfg, 1);
   Config llama = cfg;
-  llama.model.mlp = "swiglu";
+  llama.model.mlp = MlpKind::SwiGlu;
   llama.model.ffn_hidden = 4 * 64;
   const double gelu = stage_times(cfg, hw)[0].forward, swiglu = stage_times(llama, hw)[0].forward;
   const int64_t N = 64, C = 64;
@@ -241,7 +242,7 @@ TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
                 c.parallel.pp = pp;
                 c.parallel.vp = vp;
                 c.parallel.dp = gpus / (tp * pp);
-                c.parallel.schedule = vp > 1 ? "interleaved" : "1f1b";
+                c.parallel.schedule = vp > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
                 c.parallel.sequence_parallel = sp;
                 c.parallel.distributed_optimizer = dopt;
                 c.train.micro_batch_size = mbs;
@@ -371,7 +372,7 @@ TEST_F(PlanCli, CalibrateWritesAFilePlanReads) {
                          " --repeats 1 --model " + model + " --micro-batches 1,2");
   ASSERT_EQ(r.status, 0) << r.err;
   Hardware hw = load_hardware(out);
-  EXPECT_EQ(hw.device, "cpu");
+  EXPECT_EQ(hw.device, Device::CPU);
   EXPECT_EQ(hw.gemm.size(), 10u);  // the layer's four GEMMs and the head's, at 256 and 512 tokens
   ASSERT_EQ(hw.attention.size(), 1u);
   EXPECT_EQ(hw.attention[0].t, 256);

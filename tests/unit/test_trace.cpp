@@ -21,7 +21,7 @@
 #include "core/error.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/simulate.h"
-#include "parallel/pipeline/trace.h"
+#include "report/trace_merge.h"
 
 namespace tripod {
 namespace {

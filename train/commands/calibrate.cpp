@@ -31,13 +31,14 @@ int run_calibrate(const CalibrateOptions& o) {
   Runtime rt;
   ModelConfig model;
   try {
-    if (!o.model.empty()) model = load_config(o.model).model;
+    if (!o.model.empty()) model = load_config(o.model, {}, ConfigUse{.training = false, .data = false}).model;
     for (int b : o.micro_batches) TRIPOD_INPUT_CHECK(b >= 1, "--micro-batches {}: must be positive", b);
-    TRIPOD_INPUT_CHECK(o.device == "cpu" || o.device == "cuda", "--device {}: must be cpu or cuda", o.device);
+    const std::optional<Device> device = parse_enum<Device>(o.device);
+    TRIPOD_INPUT_CHECK(device, "--device {}: must be cpu or cuda", o.device);
     TRIPOD_INPUT_CHECK(o.force || !std::filesystem::exists(o.out), "--out {} exists (pass --force to replace it)",
                        o.out);
     TRIPOD_INPUT_CHECK(o.repeats >= 1, "--repeats {}: must be at least 1", o.repeats);
-    TRIPOD_INPUT_CHECK(o.device == "cpu" || !o.base.empty(),
+    TRIPOD_INPUT_CHECK(*device == Device::CPU || !o.base.empty(),
                        "--device cuda needs --base (a datasheet file such as configs/hardware/h100_sxm.toml) for "
                        "what calibration does not measure: memory, the inter-node network");
     if (!o.base.empty()) {
@@ -51,7 +52,7 @@ int run_calibrate(const CalibrateOptions& o) {
     hw.name = o.name.empty() ? fmt::format("calibrated {} ({} ranks)", o.device, mpi.size()) : o.name;
     // A (1, n, 1) grid: its world communicator is NCCL's when each rank has its own GPU.
     Config cfg;
-    cfg.train.device = o.device;
+    cfg.train.device = *device;
     cfg.parallel.dp = mpi.size();
     rt = make_runtime(cfg);
   } catch (const InputError& e) {

@@ -310,7 +310,7 @@ int run_export(const CkptOptions& o) {
   TRIPOD_INPUT_CHECK(!mc.rms() && !mc.rope() && !mc.swiglu() && mc.bias && mc.tie_embeddings,
                      "checkpoint {}: a model with model.norm = \"{}\", position = \"{}\", mlp = \"{}\", bias = {}, "
                      "tie_embeddings = {} is neither GPT-2 nor Llama-shaped and has no Hugging Face equivalent",
-                     r.dir(), mc.norm, mc.position, mc.mlp, mc.bias, mc.tie_embeddings);
+                     r.dir(), enum_name(mc.norm), enum_name(mc.position), enum_name(mc.mlp), mc.bias, mc.tie_embeddings);
   const StateKind src = r.has_kind(StateKind::Master) ? StateKind::Master : StateKind::Value;
   SafetensorsFile f;
   const nlohmann::json& m = r.metadata();
@@ -373,7 +373,7 @@ ModelConfig llama_model_of(const nlohmann::json& hf, const std::string& dir, con
   const std::string where = dir + "/config.json";
   const ModelConfig m = llama_model_from_hf(hf, where);
   if (config_path.empty()) return m;
-  const ModelConfig c = load_config(config_path).model;
+  const ModelConfig c = load_config(config_path, {}, ConfigUse{.training = false, .data = false}).model;
   check_llama_agrees(m, c, where, config_path);
   return c;
 }

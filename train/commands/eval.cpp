@@ -39,7 +39,7 @@ Config refit_grid(const Config& cfg, int world) {
     if (pp != was.pp) {
       p.pp = pp;
       p.vp = 1;
-      p.schedule = "1f1b";
+      p.schedule = ScheduleKind::OneFOneB;
       p.schedule_file.clear();
       p.layers_per_stage.clear();
     }

@@ -16,6 +16,7 @@
 #include "model/gpt.h"
 #include "model/inference.h"
 #include "train/commands/commands.h"
+#include "config/layout.h"
 #include "train/commands/weights.h"
 #include "train/mpi_session.h"
 #include "train/runtime.h"
@@ -43,7 +44,7 @@ void force_inference_grid(Config& cfg, int world) {
                  world, p.dp, p.pp, p.tp);
   p.tp = world;
   p.pp = p.dp = p.vp = 1;
-  p.schedule = "1f1b";
+  p.schedule = ScheduleKind::OneFOneB;
   p.schedule_file.clear();
   p.layers_per_stage.clear();
   p.sequence_parallel = false;

@@ -18,15 +18,10 @@ struct PlanOptions {
   bool json = false;
 };
 
-const char* mode_name(RecomputeMode m) {
-  static const char* names[] = {"none", "selective", "full"};
-  return names[static_cast<int>(m)];
-}
-
 double gib(double b) { return b / (1 << 30); }
 
 int run_plan(const PlanOptions& o) {
-  Config base = load_config(o.config);
+  Config base = load_config(o.config, {}, ConfigUse{.training = false, .data = false});  // trains and reads nothing
   Hardware hw = load_hardware(o.hardware);
   if (o.global_batch > 0) base.train.global_batch_size = o.global_batch;
   LayoutFilter fixed = o.layout.empty() ? LayoutFilter{} : parse_layout_filter(o.layout);
@@ -37,7 +32,7 @@ int run_plan(const PlanOptions& o) {
         "{}: the model fits no layout on {} x {} ({:.1f} GiB each): the smallest needs {:.1f} GiB per GPU (tp={} pp={} "
         "dp={} micro-batch {} recompute {}{}); add GPUs or use a larger device",
         o.config, o.gpus, hw.name, gib(hw.memory_capacity), gib(s.pred.memory_bytes()), s.cfg.parallel.tp,
-        s.cfg.parallel.pp, s.cfg.parallel.dp, s.cfg.train.micro_batch_size, mode_name(s.cfg.recompute.mode),
+        s.cfg.parallel.pp, s.cfg.parallel.dp, s.cfg.train.micro_batch_size, enum_name(s.cfg.recompute.mode),
         s.cfg.parallel.distributed_optimizer ? ", distributed optimizer" : ""));
   }
   const size_t n = std::min<size_t>(r.layouts.size(), static_cast<size_t>(std::max(1, o.top)));
@@ -49,7 +44,7 @@ int run_plan(const PlanOptions& o) {
       const Config& c = r.layouts[i].cfg;
       const StepPrediction& p = r.layouts[i].pred;
       list.push_back({{"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"vp", c.parallel.vp}, {"dp", c.parallel.dp},
-                      {"micro_batch", c.train.micro_batch_size}, {"recompute", mode_name(c.recompute.mode)},
+                      {"micro_batch", c.train.micro_batch_size}, {"recompute", enum_name(c.recompute.mode)},
                       {"sequence_parallel", c.parallel.sequence_parallel},
                       {"distributed_optimizer", c.parallel.distributed_optimizer}, {"step_time_s", p.step_time_s},
                       {"tokens_per_s", p.tokens_per_s}, {"model_tflops_per_gpu", p.model_tflops_per_gpu},
@@ -77,7 +72,7 @@ int run_plan(const PlanOptions& o) {
     fmt::print("{:>3} {:>3} {:>3} {:>4} {:>4} {:>9} {:>3} {:>4} {:>9.4g} {:>10.4g} {:>8.4g} {:>5.1f}% {:>7.2f} {:>7.2f} "
                "{:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>6.1f}%  comm {:.1f}%\n",
                c.parallel.tp, c.parallel.pp, c.parallel.vp, c.parallel.dp, c.train.micro_batch_size,
-               mode_name(c.recompute.mode), c.parallel.sequence_parallel ? "y" : "n",
+               enum_name(c.recompute.mode), c.parallel.sequence_parallel ? "y" : "n",
                c.parallel.distributed_optimizer ? "y" : "n", p.step_time_s, p.tokens_per_s, p.model_tflops_per_gpu,
                100 * p.mfu, gib(p.memory.params), gib(p.memory.grads), gib(p.memory.optimizer),
                gib(p.memory.activations), gib(p.workspace_bytes + p.comm_bytes + p.reserved_bytes),

@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "train/commands/commands.h"
-#include "train/report.h"
+#include "report/report.h"
 
 namespace tripod {
 

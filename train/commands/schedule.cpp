@@ -10,7 +10,7 @@
 #include "core/error.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/simulate.h"
-#include "parallel/pipeline/svg.h"
+#include "report/svg.h"
 #include "config/memory_plan.h"
 #include "config/layout.h"
 #include "train/commands/commands.h"
@@ -84,7 +84,7 @@ GanttChart schedule_chart(const Schedule& s, const Simulation& sim, const PipeCo
 int run_schedule(const ScheduleOptions& o) {
   std::optional<Config> cfg;
   if (!o.config.empty()) {
-    cfg = load_config(o.config, o.sets);
+    cfg = load_config(o.config, o.sets, ConfigUse{.training = false, .data = false});
     const ParallelConfig& pc = cfg->parallel;
     validate_layout(*cfg, pc.tp * pc.pp * std::max(pc.dp, 1));
   }

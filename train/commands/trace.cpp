@@ -2,7 +2,7 @@
 // (Chrome trace format) and RUN_DIR/trace.svg (Gantt chart, measured vs ideal idle fractions).
 #include <fmt/format.h>
 
-#include "parallel/pipeline/trace.h"
+#include "report/trace_merge.h"
 #include "train/commands/commands.h"
 
 namespace tripod {

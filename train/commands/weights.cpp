@@ -17,7 +17,8 @@ namespace fs = std::filesystem;
 
 Config load_command_config(const std::string& config, const WeightOptions& w, const std::vector<std::string>& sets,
                            ConfigFiles needs) {
-  if (!config.empty()) return load_config(config, sets);
+  const ConfigUse use{.training = false, .data = needs.data};
+  if (!config.empty()) return load_config(config, sets, use);
   TRIPOD_INPUT_CHECK(!w.load.empty(), "give --config F.toml, or --load CKPT (a checkpoint holds its run's config)");
   TRIPOD_INPUT_CHECK(w.load != "latest", "--load latest looks in checkpoint.dir, which needs --config; without it "
                      "give the checkpoint directory (checkpoint.dir or one of its iter_NNNNNNN)");
@@ -25,7 +26,7 @@ Config load_command_config(const std::string& config, const WeightOptions& w, co
   const nlohmann::json meta = CheckpointReader(dir).metadata();
   TRIPOD_INPUT_CHECK(meta.contains("config_toml") && meta["config_toml"].is_string(),
                      "{}/metadata.json holds no config (config_toml); give --config F.toml", dir);
-  Config cfg = parse_config(meta["config_toml"].get<std::string>(), dir + "/metadata.json (config_toml)", sets);
+  Config cfg = parse_config(meta["config_toml"].get<std::string>(), dir + "/metadata.json (config_toml)", sets, use);
   auto exists = [&](const std::string& key, const std::string& path) {
     TRIPOD_INPUT_CHECK(fs::exists(path), "{} = \"{}\" (from the config in {}/metadata.json) does not exist; give the "
                        "file with --set {}=PATH or give --config F.toml", key, path, dir, key);

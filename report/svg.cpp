@@ -1,5 +1,5 @@
 // SVG Gantt charts: rows of boxes on a shared time axis.
-#include "parallel/pipeline/svg.h"
+#include "report/svg.h"
 
 #include <fmt/format.h>
 

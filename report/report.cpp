@@ -1,5 +1,5 @@
 // The run report: reads a run directory and draws one self-contained HTML page (see report.h).
-#include "train/report.h"
+#include "report/report.h"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -20,10 +20,10 @@
 #include "core/error.h"
 #include "core/version.h"
 #include "model/config.h"
-#include "parallel/pipeline/svg.h"
-#include "parallel/pipeline/trace.h"
+#include "report/report_assets.h"
+#include "report/svg.h"
+#include "report/trace_merge.h"
 #include "train/metrics.h"
-#include "train/report_assets.h"
 
 namespace tripod {
 
@@ -646,9 +646,9 @@ std::string cards_html(const ConfigView& cfg, const RunMetrics& m) {
     mc.max_positions = static_cast<int>(cfg.i("model", "max_positions", 0));
     mc.vocab_size = static_cast<int>(cfg.i("model", "vocab_size", 0));
     if (!cfg.s("model", "norm").empty()) {  // the architecture keys (run directories of older versions lack them)
-      mc.norm = cfg.s("model", "norm");
-      mc.position = cfg.s("model", "position");
-      mc.mlp = cfg.s("model", "mlp");
+      mc.norm = parse_enum<NormKind>(cfg.s("model", "norm")).value_or(mc.norm);
+      mc.position = parse_enum<PositionKind>(cfg.s("model", "position")).value_or(mc.position);
+      mc.mlp = parse_enum<MlpKind>(cfg.s("model", "mlp")).value_or(mc.mlp);
       mc.n_kv_heads = static_cast<int>(cfg.i("model", "n_kv_heads", 0));
       mc.bias = cfg.b("model", "bias");
       mc.tie_embeddings = cfg.b("model", "tie_embeddings");
