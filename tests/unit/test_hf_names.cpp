@@ -45,6 +45,9 @@ TEST(ModelParamSpecs, AreWhatEveryRankOfAGridRegisters) {
     const std::vector<ParamSpec> specs = model_param_specs(m);
     const auto want = saved_shapes(specs);
     EXPECT_EQ(want.size(), specs.size());  // one rank holding everything registers no tied copy
+    int64_t numel = 0;  // ModelConfig::num_params, the planner's formula, counts the same tensors
+    for (const ParamSpec& s : specs) numel += shape_numel(s.global_shape);
+    EXPECT_EQ(numel, m.num_params(1));
     auto cpu = make_ops(Device::CPU);
     for (auto [tp, pp] : {std::pair{2, 1}, {1, 2}, {2, 2}}) {
       const RankGrid grid(tp, 1, pp);
