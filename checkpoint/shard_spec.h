@@ -52,6 +52,11 @@ struct PieceGeom {
   int64_t box_offset = 0, box_size = 0;  // along box_dim()
   int64_t flat_begin = 0, flat_end = 0;  // within the box, row-major
 
+  // The whole of a tensor of shape `shape` as one piece (a converted or verified tensor).
+  static PieceGeom whole(const Shape& shape) {
+    return {.global_shape = shape, .shard_dim = -1, .box_offset = 0, .box_size = shape.at(0), .flat_begin = 0,
+            .flat_end = shape_numel(shape)};
+  }
   int box_dim() const { return shard_dim < 0 ? 0 : shard_dim; }
   int64_t numel() const { return flat_end - flat_begin; }
   int64_t box_numel() const { return outer() * box_size * inner(); }

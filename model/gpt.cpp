@@ -82,6 +82,18 @@ GptModel::GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
   }
 }
 
+std::vector<ParamSpec> model_param_specs(const ModelConfig& cfg) {
+  // The model itself registers them (on a CPU backend that allocates nothing here), so this list
+  // cannot drift from what training registers and checkpoints store.
+  std::unique_ptr<Ops> cpu = make_ops(Device::CPU);
+  ParallelContext serial;  // grid (1, 1, 1), rank 0, no communicators: construction communicates nothing
+  ParamRegistry reg;
+  GptModel model(*cpu, serial, cfg, rank_chunks({cfg.n_layers}, 1, 1, 0), RecomputeConfig{}, reg);
+  std::vector<ParamSpec> out;
+  for (const Param& p : reg.params()) out.push_back(p.spec);
+  return out;
+}
+
 Tensor GptModel::forward(int chunk, const MicroBatch& mb, const Tensor& input, ChunkActs& acts) {
   Chunk& ch = chunks_.at(chunk);
   Tensor x = ch.embedding ? ch.embedding->forward(mb.tokens, mb.shape) : input;

@@ -79,4 +79,10 @@ class GptModel {
   Param* wte_ = nullptr;
 };
 
+// Every parameter of model `cfg` as one rank holding it whole (tp = pp = 1) registers it: global
+// names and shapes (vocabulary tables padded), in registration order; nothing allocated. The one
+// list of a model's tensors for whoever needs it without building a rank's model (the Hugging
+// Face import of `tripod ckpt convert`).
+std::vector<ParamSpec> model_param_specs(const ModelConfig& cfg);
+
 }  // namespace tripod

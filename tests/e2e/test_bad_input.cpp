@@ -206,6 +206,21 @@ TEST_F(BadInput, Battery) {
   refused("ckpt convert " + q(fx / "ck") + " --to onnx " + q(dir / "out.onnx"), "--to");
   refused("ckpt convert " + q(fx / "model.safetensors") + " --from safetensors " + q(fx / "ck"), "ck");
   refused("ckpt convert " + q(fx / "ck") + " --to safetensors " + q(fx / "model.safetensors"), "model.safetensors");
+  // Output paths that cannot be written: named before anything is read or written.
+  refused("ckpt convert " + q(fx / "ck") + " --to safetensors " + q(dir / "no_folder" / "m.safetensors"),
+          "no_folder does not exist");
+  refused("ckpt convert " + q(fx / "ckl") + " --to safetensors " + q(fx / "base.toml" / "hf"), "base.toml is a file");
+  refused("ckpt convert " + q(fx / "model.safetensors") + " --from safetensors " + q(file("out_file", "")),
+          "out_file: is a file");
+  refused("ckpt convert " + q(fx / "llama_hf") + " --from safetensors " + q(fx / "base.toml"), "base.toml: is a file");
+  refused("data train-tokenizer --input " + q(fx / "base.toml") + " --vocab-size 100 --model-prefix " +
+              q(dir / "no_folder" / "t"), "--model-prefix " + (dir / "no_folder" / "t.model").string());
+  refused("data preprocess --input " + q(fx / "base.toml") + " --tokenizer-model " + q(fx / "tok.model") +
+              " --output-prefix " + q(fx / "base.toml" / "gen"), "base.toml is a file");
+  refused("calibrate --out " + q(dir / "no_folder" / "hw.toml"), "--out " + (dir / "no_folder" / "hw.toml").string());
+  refused("calibrate --force --out " + q(fx), "is a folder");
+  refused("report " + q(dir / "runs" / "fixture") + " --out " + q(dir / "no_folder" / "r.html"), "no_folder");
+  EXPECT_FALSE(fs::exists(dir / "no_folder"));
   refused(train("--set nonsense"), "--set");
   refused(train("--set nosuch.key=1"), "nosuch");
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <numeric>
 
@@ -10,9 +11,11 @@
 #include "checkpoint/llama_hf.h"
 #include "checkpoint/load.h"
 #include "checkpoint/metadata.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/writer.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/shard_spec.h"
+#include "checkpoint/verify.h"
 #include "cli_util.h"
 #include "harness.h"
 
@@ -253,6 +256,53 @@ TEST(CheckpointTrainer, SafetensorsRoundTripGivesTheSameLoss) {
       EXPECT_NE(a, fresh_loss);  // the loaded weights are not the initial ones
     }
   }
+  fs::remove_all(dir);
+}
+
+// verify_checkpoint: a whole checkpoint passes with its counts; a damaged piece is a problem
+// naming the tensor and its file, returned (not thrown) so the command can list them all.
+TEST(CheckpointVerify, CountsEverythingAndReturnsProblems) {
+  auto ops = make_ops(Device::CPU);
+  SyntheticSource data(16, 100, 3);
+  auto self = test::make_selfworld(*ops);
+  auto dir = test::scratch_dir("verify");
+  Config cfg = test::tiny_config(2, 32, 4, 16, 100);
+  cfg.checkpoint.dir = (dir / "ck").string();
+  validate_layout(cfg, 1);
+  Trainer t(cfg, *ops, *self.par, &data);
+  t.step();
+  t.save_checkpoint();
+  t.finish_checkpoints();
+  const std::string ck = resolve_checkpoint(cfg.checkpoint.dir, "");
+  const VerifyResult v = verify_checkpoint(ck);
+  EXPECT_TRUE(v.ok()) << v.problems.front();
+  EXPECT_EQ(v.dir, ck);
+  EXPECT_EQ(v.files, 1);
+  const int64_t tensors = static_cast<int64_t>(t.registry().params().size());
+  EXPECT_EQ(v.tensors, tensors);
+  EXPECT_EQ(v.datasets, 3 * tensors);  // value, m, v (f32 values are the master)
+  EXPECT_TRUE(v.optimizer_state);
+  int64_t bytes = 0;  // every stored element, vocabulary padding excluded, three times
+  for (const Param& p : t.registry().params())
+    bytes += 3 * 4 * (p.spec.vocab_rows >= 0 ? p.spec.vocab_rows * p.spec.global_shape[1] : p.numel());
+  EXPECT_EQ(v.bytes, bytes);
+  // One value flipped inside the stored data of h.1.mlp.fc.weight.
+  CheckpointReader r(ck);
+  const StoredPiece* fc = nullptr;
+  for (const StoredPiece& p : r.index())
+    if (p.spec.name == "h.1.mlp.fc.weight" && p.spec.kind == StateKind::Value) fc = &p;
+  ASSERT_NE(fc, nullptr);
+  const std::vector<float> values = r.read_piece(*fc);
+  std::string bytes_of_file = test::slurp(fc->file);
+  const std::string needle(reinterpret_cast<const char*>(values.data()), 64);
+  const size_t at = bytes_of_file.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  bytes_of_file[at + 40] ^= 0x01;
+  std::ofstream(fc->file, std::ios::binary) << bytes_of_file;
+  const VerifyResult bad = verify_checkpoint(ck);
+  ASSERT_EQ(bad.problems.size(), 1u);
+  EXPECT_NE(bad.problems[0].find("h.1.mlp.fc.weight"), std::string::npos) << bad.problems[0];
+  EXPECT_NE(bad.problems[0].find("pp00_tp00_dp00.h5"), std::string::npos) << bad.problems[0];
   fs::remove_all(dir);
 }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "core/log.h"
+#include "core/output_path.h"
 #include "plan/calibrate.h"
 #include "train/commands/commands.h"
 #include "train/mpi_session.h"
@@ -35,8 +36,21 @@ int run_calibrate(const CalibrateOptions& o) {
     for (int b : o.micro_batches) TRIPOD_INPUT_CHECK(b >= 1, "--micro-batches {}: must be positive", b);
     const std::optional<Device> device = parse_enum<Device>(o.device);
     TRIPOD_INPUT_CHECK(device, "--device {}: must be cpu or cuda", o.device);
-    TRIPOD_INPUT_CHECK(o.force || !std::filesystem::exists(o.out), "--out {} exists (pass --force to replace it)",
-                       o.out);
+    // --out, before minutes of measuring. Only rank 0 writes it (its folder may exist on its node
+    // alone): rank 0 checks, and every rank learns the outcome, so all exit together.
+    std::string why;
+    if (mpi.rank() == 0) {
+      try {
+        TRIPOD_INPUT_CHECK(o.force || !std::filesystem::exists(o.out), "--out {} exists (pass --force to replace it)",
+                           o.out);
+        check_output_file(o.out, "--out");
+      } catch (const InputError& e) {
+        why = e.what();
+      }
+    }
+    int bad = !why.empty();
+    MPI_Bcast(&bad, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    TRIPOD_INPUT_CHECK(!bad, "{}", why);  // printed by rank 0
     TRIPOD_INPUT_CHECK(o.repeats >= 1, "--repeats {}: must be at least 1", o.repeats);
     TRIPOD_INPUT_CHECK(*device == Device::CPU || !o.base.empty(),
                        "--device cuda needs --base (a datasheet file such as configs/hardware/h100_sxm.toml) for "

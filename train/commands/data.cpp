@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/output_path.h"
 #include "data/indexed_dataset.h"
 #include "data/preprocess.h"
 #include "data/tokenizer.h"
@@ -32,6 +33,7 @@ int run_train_tokenizer(DataOptions& o) {
   init_logging(0, 1, o.verbose);
   o.tok.format = parse_input_format(o.tok_format, "--input-format");
   o.tok.verbose = o.verbose;
+  for (const char* ext : {".model", ".vocab"}) check_output_file(o.tok.model_prefix + ext, "--model-prefix");
   TokenizerTrainStats st = train_tokenizer(o.tok);
   spdlog::info("wrote {0}.model and {0}.vocab: {1} pieces ({2}, end of document \"{3}\") from {4} documents ({5} "
                "sentences){6}", o.tok.model_prefix, o.tok.vocab_size, o.tok.model_type, o.tok.eod_piece, st.documents,
@@ -45,6 +47,7 @@ int run_preprocess(DataOptions& o) {
   o.pre.append_eod = !o.no_eod;
   o.pre.progress = !o.no_progress;
   o.pre.word_cache = !o.no_word_cache;
+  for (const char* ext : {".bin", ".idx"}) check_output_file(o.pre.output_prefix + ext, "--output-prefix");
   PreprocessStats st = preprocess(o.pre);
   spdlog::info("wrote {0}.bin and {0}.idx: {1} documents, {2} tokens ({3}, vocabulary {4}) from {5:.1f} MB in {6:.2f} "
                "s ({7:.2f} MB/s){8}{9}", o.pre.output_prefix, st.documents, st.tokens, dtype_name(st.dtype),
