@@ -84,12 +84,13 @@ class Ops {
   // LayerNorm: x (N, C), w, b (C) -> y (N, C); mean, rstd (N) f32 are saved for the backward.
   virtual void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                                  Tensor& mean, Tensor& rstd) = 0;
-  // dx (N, C) += d/dx; dw, db (C) f32 +=.
+  // dx (N, C) += d/dx; dw, db (C) f32 +=. Either half may be skipped, bit for bit the same as the
+  // whole: dx undefined skips the input gradient, dw and db undefined skip the parameters'.
   virtual void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& mean,
                                   const Tensor& rstd, Tensor& dx, Tensor& dw, Tensor& db) = 0;
   // RMSNorm (Llama's): y = x * rstd * w with rstd = 1 / sqrt(mean(x^2) + eps); rstd (N) f32 saved.
   virtual void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor& rstd) = 0;
-  // dx (N, C) += d/dx; dw (C) f32 +=.
+  // dx (N, C) += d/dx; dw (C) f32 +=. dx or dw undefined skips that half (as layernorm_backward).
   virtual void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
                                 Tensor& dw) = 0;
 
@@ -113,6 +114,13 @@ class Ops {
   // dx (N, I) = dy w (skipped when dx is undefined); dw (O, I) f32 += dy^T x; db (O) f32 += sum_n dy.
   virtual void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
                                Tensor& db) = 0;
+  // The two halves of linear_backward, for a backward split into an input-gradient pass and a
+  // deferred weight-gradient pass (zero-bubble pipelines). Each computes exactly what
+  // linear_backward computes for its outputs, bit for bit.
+  // dx (N, I) = dy w.
+  virtual void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) = 0;
+  // dw (O, I) f32 += dy^T x; db (O) f32 += sum_n dy (skipped when db is undefined).
+  virtual void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) = 0;
   // pre (N, O) = x w^T + b and y (N, O) = gelu(pre): the MLP's first half, with the
   // pre-activation kept for gelu_backward. A backend may fuse the GELU into the GEMM (cuBLASLt's
   // epilogue on CUDA); this default is the two ops.

@@ -90,12 +90,16 @@ void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_pr
 
 void Attention::backward(const Tensor& dout_full, const Tensor& h_full, const MicroShape& ms,
                          const AttentionActs& a, Tensor& dh_full) {
+  Tensor dqkv = backward_input(dout_full, ms, a, dh_full, MemCategory::Workspace);
+  backward_weight(dout_full, a.att, dqkv, h_full);
+}
+
+Tensor Attention::backward_input(const Tensor& dout_full, const MicroShape& ms, const AttentionActs& a,
+                                 Tensor& dh_full, MemCategory dqkv_category) {
   const int64_t N = ms.N(), heads = H_local_ + 2 * KV_local_;
   Tensor datt = ops_.empty({N, H_local_ * D_}, ops_.compute_dtype(), MemCategory::Workspace);
-  // Every TP rank sees the whole output gradient, so the replicated bias gets the same gradient everywhere.
-  Tensor proj_wgrad = p_.proj.weight_grad(), proj_bgrad = p_.proj.bias_grad();
-  ops_.linear_backward(dout_full, a.att, p_.proj.weight(), datt, proj_wgrad, proj_bgrad);
-  Tensor dqkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), MemCategory::Workspace);
+  ops_.linear_backward_input(dout_full, p_.proj.weight(), datt);
+  Tensor dqkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), dqkv_category);
   Tensor dqkv4 = dqkv.view({ms.B, ms.T, heads, D_});
   ops_.attention_backward(datt.view({ms.B, ms.T, H_local_, D_}), a.qkv.view({ms.B, ms.T, heads, D_}),
                           a.att.view({ms.B, ms.T, H_local_, D_}), a.lse, a.probs, dqkv4);
@@ -104,8 +108,17 @@ void Attention::backward(const Tensor& dout_full, const Tensor& h_full, const Mi
     Tensor rows = dqkv.view({N, heads, D_});
     ops_.rope(rows, H_local_ + KV_local_, ms.T, 0, cfg_.rope_theta, /*inverse=*/true);
   }
+  ops_.linear_backward_input(dqkv, p_.qkv.weight(), dh_full);
+  return dqkv;
+}
+
+void Attention::backward_weight(const Tensor& dout_full, const Tensor& att, const Tensor& dqkv,
+                                const Tensor& h_full) {
+  // Every TP rank sees the whole output gradient, so the replicated bias gets the same gradient everywhere.
+  Tensor proj_wgrad = p_.proj.weight_grad(), proj_bgrad = p_.proj.bias_grad();
+  ops_.linear_backward_weight(dout_full, att, proj_wgrad, proj_bgrad);
   Tensor qkv_wgrad = p_.qkv.weight_grad(), qkv_bgrad = p_.qkv.bias_grad();
-  ops_.linear_backward(dqkv, h_full, p_.qkv.weight(), dh_full, qkv_wgrad, qkv_bgrad);
+  ops_.linear_backward_weight(dqkv, h_full, qkv_wgrad, qkv_bgrad);
   // With learned positions the key bias adds q.b_k to every score of a row, which the softmax
   // ignores: its gradient is exactly zero, and what the sum above holds is rounding noise. Adam
   // would divide that noise by its eps and walk the key bias randomly (differently on every

@@ -28,6 +28,12 @@ struct AttentionActs {
   Tensor probs;  // (B, H/tp, T, T) softmax, only when kept (no recomputation, CPU)
 };
 
+// One weight GEMM's deferred gradient (a split backward's W: dw += dy^T x, db += sum of dy): its
+// input and its output gradient, nothing more.
+struct LinearPending {
+  Tensor x, dy;
+};
+
 // This rank's attention parameters, as registered by Attention (training) or found by name
 // (inference).
 struct AttentionParams {
@@ -45,6 +51,13 @@ class Attention {
   // dout_full (N, C) -> dh_full (N, C), this rank's contribution to the input gradient.
   void backward(const Tensor& dout_full, const Tensor& h_full, const MicroShape& ms, const AttentionActs& a,
                 Tensor& dh_full);
+  // backward split in two (bit for bit the same). The input half: dout_full -> dh_full; returns
+  // dqkv (N, (H + 2 Hkv) D / tp), the QKV projection's output gradient, charged to `dqkv_category`.
+  Tensor backward_input(const Tensor& dout_full, const MicroShape& ms, const AttentionActs& a, Tensor& dh_full,
+                        MemCategory dqkv_category);
+  // The weight half: the output projection's gradients from dout_full (N, C) and att (N, H D/tp)
+  // (AttentionActs::att), the QKV projection's from dqkv and h_full (N, C).
+  void backward_weight(const Tensor& dout_full, const Tensor& att, const Tensor& dqkv, const Tensor& h_full);
 
  private:
   Ops& ops_;

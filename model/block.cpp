@@ -91,4 +91,67 @@ Tensor Block::backward(Tensor dres, const MicroShape& ms, BlockActs& a) {
   return dres;
 }
 
+Tensor Block::backward_input(Tensor dres, const MicroShape& ms, BlockActs& a, BlockPending& p) {
+  if (a.recomputed) run_forward(a.x, ms, a);
+  const int64_t N = ms.N(), C = dres.size(1);
+  const DType dt = ops_.compute_dtype();
+  auto keep_copy = [&](const Tensor& t) {
+    Tensor c = ops_.empty(t.shape(), t.dtype(), MemCategory::Activations);
+    ops_.copy(t, c);
+    return c;
+  };
+  // The norm's input gradient before the reduce-scatter: kept itself without SP, a workspace with.
+  const MemCategory dh_full_category =
+      sequence_parallel(par_) ? MemCategory::Workspace : MemCategory::Activations;
+  // MLP half. dres is about to take the norm's gradient in place; W needs it as it is now.
+  {
+    p.mlp_proj.dy = keep_copy(dres);
+    Tensor dout_full = exit_tp_backward(ops_, par_, dres);
+    Tensor dh2_full = ops_.empty({N, C}, dt, dh_full_category);
+    p.fc.dy = mlp_.backward_input(dout_full, a.mlp, dh2_full, MemCategory::Activations);
+    p.mlp_proj.x = a.mlp.act;
+    a.mlp = MlpActs{};
+    Tensor dh2 = enter_tp_backward(ops_, par_, dh2_full, MemCategory::Activations);
+    ln2_.backward_input(ops_, dh2, a.x1, a.ln2, dres);
+    p.ln2 = {.x = a.x1, .dy = dh2, .stats = a.ln2};
+    p.fc.x = a.h2;
+  }
+  a.h2 = a.x1 = Tensor{};
+  a.ln2 = NormActs{};
+  // Attention half.
+  {
+    p.attn_proj.dy = keep_copy(dres);
+    Tensor dout_full = exit_tp_backward(ops_, par_, dres);
+    Tensor dh1_full = ops_.empty({N, C}, dt, dh_full_category);
+    p.qkv.dy = attn_.backward_input(dout_full, ms, a.attn, dh1_full, MemCategory::Activations);
+    p.attn_proj.x = a.attn.att;
+    a.attn = AttentionActs{};
+    Tensor dh1 = enter_tp_backward(ops_, par_, dh1_full, MemCategory::Activations);
+    ln1_.backward_input(ops_, dh1, a.x, a.ln1, dres);
+    p.ln1 = {.x = a.x, .dy = dh1, .stats = a.ln1};
+    p.qkv.x = a.h1;
+  }
+  a = BlockActs{};
+  return dres;
+}
+
+void Block::backward_weight(BlockPending& p) {
+  {
+    Tensor dout_full = exit_tp_backward(ops_, par_, p.mlp_proj.dy);
+    Tensor h2_full = enter_tp_forward(ops_, par_, p.fc.x, MemCategory::Workspace);
+    mlp_.backward_weight(dout_full, p.mlp_proj.x, p.fc.dy, h2_full);
+  }
+  p.mlp_proj = p.fc = LinearPending{};
+  ln2_.backward_weight(ops_, p.ln2);
+  p.ln2 = NormPending{};
+  {
+    Tensor dout_full = exit_tp_backward(ops_, par_, p.attn_proj.dy);
+    Tensor h1_full = enter_tp_forward(ops_, par_, p.qkv.x, MemCategory::Workspace);
+    attn_.backward_weight(dout_full, p.attn_proj.x, p.qkv.dy, h1_full);
+  }
+  p.attn_proj = p.qkv = LinearPending{};
+  ln1_.backward_weight(ops_, p.ln1);
+  p = BlockPending{};
+}
+
 }  // namespace tripod

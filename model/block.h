@@ -20,6 +20,20 @@ struct BlockActs {
   bool recomputed = false;  // only x is held; the forward reruns before the backward
 };
 
+// What a block's weight gradients need, kept by backward_input for backward_weight (a zero-bubble
+// pipeline's I and W): per weight GEMM its input and output gradient, per norm its input,
+// statistics and output gradient; nothing else. All of it is charged to MemCategory::Activations
+// (model/memory_estimate.h counts it). Under sequence parallelism the column-parallel GEMMs' input
+// (the norm output) and the row-parallel GEMMs' output gradient (the residual's) are kept as this
+// rank's token slice (Ns, C) and all-gathered again by backward_weight, the same all-gathers the
+// forward and backward do: 1/tp of the memory of keeping the gathered (N, C) tensors, for one
+// more all-gather per GEMM in W.
+struct BlockPending {
+  NormPending ln1, ln2;        // x (Ns, C) (the block input, x1), dy (Ns, C), statistics
+  LinearPending qkv, fc;       // x: h1, h2 (Ns, C), gathered in W; dy (N, (H + 2 Hkv) D/tp), (N, F/tp or 2F/tp)
+  LinearPending attn_proj, mlp_proj;  // x: att (N, H D/tp), act (N, F/tp); dy (Ns, C), gathered in W
+};
+
 class Block {
  public:
   Block(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, int layer, int chunk,
@@ -29,6 +43,13 @@ class Block {
   // dres (Ns, C), the gradient of the block's output, is turned in place into the gradient of its
   // input and returned; the activations are released.
   Tensor backward(Tensor dres, const MicroShape& ms, BlockActs& a);
+  // backward split in two, bit for bit the same. The input half: as backward, but the parameters'
+  // gradients are left to backward_weight, for which `p` receives what they need (a recomputed
+  // block reruns its forward here).
+  Tensor backward_input(Tensor dres, const MicroShape& ms, BlockActs& a, BlockPending& p);
+  // The weight half: accumulates the parameters' gradients and releases `p`. Under tensor
+  // parallelism it all-gathers (SP), so every TP rank runs its W actions in the same order.
+  void backward_weight(BlockPending& p);
   const std::vector<Param*>& params() const { return params_; }
 
  private:

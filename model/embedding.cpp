@@ -102,4 +102,31 @@ Tensor LmHead::backward(HeadActs& a) {
   return dx;
 }
 
+Tensor LmHead::backward_input(HeadActs& a, HeadPending& p) {
+  const int64_t N = a.dlogits.size(0), C = a.x.size(1);
+  const bool sp = sequence_parallel(par_);
+  // Without SP dh_full is ln_f's output gradient itself, kept for W.
+  Tensor dh_full = ops_.empty({N, C}, ops_.compute_dtype(), sp ? MemCategory::Workspace : MemCategory::Activations);
+  ops_.linear_backward_input(a.dlogits, table_->value, dh_full);
+  Tensor dh = enter_tp_backward(ops_, par_, dh_full, MemCategory::Activations);
+  dh_full = Tensor{};
+  Tensor dx = ops_.empty(a.x.shape(), ops_.compute_dtype(), MemCategory::Workspace);
+  ops_.fill(dx, 0.f);
+  ln_f_.backward_input(ops_, dh, a.x, a.ln, dx);
+  p.ln_f = {.x = a.x, .dy = dh, .stats = a.ln};
+  p.logits = {.x = a.h, .dy = a.dlogits};
+  a = HeadActs{};
+  return dx;
+}
+
+void LmHead::backward_weight(HeadPending& p) {
+  Tensor h_full = enter_tp_forward(ops_, par_, p.logits.x, MemCategory::Workspace);
+  Tensor no_bias;
+  ops_.linear_backward_weight(p.logits.dy, h_full, table_->grad, no_bias);
+  h_full = Tensor{};
+  p.logits = LinearPending{};
+  ln_f_.backward_weight(ops_, p.ln_f);
+  p = HeadPending{};
+}
+
 }  // namespace tripod

@@ -27,7 +27,8 @@ class Embedding {
   Embedding(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& wte, int chunk);
   // tokens (N) i32 -> x (Ns, C), the first block's input.
   Tensor forward(const Tensor& tokens, const MicroShape& ms);
-  // dx (Ns, C): the gradient of the first block's input.
+  // dx (Ns, C): the gradient of the first block's input. Only parameters' gradients: in a split
+  // backward this is all W work (EmbeddingPending).
   void backward(const Tensor& tokens, const Tensor& dx, const MicroShape& ms);
 
  private:
@@ -45,6 +46,20 @@ struct HeadActs {
   Tensor dlogits;  // (N, V/tp): the gradient of the logits, computed in the forward (fused)
 };
 
+// What the embedding's deferred gradient needs: the micro-batch's tokens (held, not copied) and
+// the gradient of its output (Ns, C).
+struct EmbeddingPending {
+  Tensor tokens, dy;
+};
+
+// What the head's deferred gradients need: ln_f's input, statistics and output gradient (Ns, C);
+// the logits GEMM's input (ln_f's output (Ns, C), all-gathered again in W under SP) and output
+// gradient (N, V/tp), which for the tied table is the embedding table's gradient's share.
+struct HeadPending {
+  NormPending ln_f;
+  LinearPending logits;
+};
+
 class LmHead {
  public:
   // `table`: the tied "wte" or the untied "lm_head.weight".
@@ -54,6 +69,11 @@ class LmHead {
   void forward(const Tensor& x, const Tensor& targets, float grad_scale, HeadActs& a, Tensor& losses);
   // -> the gradient of x, (Ns, C).
   Tensor backward(HeadActs& a);
+  // backward split in two, bit for bit the same: the gradient of x, with what the parameters'
+  // gradients need moved into `p` (nothing is freed: all of `a` is needed by W) ...
+  Tensor backward_input(HeadActs& a, HeadPending& p);
+  // ... and the table's and ln_f's gradients from it, releasing `p`.
+  void backward_weight(HeadPending& p);
 
  private:
   Ops& ops_;

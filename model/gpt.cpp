@@ -122,4 +122,45 @@ Tensor GptModel::backward(int chunk, const MicroBatch& mb, Tensor dy, ChunkActs&
   return Tensor{};
 }
 
+Tensor GptModel::backward_input(int chunk, const MicroBatch& mb, Tensor dy, ChunkActs& acts, ChunkPending& pending) {
+  Chunk& ch = chunks_.at(chunk);
+  TRIPOD_CHECK(!pending.active, "backward_input of chunk {}: its pending weight gradients were never computed", chunk);
+  pending = ChunkPending{};
+  pending.shape = mb.shape;
+  pending.blocks.resize(ch.blocks.size());
+  Tensor d = ch.head ? ch.head->backward_input(acts.head, pending.head) : dy;
+  for (int i = static_cast<int>(ch.blocks.size()) - 1; i >= 0; --i)
+    d = ch.blocks[i]->backward_input(d, mb.shape, acts.blocks[i], pending.blocks[i]);
+  acts = ChunkActs{};
+  pending.active = true;
+  if (!ch.embedding) return d;
+  // d is the chunk's incoming gradient buffer, changed in place by the blocks: W gets a copy.
+  Tensor kept = ops_.empty(d.shape(), d.dtype(), MemCategory::Activations);
+  ops_.copy(d, kept);
+  pending.embedding = {.tokens = mb.tokens, .dy = kept};
+  return Tensor{};
+}
+
+void GptModel::backward_weight(int chunk, ChunkPending& pending, const GradReadyFn& ready) {
+  Chunk& ch = chunks_.at(chunk);
+  TRIPOD_CHECK(pending.active, "backward_weight of chunk {} without its backward_input", chunk);
+  TRIPOD_CHECK(pending.blocks.size() == ch.blocks.size(), "backward_weight of chunk {}: pending work of {} blocks, "
+               "the chunk has {}", chunk, pending.blocks.size(), ch.blocks.size());
+  // The same order as backward: head, blocks from the last, embedding (a tied table shared by the
+  // head and the embedding of one chunk gets the head's share first).
+  if (ch.head) {
+    ch.head->backward_weight(pending.head);
+    if (ready) ready(ch.head_params);
+  }
+  for (int i = static_cast<int>(ch.blocks.size()) - 1; i >= 0; --i) {
+    ch.blocks[i]->backward_weight(pending.blocks[i]);
+    if (ready) ready(ch.blocks[i]->params());
+  }
+  if (ch.embedding) {
+    ch.embedding->backward(pending.embedding.tokens, pending.embedding.dy, pending.shape);
+    if (ready) ready(ch.embedding_params);
+  }
+  pending = ChunkPending{};
+}
+
 }  // namespace tripod

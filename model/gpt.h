@@ -45,6 +45,19 @@ struct ChunkActs {
 // Called with parameters whose gradients are final for this step (see GptModel::backward).
 using GradReadyFn = std::function<void(const std::vector<Param*>&)>;
 
+// The weight-gradient work GptModel::backward_input leaves for backward_weight, of one
+// (micro-batch, chunk): data, not closures. Per weight GEMM its input and output gradient, per
+// norm its input, statistics and output gradient, the embedding's tokens and output gradient;
+// charged to MemCategory::Activations (ChunkActivationBytes::weight_pending counts it) and
+// released by backward_weight.
+struct ChunkPending {
+  MicroShape shape;
+  std::vector<BlockPending> blocks;  // by the chunk's block index
+  HeadPending head;                  // last chunk
+  EmbeddingPending embedding;        // first chunk
+  bool active = false;               // between backward_input and backward_weight
+};
+
 class GptModel {
  public:
   GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, const std::vector<ChunkLayout>& chunks,
@@ -60,6 +73,18 @@ class GptModel {
   // its input (nothing for the first chunk). When `ready` is set (the last backward of this
   // chunk in the step), it is called as each layer's gradients become final.
   Tensor backward(int chunk, const MicroBatch& mb, Tensor dy, ChunkActs& acts, const GradReadyFn& ready = {});
+
+  // backward split in two for zero-bubble schedules: backward_input (I) computes every gradient
+  // with respect to activations (a fully recomputed block reruns its forward here) and returns
+  // what backward returns; it moves what the weight gradients need from `acts` (released) into
+  // `pending`. backward_weight (W) computes the weight and bias gradients from `pending` (released)
+  // and calls `ready`, when set (the last W of this chunk in the step), as each layer's gradients
+  // become final, in backward's order. I then W gives the same bits as backward, gradients of
+  // parameters included when the Ws of a step run in the order backward would have run (the f32
+  // accumulation over micro-batches depends on its order). Under TP every rank of a TP group must
+  // run its Ws in the same order (under SP they all-gather).
+  Tensor backward_input(int chunk, const MicroBatch& mb, Tensor dy, ChunkActs& acts, ChunkPending& pending);
+  void backward_weight(int chunk, ChunkPending& pending, const GradReadyFn& ready = {});
 
   // The tied embedding table on this rank (owner or copy), or null (none here, or untied).
   Param* wte() const { return wte_; }

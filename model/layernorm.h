@@ -12,6 +12,13 @@ struct NormActs {
   Tensor mean, rstd;  // (N) f32; no mean for RMSNorm
 };
 
+// What a norm's deferred weight gradient needs (a split backward's W): its input, statistics and
+// output gradient.
+struct NormPending {
+  Tensor x, dy;  // (N, C)
+  NormActs stats;
+};
+
 struct Norm {
   Param* weight = nullptr;
   Param* bias = nullptr;  // LayerNorm only
@@ -56,6 +63,21 @@ struct Norm {
       ops.layernorm_backward(dy, x, weight->value, a.mean, a.rstd, dx, weight->grad, bias->grad);
     else
       ops.rmsnorm_backward(dy, x, weight->value, a.rstd, dx, weight->grad);
+  }
+  // The two halves of backward, bit for bit the same: dx only, then the parameters' gradients.
+  void backward_input(Ops& ops, const Tensor& dy, const Tensor& x, const NormActs& a, Tensor& dx) const {
+    Tensor none;
+    if (bias)
+      ops.layernorm_backward(dy, x, weight->value, a.mean, a.rstd, dx, none, none);
+    else
+      ops.rmsnorm_backward(dy, x, weight->value, a.rstd, dx, none);
+  }
+  void backward_weight(Ops& ops, const NormPending& p) const {
+    Tensor none;
+    if (bias)
+      ops.layernorm_backward(p.dy, p.x, weight->value, p.stats.mean, p.stats.rstd, none, weight->grad, bias->grad);
+    else
+      ops.rmsnorm_backward(p.dy, p.x, weight->value, p.stats.rstd, none, weight->grad);
   }
 };
 

@@ -30,6 +30,20 @@ int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, Reco
   return bytes;
 }
 
+int64_t layer_pending_bytes(const ModelConfig& cfg, const ActivationShape& s) {
+  const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model, D = cfg.head_dim();
+  const int64_t Hl = cfg.n_heads / s.tp, KVl = cfg.kv_heads() / s.tp, Fl = cfg.ffn() / s.tp;
+  const int64_t b = s.act_bytes;
+  int64_t bytes = 0;
+  bytes += 2 * (2 * Ns * C * b + Ns * Norm::stat_bytes(cfg));  // norms: input (x, x1), output gradient, statistics
+  bytes += 2 * Ns * C * b;                                    // QKV, fc: input h1, h2 (token slice under SP)
+  bytes += N * (Hl + 2 * KVl) * D * b;                        // QKV: output gradient
+  bytes += N * (cfg.swiglu() ? 2 : 1) * Fl * b;               // fc ([gate; up]): output gradient
+  bytes += N * Hl * D * b + N * Fl * b;                       // output projections: input (att, act)
+  bytes += 2 * Ns * C * b;                                    // output projections: output gradient (token slice)
+  return bytes;
+}
+
 ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkLayout& chunk,
                                             const RecomputeConfig& rc, const ActivationShape& s) {
   const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model, b = s.act_bytes;
@@ -42,11 +56,12 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
   out.tokens = (chunk.has_embedding ? N * 4 : 0) + (chunk.has_head ? N * 4 : 0);
   const int n = chunk.layer_end - chunk.layer_begin;
   std::vector<int64_t> saved(n);
-  std::vector<bool> recomputed(n);
+  std::vector<bool> recomputed(n), keeps_probs(n);
   for (int i = 0; i < n; ++i) {
     RecomputeMode mode = rc.mode != RecomputeMode::None && rc.applies_to(i) ? rc.mode : RecomputeMode::None;
     saved[i] = layer_saved_bytes(cfg, s, mode);
     recomputed[i] = mode == RecomputeMode::Full;
+    keeps_probs[i] = mode == RecomputeMode::None && s.keeps_probs;
   }
   const int64_t head =
       chunk.has_head ? x + Ns * Norm::stat_bytes(cfg) + N * (cfg.padded_vocab(s.tp) / s.tp) * b : 0;
@@ -76,6 +91,44 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
     live -= saved[i] + x;
   }
   out.backward_peak = peak;
+
+  // The split backward's I (Block::backward_input, LmHead::backward_input), tensor by tensor:
+  // what W needs stays (moved from the activations or newly kept), the rest is freed.
+  const bool sp = s.sequence_parallel && s.tp > 1;
+  const int64_t D = cfg.head_dim(), Hl = cfg.n_heads / s.tp, KVl = cfg.kv_heads() / s.tp, Fl = cfg.ffn() / s.tp;
+  const int64_t dqkv = N * (Hl + 2 * KVl) * D * b, dfc = N * (cfg.swiglu() ? 2 : 1) * Fl * b;
+  const int64_t fc = dfc, qkv = dqkv, lse = s.B * Hl * s.T * 4;
+  live = x + out.held;
+  peak = live;
+  if (chunk.has_head) live += x;  // ln_f's output gradient; the head's activations all stay
+  peak = std::max(peak, live);
+  for (int i = n - 1; i >= 0; --i) {
+    if (recomputed[i]) {
+      peak = std::max(peak, live + working_set + x);
+      live += working_set;
+    }
+    const int64_t probs_bytes = keeps_probs[i] ? s.B * Hl * s.T * s.T * b : 0;
+    // MLP half: a copy of the residual gradient, the norm's output gradient (whole without SP, a
+    // workspace before its reduce-scatter with), the fc output gradient; then fc is freed.
+    live += x + (sp ? 0 : x) + dfc;
+    peak = std::max(peak, live);
+    live -= fc;
+    if (sp) live += x, peak = std::max(peak, live);
+    // Attention half: the same, with QKV's output gradient; then qkv, lse (and probs) are freed.
+    live += x + (sp ? 0 : x) + dqkv;
+    peak = std::max(peak, live);
+    live -= qkv + lse + probs_bytes;
+    if (sp) live += x, peak = std::max(peak, live);
+  }
+  if (chunk.has_embedding) live += x, peak = std::max(peak, live);  // a copy of the embedding's output gradient
+  out.input_backward_peak = peak;
+  out.weight_pending = live;
+  // What is left is exactly the pending work: the layers', the head's (ln_f's input and output
+  // gradient besides its activations) and the embedding's.
+  const int64_t pending = n * layer_pending_bytes(cfg, s) + (chunk.has_head ? head + 2 * x : 0) +
+                          (chunk.has_embedding ? x : 0);
+  TRIPOD_CHECK(live == pending, "split-backward accounting of chunk {}: {} bytes left after I, {} pending",
+               chunk.virtual_stage, live, pending);
   return out;
 }
 

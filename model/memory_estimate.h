@@ -30,10 +30,19 @@ struct ChunkActivationBytes {
   // The most this chunk's own tensors (input, held, output) reach inside its forward and inside
   // its backward; larger than input + held + output only where layers recompute.
   int64_t forward_peak = 0, backward_peak = 0;
+  // A backward split into I and W (GptModel::backward_input / backward_weight). weight_pending:
+  // held from the end of the chunk's I until its W (ChunkPending), the chunk's input included
+  // (the first norm keeps it for its weight gradient) and the tokens excluded (the first chunk's
+  // W reads the micro-batch's tokens, so they live until that W). input_backward_peak: the most
+  // the chunk's own tensors reach inside its I, starting from input + held. W only frees
+  // (what it gathers is workspace): its peak is weight_pending.
+  int64_t weight_pending = 0, input_backward_peak = 0;
 };
 
 // Bytes of one transformer layer's saved tensors under `mode` (input x excluded).
 int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, RecomputeMode mode);
+// Bytes of one transformer layer's pending weight-gradient work (BlockPending), its input x included.
+int64_t layer_pending_bytes(const ModelConfig& cfg, const ActivationShape& s);
 // The per-micro-batch bytes of a chunk.
 ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkLayout& chunk,
                                             const RecomputeConfig& rc, const ActivationShape& s);

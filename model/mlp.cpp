@@ -62,20 +62,32 @@ void Mlp::forward(const Tensor& h_full, MlpActs& a, Tensor& out_partial) {
 }
 
 void Mlp::backward(const Tensor& dout_full, const Tensor& h_full, const MlpActs& a, Tensor& dh_full) {
-  const int64_t N = h_full.size(0);
-  Tensor da = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Workspace);
-  Tensor proj_wgrad = p_.proj.weight_grad(), proj_bgrad = p_.proj.bias_grad();
-  ops_.linear_backward(dout_full, a.act, p_.proj.weight(), da, proj_wgrad, proj_bgrad);
+  Tensor dfc = backward_input(dout_full, a, dh_full, MemCategory::Workspace);
+  backward_weight(dout_full, a.act, dfc, h_full);
+}
+
+Tensor Mlp::backward_input(const Tensor& dout_full, const MlpActs& a, Tensor& dh_full, MemCategory dfc_category) {
+  const int64_t N = dout_full.size(0);
+  // With GELU the activation's gradient is formed in place: da becomes dfc.
+  Tensor da = ops_.empty({N, F_local_}, ops_.compute_dtype(), swiglu_ ? MemCategory::Workspace : dfc_category);
+  ops_.linear_backward_input(dout_full, p_.proj.weight(), da);
   Tensor dfc = da;
   if (swiglu_) {
-    dfc = ops_.empty({N, 2 * F_local_}, ops_.compute_dtype(), MemCategory::Workspace);
+    dfc = ops_.empty({N, 2 * F_local_}, ops_.compute_dtype(), dfc_category);
     ops_.swiglu_backward(a.fc, da, dfc);
     da = Tensor{};
   } else {
     ops_.gelu_backward(a.fc, da, da);
   }
+  ops_.linear_backward_input(dfc, p_.fc.weight(), dh_full);
+  return dfc;
+}
+
+void Mlp::backward_weight(const Tensor& dout_full, const Tensor& act, const Tensor& dfc, const Tensor& h_full) {
+  Tensor proj_wgrad = p_.proj.weight_grad(), proj_bgrad = p_.proj.bias_grad();
+  ops_.linear_backward_weight(dout_full, act, proj_wgrad, proj_bgrad);
   Tensor fc_wgrad = p_.fc.weight_grad(), fc_bgrad = p_.fc.bias_grad();
-  ops_.linear_backward(dfc, h_full, p_.fc.weight(), dh_full, fc_wgrad, fc_bgrad);
+  ops_.linear_backward_weight(dfc, h_full, fc_wgrad, fc_bgrad);
 }
 
 }  // namespace tripod

@@ -27,6 +27,12 @@ class Mlp {
   void forward(const Tensor& h_full, MlpActs& a, Tensor& out_partial);
   // dout_full (N, C) -> dh_full (N, C).
   void backward(const Tensor& dout_full, const Tensor& h_full, const MlpActs& a, Tensor& dh_full);
+  // backward split in two (bit for bit the same). The input half: dout_full -> dh_full; returns
+  // dfc (N, F/tp or 2F/tp), the input projection's output gradient, charged to `dfc_category`.
+  Tensor backward_input(const Tensor& dout_full, const MlpActs& a, Tensor& dh_full, MemCategory dfc_category);
+  // The weight half: the output projection's gradients from dout_full (N, C) and act (N, F/tp)
+  // (MlpActs::act), the input projection's from dfc and h_full (N, C).
+  void backward_weight(const Tensor& dout_full, const Tensor& act, const Tensor& dfc, const Tensor& h_full);
 
   // The activation part shared with inference: fc (N, F/tp or 2F/tp) from h, then act (N, F/tp).
   static void activate(Ops& ops, bool swiglu, const MlpParams& p, const Tensor& h, Tensor& fc, Tensor& act);

@@ -49,6 +49,8 @@ class CpuOps final : public Ops {
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
                        Tensor& db) override;
+  void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
+  void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) override;
 
   void gelu_forward(const Tensor& x, Tensor& y) override;
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;

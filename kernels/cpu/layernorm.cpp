@@ -40,12 +40,16 @@ void CpuOps::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor&
   const float* pw = w.data<float>();
   const float* pm = mean.data<float>();
   const float* pr = rstd.data<float>();
-  float* pdx = dx.data<float>();
-  float* pdw = dw.data<float>();
-  float* pdb = db.data<float>();
+  TRIPOD_CHECK(dw.defined() == db.defined(), "layernorm_backward: dw and db go together (dw {} db {})", dw.str(),
+               db.str());
+  // Either half may be skipped (a split backward); each is computed the same way either way.
+  float* pdx = dx.defined() ? dx.data<float>() : nullptr;
+  float* pdw = dw.defined() ? dw.data<float>() : nullptr;
+  float* pdb = db.defined() ? db.data<float>() : nullptr;
   // dx by rows.
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    if (!pdx) continue;
     const float* dyn = pdy + n * C;
     const float* xn = px + n * C;
     float m = pm[n], r = pr[n];
@@ -67,6 +71,7 @@ void CpuOps::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor&
     }
   }
   // dw, db by column blocks (each thread owns columns; rows summed in order).
+  if (!pdw) return;
   constexpr int64_t kCols = 64;
   int64_t nblk = (C + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static)

@@ -25,17 +25,22 @@ void CpuOps::linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, T
               py, O);
 }
 
-void CpuOps::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
-                             Tensor& db) {
-  ScopedTimer timer(*this, OpFamily::Gemm);
-  const int64_t O = w.size(0), I = w.numel() / O, N = x.numel() / I;
-  TRIPOD_CHECK(dy.numel() == N * O && dw.numel() == O * I, "linear backward dy {} x {} dw {}", dy.str(), x.str(),
+namespace {
+// dx (N, I) = dy (N, O) . w (O, I)
+void input_grad(const Tensor& dy, const Tensor& w, Tensor& dx) {
+  const int64_t O = w.size(0), I = w.numel() / O, N = dy.numel() / O;
+  TRIPOD_CHECK(dy.numel() == N * O && dx.numel() == N * I, "linear input grad dy {} w {} dx {}", dy.str(), w.str(),
+               dx.str());
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, I, O, 1.f, dy.data<float>(), O, w.data<float>(), I, 0.f,
+              dx.data<float>(), I);
+}
+
+// dw (O, I) += dy^T (O, N) . x (N, I); db (O) += column sums of dy.
+void weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) {
+  const int64_t O = dw.size(0), I = dw.numel() / O, N = x.numel() / I;
+  TRIPOD_CHECK(dy.numel() == N * O && x.numel() == N * I, "linear weight grad dy {} x {} dw {}", dy.str(), x.str(),
                dw.str());
   const float* pdy = dy.data<float>();
-  if (dx.defined())  // dx (N, I) = dy (N, O) . w (O, I)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, I, O, 1.f, pdy, O, w.data<float>(), I, 0.f,
-                dx.data<float>(), I);
-  // dw (O, I) += dy^T (O, N) . x (N, I)
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.f, pdy, O, x.data<float>(), I, 1.f,
               dw.data<float>(), I);
   if (db.defined()) {
@@ -51,6 +56,27 @@ void CpuOps::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w,
       for (int64_t c = c0; c < c1; ++c) pdb[c] += s[c - c0];
     }
   }
+}
+}  // namespace
+
+void CpuOps::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                             Tensor& db) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  const int64_t O = w.size(0), I = w.numel() / O, N = x.numel() / I;
+  TRIPOD_CHECK(dy.numel() == N * O && dw.numel() == O * I, "linear backward dy {} x {} dw {}", dy.str(), x.str(),
+               dw.str());
+  if (dx.defined()) input_grad(dy, w, dx);
+  weight_grad(dy, x, dw, db);
+}
+
+void CpuOps::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  input_grad(dy, w, dx);
+}
+
+void CpuOps::linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  weight_grad(dy, x, dw, db);
 }
 
 double CpuOps::peak_flops() {

@@ -35,11 +35,13 @@ void CpuOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w
   const float* px = x.data<float>();
   const float* pw = w.data<float>();
   const float* pr = rstd.data<float>();
-  float* pdx = dx.data<float>();
-  float* pdw = dw.data<float>();
+  // Either half may be skipped (a split backward); each is computed the same way either way.
+  float* pdx = dx.defined() ? dx.data<float>() : nullptr;
+  float* pdw = dw.defined() ? dw.data<float>() : nullptr;
   // dx = r (w dy - xhat mean(w dy xhat)), xhat = x r.
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    if (!pdx) continue;
     const float* dyn = pdy + n * C;
     const float* xn = px + n * C;
     const float r = pr[n];
@@ -51,6 +53,7 @@ void CpuOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w
     for (int64_t c = 0; c < C; ++c) dxn[c] += (pw[c] * dyn[c] - xn[c] * r * dot) * r;
   }
   // dw by column blocks, rows summed in order (independent of the thread count).
+  if (!pdw) return;
   constexpr int64_t kCols = 64;
   const int64_t nblk = (C + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static)

@@ -80,6 +80,8 @@ class CudaOps final : public Ops {
   void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre, Tensor& y) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
                        Tensor& db) override;
+  void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
+  void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) override;
 
   void gelu_forward(const Tensor& x, Tensor& y) override;
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
@@ -133,6 +135,9 @@ class CudaOps final : public Ops {
   int chunk_table(std::span<const FlatRange> ranges, const k::Chunk** table);
 
  private:
+  // The halves of linear_backward, untimed (each public entry point times itself once).
+  void linear_input_grad(const Tensor& dy, const Tensor& w, Tensor& dx);
+  void linear_weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db);
   cudaEvent_t take_event();
   double reduce_to_host(const float* x, const k::Chunk* chunks, int nchunks, bool square, const char* what);
   void upload(const Tensor& src, Tensor& dst);

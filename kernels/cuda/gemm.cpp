@@ -173,27 +173,51 @@ void CudaOps::linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor
   gemm_->run(g, fmt::format("linear_gelu_forward x {} w {} y {}", x.str(), w.str(), y.str()));
 }
 
-void CudaOps::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
-                              Tensor& db) {
-  ScopedTimer timer(*this, OpFamily::Gemm);
-  auto [N, I, O] = linear_dims(x, w, "linear_backward");
-  expect(dy, DType::BF16, N * O, "linear_backward", "dy");
-  expect(x, DType::BF16, N * I, "linear_backward", "x");
-  expect(dw, DType::F32, O * I, "linear_backward", "dw");
-  if (dx.defined()) {
-    expect(dx, DType::BF16, N * I, "linear_backward", "dx");
-    GemmArgs g{.m = I, .n = N, .k = O, .a = w.raw(), .lda = I, .b = dy.raw(), .ldb = O, .d = dx.raw(), .ldd = I};
-    gemm_->run(g, fmt::format("linear_backward dx {} = dy {} w {}", dx.str(), dy.str(), w.str()));
-  }
+void CudaOps::linear_input_grad(const Tensor& dy, const Tensor& w, Tensor& dx) {
+  auto [N, I, O] = linear_dims(dx, w, "linear_backward_input");
+  expect(dy, DType::BF16, N * O, "linear_backward_input", "dy");
+  expect(dx, DType::BF16, N * I, "linear_backward_input", "dx");
+  GemmArgs g{.m = I, .n = N, .k = O, .a = w.raw(), .lda = I, .b = dy.raw(), .ldb = O, .d = dx.raw(), .ldd = I};
+  gemm_->run(g, fmt::format("linear_backward dx {} = dy {} w {}", dx.str(), dy.str(), w.str()));
+}
+
+void CudaOps::linear_weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) {
+  const char* op = "linear_backward_weight";
+  TRIPOD_CHECK(dw.dim() >= 2 && dw.size(0) > 0, "{}: dw must be (out, in), got {}", op, dw.str());
+  const int64_t O = dw.size(0), I = dw.numel() / O;
+  TRIPOD_CHECK(x.numel() % I == 0, "{}: x {} does not have rows of dw's {} inputs", op, x.str(), I);
+  const int64_t N = x.numel() / I;
+  expect(dy, DType::BF16, N * O, op, "dy");
+  expect(x, DType::BF16, N * I, op, "x");
+  expect(dw, DType::F32, O * I, op, "dw");
   GemmArgs g{.trans_b = true, .m = I, .n = O, .k = N, .a = x.raw(), .lda = I, .b = dy.raw(), .ldb = O,
              .d = dw.raw(), .ldd = I, .d_type = CUDA_R_32F, .beta = 1.f};
   gemm_->run(g, fmt::format("linear_backward dw {} += dy {}^T x {}", dw.str(), dy.str(), x.str()));
   if (db.defined()) {
-    expect(db, DType::F32, O, "linear_backward", "db");
+    expect(db, DType::F32, O, op, "db");
     Tensor scratch = empty({k::column_partial_rows(N), O}, DType::F32, MemCategory::Workspace);
     k::bias_grad(dy.data<bf16>(), N, O, db.data<float>(), scratch.data<float>(), compute_);
     TRIPOD_CUDA_LAUNCHED("linear_backward db {} += sum of dy {}", db.str(), dy.str());
   }
+}
+
+void CudaOps::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
+                              Tensor& db) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  auto [N, I, O] = linear_dims(x, w, "linear_backward");
+  expect(dw, DType::F32, O * I, "linear_backward", "dw");
+  if (dx.defined()) linear_input_grad(dy, w, dx);
+  linear_weight_grad(dy, x, dw, db);
+}
+
+void CudaOps::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  linear_input_grad(dy, w, dx);
+}
+
+void CudaOps::linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  linear_weight_grad(dy, x, dw, db);
 }
 
 }  // namespace tripod::cuda

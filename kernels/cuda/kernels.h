@@ -76,14 +76,15 @@ void adamw(float* p, const float* g, float* m, float* v, bf16* copy, const Chunk
 void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t N,
                        int64_t C, float eps, cudaStream_t s);
 // dx (N, C) += d/dx. The weight and bias gradients (f32, += into dw, db) go through `scratch`
-// (column_partial_rows(N) * 2 * C floats).
+// (column_partial_rows(N) * 2 * C floats). dx null skips the input gradient; dw (and db, scratch)
+// null skips the weight gradients.
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
                         float* dw, float* db, int64_t N, int64_t C, float* scratch, cudaStream_t s);
 // RMSNorm: x (N, C) -> y = x rstd w; rstd (N) f32.
 void rmsnorm_forward(const bf16* x, const bf16* w, bf16* y, float* rstd, int64_t N, int64_t C, float eps,
                      cudaStream_t s);
 // dx (N, C) += d/dx; dw (C) f32 +=. db_scratch: C floats that receive the (unused) column sums of
-// dy; scratch as layernorm_backward's.
+// dy; scratch as layernorm_backward's. dx or dw null skips that half.
 void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* rstd, bf16* dx, float* dw,
                       float* db_scratch, int64_t N, int64_t C, float* scratch, cudaStream_t s);
 // db (O) f32 += sum over the N rows of dy (N, O); scratch: column_partial_rows(N) * O floats.

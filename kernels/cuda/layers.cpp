@@ -90,12 +90,19 @@ void CudaOps::layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor
   expect(w, DType::BF16, C, op, "w");
   expect(mean, DType::F32, N, op, "mean");
   expect(rstd, DType::F32, N, op, "rstd");
-  expect(dx, DType::BF16, N * C, op, "dx");
-  expect(dw, DType::F32, C, op, "dw");
-  expect(db, DType::F32, C, op, "db");
-  Tensor scratch = empty({k::column_partial_rows(N), 2, C}, DType::F32, MemCategory::Workspace);
+  // Either half may be skipped (a split backward): dx undefined, or dw and db undefined.
+  TRIPOD_CHECK(dw.defined() == db.defined(), "{}: dw and db go together (dw {} db {})", op, dw.str(), db.str());
+  if (dx.defined()) expect(dx, DType::BF16, N * C, op, "dx");
+  if (dw.defined()) {
+    expect(dw, DType::F32, C, op, "dw");
+    expect(db, DType::F32, C, op, "db");
+  }
+  Tensor scratch =
+      dw.defined() ? empty({k::column_partial_rows(N), 2, C}, DType::F32, MemCategory::Workspace) : Tensor{};
   k::layernorm_backward(dy.data<bf16>(), x.data<bf16>(), w.data<bf16>(), mean.data<float>(), rstd.data<float>(),
-                        dx.data<bf16>(), dw.data<float>(), db.data<float>(), N, C, scratch.data<float>(), compute_);
+                        dx.defined() ? dx.data<bf16>() : nullptr, dw.defined() ? dw.data<float>() : nullptr,
+                        db.defined() ? db.data<float>() : nullptr, N, C,
+                        dw.defined() ? scratch.data<float>() : nullptr, compute_);
   TRIPOD_CUDA_LAUNCHED("{} dy {} x {} dx {}", op, dy.str(), x.str(), dx.str());
 }
 
@@ -120,12 +127,15 @@ void CudaOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& 
   expect(x, DType::BF16, N * C, op, "x");
   expect(w, DType::BF16, C, op, "w");
   expect(rstd, DType::F32, N, op, "rstd");
-  expect(dx, DType::BF16, N * C, op, "dx");
-  expect(dw, DType::F32, C, op, "dw");
-  Tensor scratch = empty({k::column_partial_rows(N) * 2 * C + C}, DType::F32, MemCategory::Workspace);
-  float* sums = scratch.data<float>();
-  k::rmsnorm_backward(dy.data<bf16>(), x.data<bf16>(), w.data<bf16>(), rstd.data<float>(), dx.data<bf16>(),
-                      dw.data<float>(), sums + k::column_partial_rows(N) * 2 * C, N, C, sums, compute_);
+  // Either half may be skipped (a split backward): dx or dw undefined.
+  if (dx.defined()) expect(dx, DType::BF16, N * C, op, "dx");
+  if (dw.defined()) expect(dw, DType::F32, C, op, "dw");
+  Tensor scratch = dw.defined() ? empty({k::column_partial_rows(N) * 2 * C + C}, DType::F32, MemCategory::Workspace)
+                                : Tensor{};
+  float* sums = dw.defined() ? scratch.data<float>() : nullptr;
+  k::rmsnorm_backward(dy.data<bf16>(), x.data<bf16>(), w.data<bf16>(), rstd.data<float>(),
+                      dx.defined() ? dx.data<bf16>() : nullptr, dw.defined() ? dw.data<float>() : nullptr,
+                      sums ? sums + k::column_partial_rows(N) * 2 * C : nullptr, N, C, sums, compute_);
   TRIPOD_CUDA_LAUNCHED("{} dy {} x {} dx {}", op, dy.str(), x.str(), dx.str());
 }
 

@@ -381,22 +381,28 @@ void rmsnorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float*
                       float* db_scratch, int64_t N, int64_t C, float* scratch, cudaStream_t s) {
   if (N == 0) return;
   const unsigned blocks = static_cast<unsigned>((N + kWarps - 1) / kWarps);
-  if (rows_vectorizable(C, {dy, x, w, dx}))
+  if (!dx) {
+    // weight gradients only
+  } else if (rows_vectorizable(C, {dy, x, w, dx}))
     rmsnorm_backward_dx_kernel<8><<<blocks, kThreads, 0, s>>>(dev(dy), dev(x), dev(w), rstd, dev(dx), N, C);
   else
     rmsnorm_backward_dx_kernel<1><<<blocks, kThreads, 0, s>>>(dev(dy), dev(x), dev(w), rstd, dev(dx), N, C);
-  column_sums<true>(dev(dy), dev(x), nullptr, rstd, N, C, dw, db_scratch, scratch, rows_vectorizable(C, {dy, x}), s);
+  if (dw)
+    column_sums<true>(dev(dy), dev(x), nullptr, rstd, N, C, dw, db_scratch, scratch, rows_vectorizable(C, {dy, x}),
+                      s);
 }
 
 void layernorm_backward(const bf16* dy, const bf16* x, const bf16* w, const float* mean, const float* rstd, bf16* dx,
                         float* dw, float* db, int64_t N, int64_t C, float* scratch, cudaStream_t s) {
   if (N == 0) return;
   const unsigned blocks = static_cast<unsigned>((N + kWarps - 1) / kWarps);
-  if (rows_vectorizable(C, {dy, x, w, dx}))
+  if (!dx) {
+    // weight gradients only
+  } else if (rows_vectorizable(C, {dy, x, w, dx}))
     layernorm_backward_dx_kernel<8><<<blocks, kThreads, 0, s>>>(dev(dy), dev(x), dev(w), mean, rstd, dev(dx), N, C);
   else
     layernorm_backward_dx_kernel<1><<<blocks, kThreads, 0, s>>>(dev(dy), dev(x), dev(w), mean, rstd, dev(dx), N, C);
-  column_sums<true>(dev(dy), dev(x), mean, rstd, N, C, dw, db, scratch, rows_vectorizable(C, {dy, x}), s);
+  if (dw) column_sums<true>(dev(dy), dev(x), mean, rstd, N, C, dw, db, scratch, rows_vectorizable(C, {dy, x}), s);
 }
 
 void bias_grad(const bf16* dy, int64_t N, int64_t O, float* db, float* scratch, cudaStream_t s) {

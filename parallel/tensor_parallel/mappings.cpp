@@ -4,7 +4,7 @@
 namespace tripod {
 
 namespace {
-bool sp(const ParallelContext& par) { return par.sequence_parallel && par.grid.tp() > 1; }
+bool sp(const ParallelContext& par) { return sequence_parallel(par); }
 
 Shape with_rows(const Tensor& t, int64_t rows) {
   Shape s = t.shape();
@@ -12,6 +12,8 @@ Shape with_rows(const Tensor& t, int64_t rows) {
   return s;
 }
 }  // namespace
+
+bool sequence_parallel(const ParallelContext& par) { return par.sequence_parallel && par.grid.tp() > 1; }
 
 int64_t local_tokens(const ParallelContext& par, int64_t n_tokens) {
   return sp(par) ? n_tokens / par.grid.tp() : n_tokens;
@@ -24,14 +26,13 @@ Tensor enter_tp_forward(Ops& ops, const ParallelContext& par, const Tensor& x, M
   return full;
 }
 
-Tensor enter_tp_backward(Ops& ops, const ParallelContext& par, Tensor& dx_full) {
+Tensor enter_tp_backward(Ops& ops, const ParallelContext& par, Tensor& dx_full, MemCategory category) {
   if (par.grid.tp() == 1) return dx_full;
   if (!sp(par)) {
     par.tp->all_reduce(dx_full);
     return dx_full;
   }
-  Tensor slice = ops.empty(with_rows(dx_full, dx_full.size(0) / par.grid.tp()), dx_full.dtype(),
-                           MemCategory::Workspace);
+  Tensor slice = ops.empty(with_rows(dx_full, dx_full.size(0) / par.grid.tp()), dx_full.dtype(), category);
   par.tp->reduce_scatter(dx_full, slice);
   return slice;
 }

@@ -22,13 +22,16 @@ namespace tripod {
 // Returns the full (N, C) input; a new tensor charged to `category` under SP, else x itself.
 Tensor enter_tp_forward(Ops& ops, const ParallelContext& par, const Tensor& x, MemCategory category);
 // dx_full (N, C) -> gradient of the region's input: dx_full reduced in place (no SP) or a new
-// (N/tp, C) reduce-scattered tensor (SP).
-Tensor enter_tp_backward(Ops& ops, const ParallelContext& par, Tensor& dx_full);
+// (N/tp, C) reduce-scattered tensor charged to `category` (SP).
+Tensor enter_tp_backward(Ops& ops, const ParallelContext& par, Tensor& dx_full,
+                         MemCategory category = MemCategory::Workspace);
 // partial (N, C) -> the summed output: partial reduced in place (no SP) or a new (N/tp, C) slice.
 Tensor exit_tp_forward(Ops& ops, const ParallelContext& par, Tensor& partial, MemCategory category);
 // dy as this rank holds it -> the full (N, C) gradient of the partial sums.
 Tensor exit_tp_backward(Ops& ops, const ParallelContext& par, const Tensor& dy);
 
+// Whether the token dimension is split across TP ranks (sequence parallelism with tp > 1).
+bool sequence_parallel(const ParallelContext& par);
 // Tokens of this rank's slice: N / tp under SP, N otherwise.
 int64_t local_tokens(const ParallelContext& par, int64_t n_tokens);
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "kernels/cuda/cuda_ops.h"
@@ -316,6 +317,50 @@ TEST_F(CudaOpsTest, LinearBackward) {
     cpu_->linear_backward(dy, x, w, none, dw, none);
     gpu_->linear_backward(up(dy), up(x), up(w), gdx, gdw, gnone);
     EXPECT_LT(rel_err(down(gdw), dw), 1e-4);
+  }
+}
+
+// The backward split into input and weight halves (zero-bubble pipelines) gives the whole
+// backward's bits on the GPU too.
+TEST_F(CudaOpsTest, BackwardHalvesGiveTheWholeBackwardsBits) {
+  auto same_bits = [&](const Tensor& a, const Tensor& b) {
+    Tensor ha = down(a), hb = down(b);
+    return ha.nbytes() == hb.nbytes() && std::memcmp(ha.raw(), hb.raw(), ha.nbytes()) == 0;
+  };
+  Tensor none;
+  for (auto [N, I, O] : kLinearCases) {
+    Tensor x = up(randn({N, I}, 240)), w = up(randn({O, I}, 241, 0.05f)), dy = up(randn({N, O}, 242));
+    Tensor dw0 = randn({O, I}, 243, 1.f, 0.f, true), db0 = randn({O}, 244, 1.f, 0.f, true);
+    Tensor dx = poison({N, I}), dw = up(dw0, DType::F32), db = up(db0, DType::F32);
+    Tensor dx2 = poison({N, I}), dw2 = up(dw0, DType::F32), db2 = up(db0, DType::F32);
+    gpu_->linear_backward(dy, x, w, dx, dw, db);
+    gpu_->linear_backward_input(dy, w, dx2);
+    gpu_->linear_backward_weight(dy, x, dw2, db2);
+    EXPECT_TRUE(same_bits(dx, dx2)) << N << " " << I << " " << O;
+    EXPECT_TRUE(same_bits(dw, dw2)) << N << " " << I << " " << O;
+    EXPECT_TRUE(same_bits(db, db2)) << N << " " << I << " " << O;
+  }
+  for (auto [N, C] : {std::pair<int64_t, int64_t>{7, 32}, {33, 100}, {300, 1024}}) {
+    Tensor x = randn({N, C}, 250, 1.f, 0.5f), w = randn({C}, 251, 0.1f, 1.f), b = randn({C}, 252, 0.1f);
+    Tensor gx = up(x), gw = up(w), gb = up(b), dy = up(randn({N, C}, 253)), dx0 = randn({N, C}, 254);
+    Tensor dw0 = randn({C}, 255, 1.f, 0.f, true), db0 = randn({C}, 256, 1.f, 0.f, true);
+    Tensor y = poison({N, C}), mean = poison({N}, DType::F32), rstd = poison({N}, DType::F32);
+    gpu_->layernorm_forward(gx, gw, gb, 1e-5f, y, mean, rstd);
+    Tensor dx = up(dx0), dw = up(dw0, DType::F32), db = up(db0, DType::F32);
+    Tensor dx2 = up(dx0), dw2 = up(dw0, DType::F32), db2 = up(db0, DType::F32);
+    gpu_->layernorm_backward(dy, gx, gw, mean, rstd, dx, dw, db);
+    gpu_->layernorm_backward(dy, gx, gw, mean, rstd, dx2, none, none);
+    gpu_->layernorm_backward(dy, gx, gw, mean, rstd, none, dw2, db2);
+    EXPECT_TRUE(same_bits(dx, dx2)) << "layernorm " << N << "x" << C;
+    EXPECT_TRUE(same_bits(dw, dw2)) << "layernorm " << N << "x" << C;
+    EXPECT_TRUE(same_bits(db, db2)) << "layernorm " << N << "x" << C;
+    gpu_->rmsnorm_forward(gx, gw, 1e-6f, y, rstd);
+    Tensor rdx = up(dx0), rdw = up(dw0, DType::F32), rdx2 = up(dx0), rdw2 = up(dw0, DType::F32);
+    gpu_->rmsnorm_backward(dy, gx, gw, rstd, rdx, rdw);
+    gpu_->rmsnorm_backward(dy, gx, gw, rstd, rdx2, none);
+    gpu_->rmsnorm_backward(dy, gx, gw, rstd, none, rdw2);
+    EXPECT_TRUE(same_bits(rdx, rdx2)) << "rmsnorm " << N << "x" << C;
+    EXPECT_TRUE(same_bits(rdw, rdw2)) << "rmsnorm " << N << "x" << C;
   }
 }
 

@@ -1,5 +1,6 @@
 // Every CPU op against a double-precision reference: forwards directly, backwards against
 // central finite differences of the reference forward.
+#include <cstring>
 #include <functional>
 
 #include "kernels/op.h"
@@ -332,6 +333,68 @@ TEST_F(CpuKernels, RmsNormForwardBackward) {
   for (size_t i = 0; i < gw.size(); ++i) gw[i] += dw0[i];
   EXPECT_CLOSE(dx, gx, 1e-4, 1e-4);
   EXPECT_CLOSE(dw, gw, 1e-4, 1e-4);
+}
+
+// ---- the backward split into input and weight halves (zero-bubble pipelines) --------------------
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+Tensor clone(const Tensor& t) {
+  Tensor c = host_tensor(t.shape());
+  std::memcpy(c.raw(), t.raw(), t.nbytes());
+  return c;
+}
+
+TEST_F(CpuKernels, BackwardHalvesGiveTheWholeBackwardsBits) {
+  // Sizes past one column block of each kernel's parameter reductions (64 and 256 columns).
+  const int64_t N = 9, C = 70, O = 300;
+  Tensor none;
+  {  // linear, with and without bias
+    Tensor x = random_tensor({N, C}, 201), w = random_tensor({O, C}, 202), dy = random_tensor({N, O}, 203);
+    for (bool bias : {true, false}) {
+      SCOPED_TRACE(bias ? "linear with bias" : "linear");
+      Tensor dx = host_tensor({N, C}), dw = random_tensor({O, C}, 204), db = bias ? random_tensor({O}, 205) : none;
+      Tensor dx2 = host_tensor({N, C}), dw2 = clone(dw), db2 = bias ? clone(db) : none;
+      ops->linear_backward(dy, x, w, dx, dw, db);
+      ops->linear_backward_input(dy, w, dx2);
+      ops->linear_backward_weight(dy, x, dw2, db2);
+      EXPECT_TRUE(same_bits(dx, dx2));
+      EXPECT_TRUE(same_bits(dw, dw2));
+      if (bias) {
+        EXPECT_TRUE(same_bits(db, db2));
+      }
+    }
+  }
+  Tensor x = random_tensor({N, C}, 211), w = random_tensor({C}, 212), b = random_tensor({C}, 213);
+  Tensor dy = random_tensor({N, C}, 214), y = host_tensor({N, C}), mean = host_tensor({N}), rstd = host_tensor({N});
+  {
+    SCOPED_TRACE("layernorm");
+    ops->layernorm_forward(x, w, b, 1e-5f, y, mean, rstd);
+    Tensor dx = random_tensor({N, C}, 215), dw = random_tensor({C}, 216), db = random_tensor({C}, 217);
+    Tensor dx2 = clone(dx), dw2 = clone(dw), db2 = clone(db);
+    ops->layernorm_backward(dy, x, w, mean, rstd, dx, dw, db);
+    Tensor dw_before = clone(dw2), dx_before = clone(dx2);
+    ops->layernorm_backward(dy, x, w, mean, rstd, dx2, none, none);
+    EXPECT_TRUE(same_bits(dw2, dw_before));  // the input half leaves the parameters' gradients alone
+    ops->layernorm_backward(dy, x, w, mean, rstd, none, dw2, db2);
+    EXPECT_TRUE(same_bits(dx, dx2));
+    EXPECT_TRUE(same_bits(dw, dw2));
+    EXPECT_TRUE(same_bits(db, db2));
+    EXPECT_FALSE(same_bits(dx2, dx_before));
+  }
+  {
+    SCOPED_TRACE("rmsnorm");
+    ops->rmsnorm_forward(x, w, 1e-6f, y, rstd);
+    Tensor dx = random_tensor({N, C}, 218), dw = random_tensor({C}, 219);
+    Tensor dx2 = clone(dx), dw2 = clone(dw);
+    ops->rmsnorm_backward(dy, x, w, rstd, dx, dw);
+    Tensor dw_before = clone(dw2);
+    ops->rmsnorm_backward(dy, x, w, rstd, dx2, none);
+    EXPECT_TRUE(same_bits(dw2, dw_before));
+    ops->rmsnorm_backward(dy, x, w, rstd, none, dw2);
+    EXPECT_TRUE(same_bits(dx, dx2));
+    EXPECT_TRUE(same_bits(dw, dw2));
+  }
 }
 
 // ---- rotary embeddings ------------------------------------------------------------------------

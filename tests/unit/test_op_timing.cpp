@@ -118,6 +118,8 @@ TEST(OpTiming, EveryOpCountsOnceInItsFamily) {
       {"swiglu_backward", OpFamily::Gelu, [&] { o.swiglu_backward(gu, dyf, dgu); }},
       {"linear_forward", OpFamily::Gemm, [&] { o.linear_forward(x, wl, bias, y); }},
       {"linear_backward", OpFamily::Gemm, [&] { o.linear_backward(x2, x, wl, dx, dwl, db); }},
+      {"linear_backward_input", OpFamily::Gemm, [&] { o.linear_backward_input(x2, wl, dx); }},
+      {"linear_backward_weight", OpFamily::Gemm, [&] { o.linear_backward_weight(x2, x, dwl, db); }},
       {"gelu_forward", OpFamily::Gelu, [&] { o.gelu_forward(x, y); }},
       {"gelu_backward", OpFamily::Gelu, [&] { o.gelu_backward(x, x2, dx); }},
       {"attention_forward", OpFamily::Attention, [&] { o.attention_forward(qkv, att, lse, probs); }},
