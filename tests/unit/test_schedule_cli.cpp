@@ -142,8 +142,9 @@ TEST_F(ScheduleCli, ZeroBubbleKindsPrintIdleAndMemory) {
       EXPECT_DOUBLE_EQ(rank["idle"].get<double>(), j["makespan"].get<double>() - rank["busy"].get<double>());
       EXPECT_GT(rank["peak_memory"].get<double>(), 0);
     }
-    if (std::string(kind) == "zb-h1")
+    if (std::string(kind) == "zb-h1") {
       for (const auto& rank : j["ranks"]) EXPECT_DOUBLE_EQ(rank["idle"].get<double>(), 3.0);  // p-1
+    }
     if (std::string(kind) == "auto") {
       EXPECT_FALSE(j["auto"]["chosen"].get<std::string>().empty());
       EXPECT_GT(j["auto"]["candidates"].size(), 4u);
@@ -163,7 +164,7 @@ TEST_F(ScheduleCli, PyTorchCsvRunsAndWritesBack) {
   // A torchtitan-style compute_only CSV (ZB-V order for pp = 2, m = 2, idle steps as empty cells).
   fs::path pt = write("zbv.csv",
                       "0F0,0F1,,3F0,3I0,3W0,3F1,3I1,3W1,0I0,0W0,0I1,0W1\n"
-                      ",1F0,2F0,2I0,1F1,2W0,2F1,2I1,1I0,2W1,1W0,1I1,1W1\n");
+                      ",1F0,2F0,1F1,2F1,2I0,2W0,1I0,1W0,2I1,2W1,1I1,1W1\n");
   Result r = run("--csv " + pt.string() + " --json");
   ASSERT_EQ(r.rc, 0) << r.err;
   nlohmann::json j = nlohmann::json::parse(r.out);
@@ -174,7 +175,7 @@ TEST_F(ScheduleCli, PyTorchCsvRunsAndWritesBack) {
   Result w = run("--csv " + pt.string() + " --save-csv " + back.string() + " --save-format pytorch");
   ASSERT_EQ(w.rc, 0) << w.err;
   EXPECT_EQ(slurp(back), "0F0,0F1,3F0,3I0,3W0,3F1,3I1,3W1,0I0,0W0,0I1,0W1\n"
-                         "1F0,2F0,2I0,1F1,2W0,2F1,2I1,1I0,2W1,1W0,1I1,1W1\n");
+                         "1F0,2F0,1F1,2F1,2I0,2W0,1I0,1W0,2I1,2W1,1I1,1W1\n");
   fs::path tri = dir_ / "tri.csv";
   ASSERT_EQ(run("--csv " + back.string() + " --save-csv " + tri.string()).rc, 0);
   Result again = run("--csv " + tri.string() + " --json");

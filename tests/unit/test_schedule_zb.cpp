@@ -222,8 +222,10 @@ TEST(ZeroBubbleValidator, MessagesAndLastWeightGradient) {
   PipePlan plan = plan_pipeline(s);
   for (const PipeMessage& msg : plan.messages) {
     EXPECT_NE(msg.src.kind, ActionKind::Weight);
-    if (msg.grad) EXPECT_EQ(msg.src.kind, ActionKind::Input);
-    if (msg.grad) EXPECT_EQ(msg.dst.kind, ActionKind::Input);
+    if (msg.grad) {
+      EXPECT_EQ(msg.src.kind, ActionKind::Input);
+      EXPECT_EQ(msg.dst.kind, ActionKind::Input);
+    }
   }
   // Gradients are final after the chunk's last W (or B).
   EXPECT_EQ(plan.last_backward[0][0], 5);
@@ -296,7 +298,9 @@ TEST(AutoSchedule, NeverWorseThanTheBestFixedScheduleWithinTheCap) {
     for (const char* k : {"gpipe", "1f1b", "zb-h1", "zb-h2"}) {
       Schedule f = build_schedule(k, c.p, 1, c.m);
       Simulation fs = simulate(f, plan_pipeline(f), pc, sc);
-      if (fs.peak_memory <= c.p + 1e-9) EXPECT_LE(mine.makespan, fs.makespan + 1e-9) << k;
+      if (fs.peak_memory <= c.p + 1e-9) {
+        EXPECT_LE(mine.makespan, fs.makespan + 1e-9) << k;
+      }
     }
     // With twice the memory it may only get better.
     AutoSchedule roomy = auto_schedule(c.p, 1, Placement::Loop, c.m, sc, 0, 2 * c.p);
