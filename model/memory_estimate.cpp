@@ -139,7 +139,7 @@ int64_t activation_peak(const Schedule& schedule, const PipePlan& plan, int pp_r
   std::vector<int> first_f(M, -1), last_b(M, -1);
   for (int i = 0; i < static_cast<int>(list.size()); ++i) {
     if (list[i].forward() && first_f[list[i].mb] < 0) first_f[list[i].mb] = i;
-    if (!list[i].forward()) last_b[list[i].mb] = i;
+    if (list[i].weight_grad()) last_b[list[i].mb] = i;
   }
   int64_t live = 0, peak = 0;
   for (const PlanOp& op : plan.ranks[pp_rank]) {
@@ -162,9 +162,14 @@ int64_t activation_peak(const Schedule& schedule, const PipePlan& plan, int pp_r
       int64_t base = live - (input_here ? c.input : 0);
       peak = std::max(peak, base + c.forward_peak);
       live = base + c.input + c.held + c.output;
+    } else if (a.kind == ActionKind::Input) {
+      // A split backward's I runs like a backward but keeps what W needs: each weight GEMM's
+      // input and output gradient, which in these blocks add up to what the forward kept
+      // (kWeightMemoryFraction in parallel/pipeline/simulate.h); its W frees them.
+      peak = std::max(peak, live - c.input - c.held + c.backward_peak);
     } else {
       int64_t base = live - c.input - c.held;
-      peak = std::max(peak, base + c.backward_peak);
+      if (a.kind == ActionKind::Backward) peak = std::max(peak, base + c.backward_peak);
       live = base;
       if (op.index == last_b[a.mb]) live -= token_bytes;
     }

@@ -14,10 +14,10 @@ namespace tripod {
 namespace {
 
 // Where the ranks of each axis sit: tp fastest, then dp, then pp; nodes of g consecutive ranks.
-struct Placement {
+struct GpuPlacement {
   bool tp_intra, dp_intra, pp_intra;
 };
-Placement place(const ParallelConfig& p, int g) {
+GpuPlacement place(const ParallelConfig& p, int g) {
   return {p.tp <= g, p.tp * p.dp <= g, p.tp * p.dp * p.pp <= g};
 }
 
@@ -94,7 +94,7 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra) {
 std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
   const ParallelConfig& p = cfg.parallel;
   const LayerShape s = shape_of(cfg, hw);
-  const Placement pl = place(p, hw.gpus_per_node);
+  const GpuPlacement pl = place(p, hw.gpus_per_node);
   const LayerTimes layer = layer_times(s, hw, pl.tp_intra);
   const std::vector<int> counts = layers_per_stage(cfg.model.n_layers, p.pp, p.vp, p.layers_per_stage);
   const int stages = static_cast<int>(counts.size());
@@ -155,7 +155,7 @@ std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
 StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
   const ParallelConfig& p = cfg.parallel;
   const LayerShape s = shape_of(cfg, hw);
-  const Placement pl = place(p, hw.gpus_per_node);
+  const GpuPlacement pl = place(p, hw.gpus_per_node);
   StepPrediction out;
   out.stages = stage_times(cfg, hw);
 

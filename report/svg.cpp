@@ -31,7 +31,14 @@ std::string xml_escape(const std::string& text) {
 std::string action_fill(const Action& a) {
   // Golden-angle hue steps keep neighbouring micro-batches far apart on the colour wheel.
   const double hue = std::fmod(a.mb * 137.508, 360.0);
-  return a.forward() ? fmt::format("hsl({:.0f},70%,78%)", hue) : fmt::format("hsl({:.0f},55%,42%)", hue);
+  // F light, B dark; a split backward's I a shade lighter than B, its W greyed (it fills gaps).
+  switch (a.kind) {
+    case ActionKind::Forward: return fmt::format("hsl({:.0f},70%,78%)", hue);
+    case ActionKind::Backward: return fmt::format("hsl({:.0f},55%,42%)", hue);
+    case ActionKind::Input: return fmt::format("hsl({:.0f},60%,55%)", hue);
+    case ActionKind::Weight: return fmt::format("hsl({:.0f},18%,62%)", hue);
+  }
+  return "#999";
 }
 
 namespace {

@@ -123,6 +123,11 @@ MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
     sched.pp = sh.at("pp").get<int>();
     sched.vp = sh.at("vp").get<int>();
     sched.microbatches = sh.at("microbatches").get<int>();
+    const std::string placement = sh.value("placement", "loop");
+    auto p = parse_placement(placement);
+    TRIPOD_INPUT_CHECK(p.has_value(), "{}: placement '{}' in the header is unknown (valid: loop, v)", latest->path,
+                       placement);
+    sched.placement = *p;
   } catch (const json::exception& e) {
     throw InputError(fmt::format("{}: bad schedule in the header ({})", latest->path, e.what()));
   }
@@ -168,8 +173,8 @@ MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
   if (used.size() > 1) used.erase(used.begin());
   sum.steps_used = static_cast<int64_t>(used.size());
   sum.drawn_step = window.empty() ? -1 : window.rbegin()->first;
-  double f_sum = 0, b_sum = 0;
-  int64_t f_n = 0, b_n = 0;
+  double f_sum = 0, b_sum = 0, i_sum = 0, w_sum = 0;
+  int64_t f_n = 0, b_n = 0, i_n = 0, w_n = 0;
   for (const RankTrace* t : ranks) {
     TraceRankSummary rs;
     rs.rank = t->header.at("rank").get<int>();
@@ -180,8 +185,11 @@ MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
     for (const auto& e : t->events) {
       if (!is_compute(e.cat) || !used.count(e.step)) continue;
       busy[e.step] += e.dur;
-      (e.cat == "forward" ? f_sum : b_sum) += e.dur;
-      ++(e.cat == "forward" ? f_n : b_n);
+      // Split backwards (I, W) are timed apart: the ideal needs both.
+      auto a = parse_action(e.name);
+      const ActionKind k = a ? a->kind : e.cat == "forward" ? ActionKind::Forward : ActionKind::Backward;
+      (k == ActionKind::Forward ? f_sum : k == ActionKind::Input ? i_sum : k == ActionKind::Weight ? w_sum : b_sum) += e.dur;
+      ++(k == ActionKind::Forward ? f_n : k == ActionKind::Input ? i_n : k == ActionKind::Weight ? w_n : b_n);
     }
     for (const auto& [step, w] : used) {
       const double span = w.second - w.first;
@@ -190,13 +198,17 @@ MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
     sum.ranks.push_back(rs);
   }
   sum.mean_forward_us = f_n ? f_sum / f_n : 0;
-  sum.mean_backward_us = b_n ? b_sum / b_n : 0;
+  const double mean_i = i_n ? i_sum / i_n : 0, mean_w = w_n ? w_sum / w_n : 0;
+  sum.mean_backward_us = b_n ? b_sum / b_n : mean_i + mean_w;
 
   // The ideal: the simulator on the same schedule with the measured mean costs, free messages.
   bool complete = std::all_of(have.begin(), have.end(), [](char h) { return h != 0; });
-  if (complete && f_n && b_n) {
+  if (complete && f_n && (b_n || (i_n && w_n))) {
     try {
-      Simulation sim = simulate(sched, PipeCosts{sum.mean_forward_us, sum.mean_backward_us, 0});
+      PipeCosts costs{sum.mean_forward_us, sum.mean_backward_us, 0};
+      // W's share of a backward as measured (B's time split in the same ratio).
+      if (i_n && w_n && mean_i + mean_w > 0) costs.weight = sum.mean_backward_us * mean_w / (mean_i + mean_w);
+      Simulation sim = simulate(sched, costs);
       for (auto& rs : sum.ranks) rs.ideal_idle = sim.ranks[rs.coords.pp].bubble;
     } catch (const InputError&) {
       // A schedule the validator refuses has no ideal; the measured figures still stand.

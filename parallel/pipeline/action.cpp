@@ -7,7 +7,17 @@
 
 namespace tripod {
 
-std::string Action::str() const { return fmt::format("{}{}.{}", forward() ? 'F' : 'B', mb, chunk); }
+char action_letter(ActionKind kind) {
+  switch (kind) {
+    case ActionKind::Forward: return 'F';
+    case ActionKind::Backward: return 'B';
+    case ActionKind::Input: return 'I';
+    case ActionKind::Weight: return 'W';
+  }
+  return '?';
+}
+
+std::string Action::str() const { return fmt::format("{}{}.{}", action_letter(kind), mb, chunk); }
 
 namespace {
 
@@ -30,9 +40,15 @@ std::optional<int> parse_index(std::string_view s) {
 
 std::optional<Action> parse_action(std::string_view text) {
   std::string_view s = trim(text);
-  if (s.size() < 2 || (s[0] != 'F' && s[0] != 'B')) return std::nullopt;
+  if (s.size() < 2) return std::nullopt;
   Action a;
-  a.kind = s[0] == 'F' ? ActionKind::Forward : ActionKind::Backward;
+  switch (s[0]) {
+    case 'F': a.kind = ActionKind::Forward; break;
+    case 'B': a.kind = ActionKind::Backward; break;
+    case 'I': a.kind = ActionKind::Input; break;
+    case 'W': a.kind = ActionKind::Weight; break;
+    default: return std::nullopt;
+  }
   s.remove_prefix(1);
   auto dot = s.find('.');
   auto mb = parse_index(s.substr(0, dot));

@@ -1,10 +1,17 @@
-// Pipeline actions and schedules as data: an action is {F|B, micro-batch, model chunk}, printed
-// "F3.1" (forward of micro-batch 3 on the rank's local chunk 1); a schedule is, per pipeline rank,
-// the list of actions it runs, in order.
+// Pipeline actions and schedules as data: an action is {F|B|I|W, micro-batch, model chunk},
+// printed "F3.1" (forward of micro-batch 3 on the rank's local chunk 1); a schedule is, per
+// pipeline rank, the list of actions it runs, in order.
 //
-// Chunks and virtual stages: the model is cut into pp*vp virtual stages; local chunk c of
-// pipeline rank r is virtual stage c*pp + r (see model/gpt.h). Example pp=2, vp=2: rank 0 holds
-// stages 0 and 2, rank 1 holds stages 1 and 3; F5.1 on rank 0 is micro-batch 5 through stage 2.
+// The backward of a (micro-batch, chunk) is either one B, or split in two (the zero-bubble
+// schedules, Qi et al. 2023): I computes the gradient with respect to the chunk's input (what the
+// previous stage waits for) and keeps what the weight gradients need; W, any time later, computes
+// the weight gradients from it. B = I then W at once.
+//
+// Chunks and virtual stages: the model is cut into pp*vp virtual stages, placed on the ranks by
+// the schedule's placement (parallel/pipeline/placement.h). With the default loop placement local
+// chunk c of pipeline rank r is virtual stage c*pp + r (see model/gpt.h). Example pp=2, vp=2:
+// rank 0 holds stages 0 and 2, rank 1 holds stages 1 and 3; F5.1 on rank 0 is micro-batch 5
+// through stage 2.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +20,17 @@
 #include <string_view>
 #include <vector>
 
+#include "parallel/pipeline/placement.h"
+
 namespace tripod {
 
-enum class ActionKind : uint8_t { Forward, Backward };
+// Forward; Backward (input and weight gradients together); Input (input gradient only, "I");
+// Weight (weight gradients only, "W").
+enum class ActionKind : uint8_t { Forward, Backward, Input, Weight };
+inline constexpr int kActionKinds = 4;
+
+// The letter an action kind prints as: F, B, I or W.
+char action_letter(ActionKind kind);
 
 struct Action {
   ActionKind kind = ActionKind::Forward;
@@ -23,20 +38,29 @@ struct Action {
   int chunk = 0;  // local model chunk, 0..vp-1
 
   bool forward() const { return kind == ActionKind::Forward; }
+  // B or I: computes the input gradient, which goes to the previous stage.
+  bool input_grad() const { return kind == ActionKind::Backward || kind == ActionKind::Input; }
+  // B or W: computes the weight gradients (the chunk's last such action makes them final).
+  bool weight_grad() const { return kind == ActionKind::Backward || kind == ActionKind::Weight; }
   std::string str() const;  // "F3.1"
   bool operator==(const Action&) const = default;
 };
 
 inline Action F(int mb, int chunk = 0) { return {ActionKind::Forward, mb, chunk}; }
 inline Action B(int mb, int chunk = 0) { return {ActionKind::Backward, mb, chunk}; }
+inline Action I(int mb, int chunk = 0) { return {ActionKind::Input, mb, chunk}; }
+inline Action W(int mb, int chunk = 0) { return {ActionKind::Weight, mb, chunk}; }
 
-// "F3.1" -> F(3, 1); "B2" -> B(2, 0) (the chunk may be left out when it is 0). Surrounding
-// whitespace is ignored. nullopt when `text` is not an action.
+// "F3.1" -> F(3, 1); "B2" -> B(2, 0) (the chunk may be left out when it is 0); "I3.1", "W3.1"
+// likewise. Surrounding whitespace is ignored. nullopt when `text` is not an action.
 std::optional<Action> parse_action(std::string_view text);
 
 struct Schedule {
-  std::string kind;  // "gpipe", "1f1b", "interleaved", "forward", or "custom" (loaded from a file)
+  // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev", "auto", "forward", or
+  // "custom" (loaded from a file)
+  std::string kind;
   int pp = 1, vp = 1, microbatches = 1;
+  Placement placement = Placement::Loop;  // where the virtual stages live (placement.h)
   // Forwards only (evaluation): every F, no B; the validator then refuses any B.
   bool forward_only = false;
   std::vector<std::vector<Action>> ranks;  // ranks[r]: pipeline rank r's actions, in order
@@ -46,9 +70,9 @@ struct Schedule {
   std::vector<int> source_lines;
 
   int num_stages() const { return pp * vp; }
-  int stage(int rank, int chunk) const { return chunk * pp + rank; }
-  int rank_of_stage(int stage) const { return stage % pp; }
-  int chunk_of_stage(int stage) const { return stage / pp; }
+  int stage(int rank, int chunk) const { return placement_stage(placement, pp, rank, chunk); }
+  int rank_of_stage(int stage) const { return placement_rank(placement, pp, stage); }
+  int chunk_of_stage(int stage) const { return placement_chunk(placement, pp, stage); }
   // "rank 1", or "rank 1 (my.csv:3)" for a loaded schedule: how errors name a rank.
   std::string where(int rank) const;
 };

@@ -14,12 +14,24 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, Communicator* pp, int pp_r
                  "pipeline communicator (size {}, rank {}) does not fit the schedule (pp = {}, rank {})",
                  pp_ ? pp_->size() : 0, pp_ ? pp_->rank() : -1, schedule_.pp, rank_);
   }
+  // Split backwards and the V placement are validated and simulated, but the model's I/W split
+  // and the V model build are not wired into this executor yet.
+  TRIPOD_INPUT_CHECK(schedule_.placement == Placement::Loop,
+                     "the {} schedule uses the v placement, which training does not run yet (use a loop-placement "
+                     "schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-h2 once split backwards run)",
+                     schedule_.kind);
+  for (int r = 0; r < schedule_.pp; ++r)
+    for (const Action& a : schedule_.ranks[r])
+      TRIPOD_INPUT_CHECK(a.kind == ActionKind::Forward || a.kind == ActionKind::Backward,
+                         "{}: {}: the {} schedule splits backwards into I and W, which training does not run yet "
+                         "(use B actions: gpipe, 1f1b or interleaved)",
+                         schedule_.where(r), a.str(), schedule_.kind);
   // Where each result goes when the next (or, backward, previous) stage is on this rank too.
   const auto& list = schedule_.ranks[rank_];
   const int S = schedule_.num_stages();
-  std::vector<int> pos(2 * static_cast<size_t>(schedule_.vp) * schedule_.microbatches, -1);
+  std::vector<int> pos(kActionKinds * static_cast<size_t>(schedule_.vp) * schedule_.microbatches, -1);
   auto key = [&](const Action& a) {
-    return (static_cast<size_t>(a.forward() ? 0 : 1) * schedule_.vp + a.chunk) * schedule_.microbatches + a.mb;
+    return (static_cast<size_t>(a.kind) * schedule_.vp + a.chunk) * schedule_.microbatches + a.mb;
   };
   for (int i = 0; i < static_cast<int>(list.size()); ++i) pos[key(list[i])] = i;
   local_next_.assign(list.size(), -1);

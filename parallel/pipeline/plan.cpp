@@ -22,15 +22,19 @@ namespace {
 struct PositionTable {
   int vp = 1, m = 1;
   std::vector<int> pos;
-  PositionTable(int vp_, int m_) : vp(vp_), m(m_), pos(2 * static_cast<size_t>(vp_) * m_, -1) {}
-  int& at(const Action& a) { return pos[(static_cast<size_t>(a.forward() ? 0 : 1) * vp + a.chunk) * m + a.mb]; }
-  int get(const Action& a) const { return pos[(static_cast<size_t>(a.forward() ? 0 : 1) * vp + a.chunk) * m + a.mb]; }
+  PositionTable(int vp_, int m_) : vp(vp_), m(m_), pos(kActionKinds * static_cast<size_t>(vp_) * m_, -1) {}
+  size_t key(const Action& a) const { return (static_cast<size_t>(a.kind) * vp + a.chunk) * m + a.mb; }
+  int& at(const Action& a) { return pos[key(a)]; }
+  int get(const Action& a) const { return pos[key(a)]; }
+  // The action computing the input gradient of (mb, chunk) on this rank: its B, else its I.
+  Action input_grad(int mb, int chunk) const { return get(B(mb, chunk)) >= 0 ? B(mb, chunk) : I(mb, chunk); }
 };
 
 const char* payload(bool grad) { return grad ? "gradient" : "activation"; }
 
-// Checks each rank's list on its own: ranges, duplicates, missing actions, and the dependencies
-// whose two ends are on this rank. Returns the position tables.
+// Checks each rank's list on its own: ranges, duplicates, the dependencies whose two ends are on
+// this rank (in list order, so the first broken one is named), and missing actions. Returns the
+// position tables.
 std::vector<PositionTable> check_lists(const Schedule& s) {
   TRIPOD_INPUT_CHECK(s.pp >= 1 && s.vp >= 1 && s.microbatches >= 1,
                      "schedule: pp = {}, vp = {}, microbatches = {}: each must be at least 1", s.pp, s.vp,
@@ -40,6 +44,9 @@ std::vector<PositionTable> check_lists(const Schedule& s) {
   TRIPOD_INPUT_CHECK(static_cast<long long>(s.pp) * s.vp * s.microbatches <= kMaxSchedulePairs,
                      "schedule: pp = {} x vp = {} x microbatches = {} is too large (at most {} pairs)", s.pp, s.vp,
                      s.microbatches, kMaxSchedulePairs);
+  TRIPOD_INPUT_CHECK(s.placement != Placement::V || s.vp == 2,
+                     "{}placement v puts exactly 2 model chunks on each pipeline rank, but the schedule has vp = {}",
+                     s.source.empty() ? "" : s.source + ": ", s.vp);
   std::vector<PositionTable> tables;
   for (int r = 0; r < s.pp; ++r) {
     PositionTable t(s.vp, s.microbatches);
@@ -50,50 +57,70 @@ std::vector<PositionTable> check_lists(const Schedule& s) {
                          s.where(r), a.str(), a.mb, s.microbatches);
       TRIPOD_INPUT_CHECK(a.chunk < s.vp, "{}: {}: chunk {} is out of range (vp = {} chunks per rank)", s.where(r),
                          a.str(), a.chunk, s.vp);
+      TRIPOD_INPUT_CHECK(!s.forward_only || a.forward(), "{}: {} in a forward-only schedule (it runs forwards only)",
+                         s.where(r), a.str());
       TRIPOD_INPUT_CHECK(t.at(a) < 0, "{}: {} appears twice (positions {} and {})", s.where(r), a.str(),
                          t.at(a) + 1, i + 1);
       t.at(a) = i;
     }
-    for (int c = 0; c < s.vp; ++c)
-      for (int mb = 0; mb < s.microbatches; ++mb) {
-        if (s.forward_only)
-          TRIPOD_INPUT_CHECK(t.get(B(mb, c)) < 0, "{}: {} in a forward-only schedule (it runs forwards only)",
-                             s.where(r), B(mb, c).str());
-        for (Action a : {F(mb, c), B(mb, c)}) {
-          if (s.forward_only && !a.forward()) continue;
-          TRIPOD_INPUT_CHECK(t.get(a) >= 0,
-                             "{}: {} is missing (every rank runs F and B of each of the {} micro-batches on each of "
-                             "its {} chunks)",
-                             s.where(r), a.str(), s.microbatches, s.vp);
-        }
-      }
     tables.push_back(std::move(t));
   }
-  // Dependencies within one rank, checked in list order so the first broken one is named.
+  // Dependencies within one rank, in list order.
   const int S = s.num_stages();
   for (int r = 0; r < s.pp; ++r) {
     const auto& list = s.ranks[r];
     const auto& t = tables[r];
+    // `a` at position i needs `need` earlier on this rank; `why` explains, "" for nothing.
+    auto require = [&](int i, const Action& a, const Action& need, const std::string& why) {
+      const int at = t.get(need);
+      TRIPOD_INPUT_CHECK(at >= 0, "{}: {} without {}{}", s.where(r), a.str(), need.str(), why);
+      TRIPOD_INPUT_CHECK(at < i, "{}: {} before {}{}", s.where(r), a.str(), need.str(), why);
+    };
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const Action& a = list[i];
       const int st = s.stage(r, a.chunk);
       if (a.forward()) {
         if (st > 0 && s.rank_of_stage(st - 1) == r) {
+          // A missing F of the previous stage is named by the completeness check below.
           Action need = F(a.mb, s.chunk_of_stage(st - 1));
-          TRIPOD_INPUT_CHECK(t.get(need) < i, "{}: {} before {} (virtual stage {} takes the output of stage {})",
-                             s.where(r), a.str(), need.str(), st, st - 1);
+          if (t.get(need) >= 0)
+            require(i, a, need, fmt::format(" (virtual stage {} takes the output of stage {})", st, st - 1));
         }
-      } else {
-        Action fwd = F(a.mb, a.chunk);
-        TRIPOD_INPUT_CHECK(t.get(fwd) < i, "{}: {} before {}", s.where(r), a.str(), fwd.str());
+      } else if (a.input_grad()) {
+        require(i, a, F(a.mb, a.chunk), "");
         if (st + 1 < S && s.rank_of_stage(st + 1) == r) {
-          Action need = B(a.mb, s.chunk_of_stage(st + 1));
-          TRIPOD_INPUT_CHECK(t.get(need) < i,
-                             "{}: {} before {} (virtual stage {} needs the gradient from stage {})", s.where(r),
-                             a.str(), need.str(), st, st + 1);
+          Action need = t.input_grad(a.mb, s.chunk_of_stage(st + 1));
+          if (t.get(need) >= 0)
+            require(i, a, need, fmt::format(" (virtual stage {} needs the gradient from stage {})", st, st + 1));
         }
+      } else {  // W
+        TRIPOD_INPUT_CHECK(t.get(B(a.mb, a.chunk)) < 0,
+                           "{}: {} and {}: the backward of a micro-batch is one B, or an I and then a W, not both",
+                           s.where(r), B(a.mb, a.chunk).str(), a.str());
+        require(i, a, I(a.mb, a.chunk), " (W computes the weight gradients from what I keeps)");
       }
     }
+  }
+  // Every (micro-batch, chunk): one F, and one B or one I and one W.
+  for (int r = 0; r < s.pp; ++r) {
+    const auto& t = tables[r];
+    for (int c = 0; c < s.vp; ++c)
+      for (int mb = 0; mb < s.microbatches; ++mb) {
+        TRIPOD_INPUT_CHECK(t.get(F(mb, c)) >= 0,
+                           "{}: {} is missing (every rank runs F and B, or F, I and W, of each of the {} micro-batches "
+                           "on each of its {} chunks)",
+                           s.where(r), F(mb, c).str(), s.microbatches, s.vp);
+        if (s.forward_only) continue;
+        const bool b = t.get(B(mb, c)) >= 0, i = t.get(I(mb, c)) >= 0, w = t.get(W(mb, c)) >= 0;
+        TRIPOD_INPUT_CHECK(!(b && i), "{}: {} and {}: the backward of a micro-batch is one B, or an I and then a W, "
+                           "not both", s.where(r), B(mb, c).str(), I(mb, c).str());
+        TRIPOD_INPUT_CHECK(b || i,
+                           "{}: {} is missing (every rank runs F and B, or F, I and W, of each of the {} micro-batches "
+                           "on each of its {} chunks)",
+                           s.where(r), B(mb, c).str(), s.microbatches, s.vp);
+        TRIPOD_INPUT_CHECK(!i || w, "{}: {} is missing ({} runs, and its weight gradients are computed only by a W)",
+                           s.where(r), W(mb, c).str(), I(mb, c).str());
+      }
   }
   return tables;
 }
@@ -113,17 +140,19 @@ void add_messages(const Schedule& s, const std::vector<PositionTable>& tables, P
     for (int i = 0; i < static_cast<int>(list.size()); ++i) {
       const Action& a = list[i];
       const int st = s.stage(r, a.chunk);
-      if (!a.forward()) plan.last_backward[r][a.chunk] = i;
+      if (a.weight_grad()) plan.last_backward[r][a.chunk] = i;
+      if (a.kind == ActionKind::Weight) continue;  // W sends nothing
       const int to_stage = a.forward() ? st + 1 : st - 1;
       if (to_stage < 0 || to_stage >= S) continue;
       const int to_rank = s.rank_of_stage(to_stage);
       if (to_rank == r) continue;  // handed over in memory
+      const int to_chunk = s.chunk_of_stage(to_stage);
       PipeMessage msg;
       msg.src_rank = r;
       msg.dst_rank = to_rank;
       msg.src_index = i;
       msg.src = a;
-      msg.dst = a.forward() ? F(a.mb, s.chunk_of_stage(to_stage)) : B(a.mb, s.chunk_of_stage(to_stage));
+      msg.dst = a.forward() ? F(a.mb, to_chunk) : tables[to_rank].input_grad(a.mb, to_chunk);
       msg.dst_index = tables[to_rank].get(msg.dst);
       msg.grad = !a.forward();
       // MPI guarantees tags up to 32767; with the order checked below a repeated tag still matches.
@@ -257,6 +286,7 @@ int plan_peak_buffers(const PipePlan& plan, const Schedule& s, int rank) {
         const Action& a = s.ranks[rank][op.index];
         const int st = s.stage(rank, a.chunk);
         // Consumes its input (received or handed over), if it has one.
+        if (a.kind == ActionKind::Weight) break;  // W neither takes nor gives a pipeline tensor
         const bool has_input = a.forward() ? st > 0 : st + 1 < S;
         if (has_input) --held;
         const bool has_output = a.forward() ? st + 1 < S : st > 0;

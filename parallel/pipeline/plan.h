@@ -5,12 +5,12 @@
 // Point-to-point semantics (what PipelineExecutor does, and what simulate() models exactly):
 //  - Each rank runs its actions one at a time in list order.
 //  - Action i's input (the activation entering its virtual stage for F, the gradient of its
-//    output for B) arrives from the neighbouring stage's rank, or is handed over in memory when
+//    output for B or I; W has none) arrives from the neighbouring stage's rank, or is handed over in memory when
 //    that stage is on the same rank. The receive for action i is posted (non-blocking) when
 //    action i-1 starts, so one receive is always in flight ahead; the rank blocks only in the
 //    wait just before action i.
-//  - After an action, its result (F: the output, to stage s+1; B: the input gradient, to stage
-//    s-1) is sent with a non-blocking send; the rank does not wait for it there.
+//  - After an action, its result (F: the output, to stage s+1; B or I: the input gradient, to
+//    stage s-1; W: nothing) is sent with a non-blocking send; the rank does not wait for it there.
 //  - A send is waited on (its buffer freed) as soon as the sender has received a message that
 //    the receiver sent after consuming it, so such a wait never blocks on the peer; the sends
 //    left are waited on after the rank's last action.
@@ -54,14 +54,17 @@ struct PipePlan {
   // Per rank and action: the message bringing its input and the message taking its result away
   // (-1 when there is none or it is handed over in memory on the same rank).
   std::vector<std::vector<int>> recv_msg, send_msg;
-  // Per rank: the position of the last backward of each chunk (its gradients are final then).
+  // Per rank: the position of the last B or W of each chunk (its weight gradients are final then).
   std::vector<std::vector<int>> last_backward;
 };
 
 // Validates `schedule` and builds its plan. Throws InputError naming the first problem: a
-// malformed list ("rank 1: F2.0 appears twice", "rank 0: B3.1 is missing"), a dependency broken
-// on one rank ("rank 1: B2.0 before F2.0"), messages consumed out of order, or a deadlock cycle
-// across ranks.
+// malformed list ("rank 1: F2.0 appears twice", "rank 0: B3.1 is missing", "rank 0: B3.1 and
+// I3.1: ..."), a dependency broken on one rank ("rank 1: B2.0 before F2.0", "rank 1: W2.0 before
+// I2.0", "rank 1: I2.0 without F2.0"), messages consumed out of order, or a deadlock cycle across
+// ranks. The rules for split backwards: per (micro-batch, chunk) exactly one F and either one B
+// or one I and one W; I (like B) after its F and after the input gradient of the next stage; W
+// after its I.
 PipePlan plan_pipeline(const Schedule& schedule);
 inline void validate_schedule(const Schedule& schedule) { (void)plan_pipeline(schedule); }
 

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "parallel/pipeline/zero_bubble.h"
 
 namespace tripod {
 
@@ -57,42 +58,63 @@ std::vector<Action> interleaved_actions(int pp, int vp, int microbatches, int ra
   return out;
 }
 
-Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches) {
-  const std::optional<ScheduleKind> k = parse_enum<ScheduleKind>(kind);
-  TRIPOD_INPUT_CHECK(k, "schedule kind '{}' is unknown (valid: gpipe, 1f1b, interleaved)", kind);
-  return build_schedule(*k, pp, vp, microbatches);
+Schedule build_schedule(ScheduleKind kind, int pp, int vp, int microbatches, std::optional<Placement> placement) {
+  return build_schedule(enum_name(kind), pp, vp, microbatches, placement);
 }
 
-Schedule build_schedule(ScheduleKind kind, int pp, int vp, int microbatches) {
-  const std::string_view name = enum_name(kind);
+Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches, std::optional<Placement> placement) {
+  const bool v_kind = kind == "zbv" || kind == "dualpipev";
+  TRIPOD_INPUT_CHECK(kind == "gpipe" || kind == "1f1b" || kind == "interleaved" || kind == "zb-h1" ||
+                         kind == "zb-h2" || v_kind || kind == "auto",
+                     "schedule kind '{}' is unknown (valid: {})", kind, kScheduleKinds);
   TRIPOD_INPUT_CHECK(pp >= 1, "pp = {}: the pipeline needs at least 1 stage", pp);
   TRIPOD_INPUT_CHECK(vp >= 1, "vp = {}: each pipeline rank needs at least 1 model chunk", vp);
   TRIPOD_INPUT_CHECK(microbatches >= 1, "microbatches = {}: a step needs at least 1 micro-batch", microbatches);
   TRIPOD_INPUT_CHECK(static_cast<long long>(pp) * vp * microbatches <= kMaxSchedulePairs,
                      "pp = {} x vp = {} x microbatches = {} is too large (at most {} micro-batch/stage pairs)", pp,
                      vp, microbatches, kMaxSchedulePairs);
-  if (kind != ScheduleKind::Interleaved) {
-    TRIPOD_INPUT_CHECK(vp == 1, "vp = {}: the {} schedule runs one model chunk per rank; use vp = 1 or the interleaved "
-                       "schedule", vp, name);
+  if (v_kind) {
+    TRIPOD_INPUT_CHECK(vp == 2, "vp = {}: the {} schedule places 2 model chunks on each rank in a V (use vp = 2)", vp,
+                       kind);
+    TRIPOD_INPUT_CHECK(placement.value_or(Placement::V) == Placement::V,
+                       "placement loop: the {} schedule needs the v placement (chunk 0 of rank r is stage r, chunk 1 "
+                       "is stage 2pp-1-r)", kind);
+  } else if (kind == "auto") {
+    check_placement(placement.value_or(Placement::Loop), vp);
   } else {
+    TRIPOD_INPUT_CHECK(placement.value_or(Placement::Loop) == Placement::Loop,
+                       "placement v: the {} schedule runs on the loop placement (the V placement's schedules are zbv "
+                       "and dualpipev)", kind);
+  }
+  if (kind == "interleaved") {
     TRIPOD_INPUT_CHECK(vp >= 2, "vp = 1: the interleaved schedule needs vp >= 2 model chunks per rank (with one "
                        "chunk use the 1f1b schedule)");
     TRIPOD_INPUT_CHECK(microbatches % pp == 0,
                        "microbatches = {} is not a multiple of pp = {}: the interleaved schedule runs micro-batches "
                        "in groups of pp (use a multiple of {}, e.g. {} or {})",
                        microbatches, pp, pp, std::max(1, microbatches / pp) * pp, (std::max(1, microbatches / pp) + 1) * pp);
+  } else if (!v_kind && kind != "auto") {
+    TRIPOD_INPUT_CHECK(vp == 1, "vp = {}: the {} schedule runs one model chunk per rank; use vp = 1 or the interleaved "
+                       "schedule", vp, kind);
   }
+  if (kind == "zb-h1") return zb_h1_schedule(pp, microbatches);
+  if (kind == "zb-h2") return zb_h2_schedule(pp, microbatches);
+  if (kind == "zbv") return zbv_schedule(pp, microbatches);
+  if (kind == "dualpipev") return dualpipev_schedule(pp, microbatches);
+  if (kind == "auto")
+    return auto_schedule(pp, vp, placement.value_or(Placement::Loop), microbatches, StageCosts{}, 0, 0).schedule;
   Schedule s;
-  s.kind = std::string(name);
+  s.kind = std::string(kind);
   s.pp = pp;
   s.vp = vp;
   s.microbatches = microbatches;
   for (int r = 0; r < pp; ++r) {
-    switch (kind) {
-      case ScheduleKind::GPipe: s.ranks.push_back(gpipe_actions(pp, microbatches, r)); break;
-      case ScheduleKind::OneFOneB: s.ranks.push_back(one_f_one_b_actions(pp, microbatches, r)); break;
-      case ScheduleKind::Interleaved: s.ranks.push_back(interleaved_actions(pp, vp, microbatches, r)); break;
-    }
+    if (kind == "gpipe")
+      s.ranks.push_back(gpipe_actions(pp, microbatches, r));
+    else if (kind == "1f1b")
+      s.ranks.push_back(one_f_one_b_actions(pp, microbatches, r));
+    else
+      s.ranks.push_back(interleaved_actions(pp, vp, microbatches, r));
   }
   return s;
 }
@@ -118,12 +140,41 @@ Schedule forward_only_schedule(int pp, int vp, int microbatches) {
   return s;
 }
 
-Schedule parse_schedule_csv(std::string_view text, const std::string& source) {
+std::optional<ScheduleCsvFormat> parse_csv_format(std::string_view name) {
+  if (name == "auto") return ScheduleCsvFormat::Auto;
+  if (name == "tripod") return ScheduleCsvFormat::Tripod;
+  if (name == "pytorch") return ScheduleCsvFormat::PyTorch;
+  return std::nullopt;
+}
+
+namespace {
+
+std::string_view trim_cell(std::string_view s) {
+  size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+  return b == std::string_view::npos ? std::string_view{} : s.substr(b, e - b + 1);
+}
+
+// A PyTorch action cell: <stage><F|I|W|B><micro-batch>. The virtual stage goes in `chunk` until
+// the placement is known.
+std::optional<Action> parse_pytorch_action(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+  if (i == 0 || i > 9 || i + 1 >= s.size() || s.size() - i - 1 > 9) return std::nullopt;
+  std::string letter(1, s[i]);
+  std::string stage_mb = std::string(s.substr(i + 1)) + "." + std::string(s.substr(0, i));
+  auto a = parse_action(letter + stage_mb);  // reuses the index checks: "F<mb>.<stage>"
+  return a;
+}
+
+}  // namespace
+
+Schedule parse_schedule_csv(std::string_view text, const std::string& source, ScheduleCsvFormat format) {
   Schedule s;
   s.kind = "custom";
   s.source = source;
   int max_mb = -1, max_chunk = -1;
-  int line_no = 0;
+  int line_no = 0, placement_line = 0;
+  std::optional<Placement> placement;
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t nl = text.find('\n', pos);
@@ -132,22 +183,55 @@ Schedule parse_schedule_csv(std::string_view text, const std::string& source) {
     ++line_no;
     size_t first = line.find_first_not_of(" \t\r");
     if (first == std::string_view::npos || line[first] == '#') continue;
+    const int rank = static_cast<int>(s.ranks.size());
+    if (line.substr(first).starts_with("placement")) {
+      std::string_view rest = trim_cell(line.substr(first + 9));
+      if (!rest.empty() && (rest[0] == '=' || rest[0] == ':')) rest = trim_cell(rest.substr(1));
+      if (!rest.empty() && rest.front() == '"' && rest.back() == '"' && rest.size() >= 2)
+        rest = rest.substr(1, rest.size() - 2);
+      auto p = parse_placement(rest);
+      TRIPOD_INPUT_CHECK(p.has_value(), "{}:{}: placement '{}' is unknown (valid: loop, v)", source, line_no, rest);
+      TRIPOD_INPUT_CHECK(rank == 0, "{}:{}: the placement line goes before the rank rows", source, line_no);
+      TRIPOD_INPUT_CHECK(!placement, "{}:{}: a second placement line (the first is line {})", source, line_no,
+                         placement_line);
+      placement = p;
+      placement_line = line_no;
+      continue;
+    }
     std::vector<Action> row;
     size_t cpos = 0;
     while (cpos <= line.size()) {
       size_t comma = line.find(',', cpos);
-      std::string_view cell = line.substr(cpos, comma == std::string_view::npos ? std::string_view::npos : comma - cpos);
+      std::string_view cell =
+          trim_cell(line.substr(cpos, comma == std::string_view::npos ? std::string_view::npos : comma - cpos));
       cpos = comma == std::string_view::npos ? line.size() + 1 : comma + 1;
-      if (cell.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-      auto a = parse_action(cell);
-      if (!a) {
-        size_t b = cell.find_first_not_of(" \t\r"), e = cell.find_last_not_of(" \t\r");
-        throw InputError(fmt::format("{}:{}: '{}' is not an action: expected F<micro-batch>.<chunk> or "
-                                     "B<micro-batch>.<chunk>, e.g. F3.1",
-                                     source, line_no, cell.substr(b, e - b + 1)));
+      if (cell.empty()) continue;
+      if (format == ScheduleCsvFormat::Auto)
+        format = cell[0] >= '0' && cell[0] <= '9' ? ScheduleCsvFormat::PyTorch : ScheduleCsvFormat::Tripod;
+      std::optional<Action> a;
+      if (format == ScheduleCsvFormat::PyTorch) {
+        a = parse_pytorch_action(cell);
+        if (!a) {
+          size_t i = 0;
+          while (i < cell.size() && cell[i] >= '0' && cell[i] <= '9') ++i;
+          const std::string_view op = cell.substr(i);
+          const bool comm = op.starts_with("SEND") || op.starts_with("RECV") || op.starts_with("UNSHARD") ||
+                            op.starts_with("RESHARD") || op.starts_with("REDUCE_GRAD");
+          throw InputError(fmt::format(
+              "{}:{} (rank {}): '{}' is not a compute action of PyTorch's compute_only format: expected "
+              "<stage><F|I|W|B><micro-batch>, e.g. 0F1 or 1W0{}",
+              source, line_no, rank, cell,
+              comm ? " (communication and resharding actions are not taken: tripod plans its own messages)" : ""));
+        }
+      } else {
+        a = parse_action(cell);
+        TRIPOD_INPUT_CHECK(a.has_value(),
+                           "{}:{} (rank {}): '{}' is not an action: expected F, B, I or W, then <micro-batch>.<chunk>, "
+                           "e.g. F3.1 or W2.0",
+                           source, line_no, rank, cell);
       }
       max_mb = std::max(max_mb, a->mb);
-      max_chunk = std::max(max_chunk, a->chunk);
+      max_chunk = std::max(max_chunk, a->chunk);  // PyTorch: the largest stage
       row.push_back(*a);
     }
     s.ranks.push_back(std::move(row));
@@ -156,30 +240,98 @@ Schedule parse_schedule_csv(std::string_view text, const std::string& source) {
   TRIPOD_INPUT_CHECK(!s.ranks.empty(), "{}: no schedule rows (expected one line of actions per pipeline rank)", source);
   TRIPOD_INPUT_CHECK(max_mb >= 0, "{}: no actions in any row", source);
   s.pp = static_cast<int>(s.ranks.size());
-  s.vp = max_chunk + 1;
   s.microbatches = max_mb + 1;
+  if (format == ScheduleCsvFormat::PyTorch) {
+    TRIPOD_INPUT_CHECK(!placement, "{}:{}: a placement line in a PyTorch-format schedule (its stages say where they "
+                       "are)", source, placement_line);
+    const int S = max_chunk + 1;
+    TRIPOD_INPUT_CHECK(S % s.pp == 0,
+                       "{}: stages 0..{} on {} ranks: each rank must hold the same number of stages", source, S - 1,
+                       s.pp);
+    s.vp = S / s.pp;
+    TRIPOD_INPUT_CHECK(static_cast<long long>(s.pp) * s.vp * s.microbatches <= kMaxSchedulePairs,
+                       "{}: {} ranks x {} stages x {} micro-batches is too large (at most {} micro-batch/stage pairs)",
+                       source, s.pp, S, s.microbatches, kMaxSchedulePairs);
+    // Loop if every stage is where the loop placement puts it, else V if it fits.
+    auto fits = [&](Placement p) {
+      if (p == Placement::V && s.vp != 2) return false;
+      for (int r = 0; r < s.pp; ++r)
+        for (const Action& a : s.ranks[r])
+          if (placement_rank(p, s.pp, a.chunk) != r) return false;
+      return true;
+    };
+    if (fits(Placement::Loop)) s.placement = Placement::Loop;
+    else if (fits(Placement::V)) s.placement = Placement::V;
+    else {
+      // Name the first action where the loop placement puts its stage elsewhere.
+      for (int r = 0; r < s.pp; ++r)
+        for (const Action& a : s.ranks[r])
+          if (placement_rank(Placement::Loop, s.pp, a.chunk) != r &&
+              (s.vp != 2 || placement_rank(Placement::V, s.pp, a.chunk) != r))
+            throw InputError(fmt::format(
+                "{}:{} (rank {}): {}{}{}: stage {} is not on rank {} in the loop placement (rank r holds stages r, "
+                "r+{}, ...){}",
+                source, s.source_lines[r], r, a.chunk, action_letter(a.kind), a.mb, a.chunk, r, s.pp,
+                s.vp == 2 ? fmt::format(" nor in the v placement (rank r holds stages r and {}-r)", 2 * s.pp - 1)
+                          : ""));
+      throw InputError(fmt::format("{}: the stages on the rows fit neither the loop nor the v placement (each row "
+                                   "mixes the two)",
+                                   source));
+    }
+    for (auto& row : s.ranks)
+      for (Action& a : row) a.chunk = placement_chunk(s.placement, s.pp, a.chunk);
+    return s;
+  }
+  s.vp = max_chunk + 1;
+  s.placement = placement.value_or(Placement::Loop);
+  if (s.placement == Placement::V) {
+    for (int r = 0; r < s.pp; ++r)
+      for (const Action& a : s.ranks[r])
+        TRIPOD_INPUT_CHECK(a.chunk < 2,
+                           "{}:{} (rank {}): {}: chunk {}, but placement v (line {}) puts exactly 2 model chunks, 0 "
+                           "and 1, on each rank",
+                           source, s.source_lines[r], r, a.str(), a.chunk, placement_line);
+    TRIPOD_INPUT_CHECK(s.vp == 2,
+                       "{}:{}: placement v puts 2 model chunks on each rank (vp = 2), but no action uses chunk 1 (vp = "
+                       "1); use the loop placement for one chunk per rank",
+                       source, placement_line);
+  }
   TRIPOD_INPUT_CHECK(static_cast<long long>(s.pp) * s.vp * s.microbatches <= kMaxSchedulePairs,
                      "{}: {} ranks x {} chunks x {} micro-batches is too large (at most {} micro-batch/stage pairs)",
                      source, s.pp, s.vp, s.microbatches, kMaxSchedulePairs);
   return s;
 }
 
-Schedule load_schedule_csv(const std::string& path) {
+Schedule load_schedule_csv(const std::string& path, ScheduleCsvFormat format) {
   std::ifstream in(path, std::ios::binary);
   TRIPOD_INPUT_CHECK(in.good(), "{}: cannot read the schedule file ({})", path, std::strerror(errno));
   std::ostringstream ss;
   ss << in.rdbuf();
   TRIPOD_INPUT_CHECK(!in.bad(), "{}: error while reading the schedule file", path);
-  return parse_schedule_csv(ss.str(), path);
+  return parse_schedule_csv(ss.str(), path, format);
 }
 
 std::string schedule_csv(const Schedule& s) {
   std::string out = fmt::format("# tripod pipeline schedule: {}, pp={} vp={} microbatches={}; one line per rank\n",
                                 s.kind, s.pp, s.vp, s.microbatches);
+  if (s.placement == Placement::V) out += "placement = v\n";
   for (const auto& row : s.ranks) {
     for (size_t i = 0; i < row.size(); ++i) {
       if (i) out += ",";
       out += row[i].str();
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string schedule_csv_pytorch(const Schedule& s) {
+  std::string out;
+  for (int r = 0; r < static_cast<int>(s.ranks.size()); ++r) {
+    const auto& row = s.ranks[r];
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (i) out += ",";
+      out += fmt::format("{}{}{}", s.stage(r, row[i].chunk), action_letter(row[i].kind), row[i].mb);
     }
     out += "\n";
   }

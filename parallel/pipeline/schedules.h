@@ -1,7 +1,9 @@
-// Pipeline schedules built by pure functions (GPipe, 1F1B, interleaved 1F1B) or loaded from a
-// CSV file. Nothing here computes or communicates; parallel/pipeline/plan.h checks them.
+// Pipeline schedules built by pure functions (GPipe, 1F1B, interleaved 1F1B; the zero-bubble ones
+// in zero_bubble.h) or loaded from a CSV file (tripod's format or PyTorch pipelining's). Nothing
+// here computes or communicates; parallel/pipeline/plan.h checks them.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,9 +14,10 @@
 namespace tripod {
 
 // The schedules the builders make (parallel.schedule, tripod schedule --kind).
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved };
+enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZbH1, ZbH2, Zbv, DualPipeV, Auto };
 template <> struct EnumNames<ScheduleKind> {
-  static constexpr std::array<std::string_view, 3> names{"gpipe", "1f1b", "interleaved"};
+  static constexpr std::array<std::string_view, 8> names{"gpipe", "1f1b", "interleaved", "zb-h1",
+                                                         "zb-h2", "zbv",  "dualpipev",   "auto"};
 };
 
 // The most (micro-batch, virtual stage) pairs a schedule may have: bounds what validating and
@@ -44,29 +47,54 @@ std::vector<Action> interleaved_actions(int pp, int vp, int microbatches, int ra
 // Worked example pp=2, vp=2, m=2, rank 1: F0.0 F1.0 F0.1 F1.1.
 Schedule forward_only_schedule(int pp, int vp, int microbatches);
 
-// The schedule of every rank for `kind`. Bad numbers (pp < 1, vp > 1 for a non-interleaved kind,
-// m not a multiple of pp for interleaved, ...) throw InputError naming them.
-Schedule build_schedule(ScheduleKind kind, int pp, int vp, int microbatches);
-// The same for a kind given by name ("gpipe", "1f1b", "interleaved"; an InputError otherwise).
-Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches);
+// The schedule kinds build_schedule knows, for messages: "gpipe, 1f1b, ..., auto".
+inline constexpr const char* kScheduleKinds = "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, dualpipev, auto";
 
-// The CSV format of a custom schedule (also written by schedule_csv()):
+// The schedule of every rank for `kind` ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv",
+// "dualpipev", or "auto" built for unit F = I = W costs: auto_schedule in zero_bubble.h takes
+// measured ones). zbv and dualpipev use the V placement and vp = 2, the others the loop placement
+// ("auto" the one given). Bad numbers (pp < 1, vp > 1 for a one-chunk kind, m not a multiple of
+// pp for interleaved, a placement the kind cannot use, ...) throw InputError naming them.
+Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches,
+                        std::optional<Placement> placement = std::nullopt);
+Schedule build_schedule(ScheduleKind kind, int pp, int vp, int microbatches,
+                        std::optional<Placement> placement = std::nullopt);
+
+// The CSV formats of a custom schedule.
+//
+// tripod's (written by schedule_csv()):
 //   - one line per pipeline rank, in rank order (the first line is rank 0);
-//   - on each line, that rank's actions in execution order, separated by commas: F<mb>.<chunk>
-//     or B<mb>.<chunk> (".<chunk>" may be left out for chunk 0); spaces and empty cells are
-//     ignored, so rows padded by a spreadsheet load as they are;
-//   - blank lines and lines starting with '#' are ignored.
+//   - on each line, that rank's actions in execution order, separated by commas: F<mb>.<chunk>,
+//     B<mb>.<chunk>, I<mb>.<chunk> or W<mb>.<chunk> (".<chunk>" may be left out for chunk 0);
+//     spaces and empty cells are ignored, so rows padded by a spreadsheet load as they are;
+//   - blank lines and lines starting with '#' are ignored;
+//   - a line `placement = v` (or `placement = loop`, the default) before the rows sets the
+//     placement (placement.h).
 // pp is the number of rows, vp the largest chunk + 1, microbatches the largest micro-batch + 1.
 // Example (pp=2, m=2, 1F1B):
 //   F0.0, F1.0, B0.0, B1.0
 //   F0.0, B0.0, F1.0, B1.0
-// A cell that is not an action throws InputError naming `source`, the line and the cell. The
-// result is not validated (validate_schedule() does that, naming the line of the rank at fault).
-Schedule parse_schedule_csv(std::string_view text, const std::string& source);
+//
+// PyTorch pipelining's "compute_only" format (torch.distributed.pipelining, _load_csv/_dump_csv;
+// what torchtitan reads and writes): one row per rank, in rank order, each cell an action
+// <stage><F|I|W|B><micro-batch> naming the virtual stage itself (e.g. 0F1, 1I0, 1W0), an empty
+// cell an idle step (ignored here). The placement follows from the stages on each row: loop
+// (row r holds stages r, r+pp, ...) or V (row r holds stages r and 2pp-1-r).
+//
+// Auto-detected from the first action cell (a digit first: PyTorch's). A cell that is not an
+// action throws InputError naming `source`, the line, the rank and the cell. The result is not
+// validated (validate_schedule() does that, naming the line of the rank at fault).
+enum class ScheduleCsvFormat : unsigned char { Auto, Tripod, PyTorch };
+std::optional<ScheduleCsvFormat> parse_csv_format(std::string_view name);  // "auto", "tripod", "pytorch"
+Schedule parse_schedule_csv(std::string_view text, const std::string& source,
+                            ScheduleCsvFormat format = ScheduleCsvFormat::Auto);
 // Reads and parses a CSV schedule file (InputError naming the path when it cannot be read).
-Schedule load_schedule_csv(const std::string& path);
-// The schedule in the CSV format above, with a comment line saying what it is.
+Schedule load_schedule_csv(const std::string& path, ScheduleCsvFormat format = ScheduleCsvFormat::Auto);
+// The schedule in tripod's CSV format, with a comment line saying what it is (and its placement
+// line when it is V).
 std::string schedule_csv(const Schedule& schedule);
+// The schedule in PyTorch's compute_only CSV format (no comment: PyTorch would read it as a row).
+std::string schedule_csv_pytorch(const Schedule& schedule);
 
 // Throws InputError naming the numbers unless the schedule was built for this pipeline
 // (`what` names the caller's setting, e.g. "parallel.schedule_file").

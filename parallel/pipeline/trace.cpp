@@ -43,6 +43,7 @@ TraceRecorder::TraceRecorder(const std::string& run_dir, int rank, int world, Co
              {{"kind", schedule.kind},
               {"pp", schedule.pp},
               {"vp", schedule.vp},
+              {"placement", placement_name(schedule.placement)},
               {"microbatches", schedule.microbatches},
               {"actions", std::move(actions)}}}};
   header_ = h.dump();

@@ -4,7 +4,7 @@
 //
 // File format, one JSON object per line. A session (one run of the program) starts with a header
 //   {"tripod_trace":1,"rank":R,"world":W,"coords":{"tp":..,"dp":..,"pp":..},"origin_unix_us":..,
-//    "schedule":{"kind":"1f1b","pp":P,"vp":V,"microbatches":M,"actions":["F0.0",...]}}
+//    "schedule":{"kind":"1f1b","pp":P,"vp":V,"placement":"loop","microbatches":M,"actions":["F0.0",...]}}
 // ("actions": this rank's pipeline rank's list), followed by events
 //   {"step":S,"name":"F3.1","cat":"forward","mb":3,"chunk":1,"ts":12.5,"dur":830.25}
 // with ts and dur in microseconds from the session's origin (set just after a barrier on every

@@ -291,6 +291,14 @@ TEST_F(BadInput, Battery) {
   refused(train("--set parallel.schedule_file=" + q(file("cells.csv", "F0, X9\n"))), "cells.csv");
   refused(train("--set parallel.schedule_file=" + q(csv2)), "parallel.schedule_file");
   refused(train("--set parallel.schedule_file=" + q(file("deadlock.csv", "B0, F0, F1, B1\n"))), "deadlock.csv");
+  // Split backwards (I, W) and the V placement: one line naming the file, the rank and the action.
+  refused("schedule --csv " + q(file("w_before_i.csv", "F0, W0, I0\n")), "w_before_i.csv:1): W0.0 before I0.0");
+  refused("schedule --csv " + q(file("i_without_f.csv", "F0, I0, W0\nI0, W0\n")),
+          "i_without_f.csv:2): I0.0 without F0.0");
+  refused("schedule --csv " + q(file("v_vp3.csv", "placement = v\nF0.0, F0.2, B0.2, B0.0\n")),
+          "v_vp3.csv:2 (rank 0): F0.2: chunk 2");
+  refused("schedule --csv " + q(file("letter.csv", "F0, B0\nF0, Q0, B0\n")), "letter.csv:2 (rank 1): 'Q0'");
+  refused(train("--set parallel.schedule_file=" + q(file("split.csv", "F0, F1, I0, I1, W0, W1\n"))), "split.csv:1): I0.0");
 
   // ---- checkpoints -----------------------------------------------------------------------------
   auto load = [&](const fs::path& p, const std::string& more = "") {

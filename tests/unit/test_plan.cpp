@@ -131,7 +131,7 @@ TEST(CostModel, OneF1BWithEqualStagesGivesTheClosedFormBubble) {
   for (int p : {2, 4, 8})
     for (int m : {p, 3 * p, 16}) {
       Schedule s = build_schedule("1f1b", p, 1, m);
-      StageCosts stages{std::vector<double>(p, 0.3), std::vector<double>(p, 0.7)};
+      StageCosts stages{std::vector<double>(p, 0.3), std::vector<double>(p, 0.7), {}};
       Simulation sim = simulate(s, plan_pipeline(s), PipeCosts{}, stages);
       EXPECT_NEAR(sim.bubble, double(p - 1) / (m + p - 1), 1e-12) << p << " " << m;
       EXPECT_NEAR(sim.makespan, (m + p - 1) * 1.0, 1e-9);

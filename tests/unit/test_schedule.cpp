@@ -220,7 +220,8 @@ TEST(ScheduleCsv, ParsesAndRoundTrips) {
 
 TEST(ScheduleCsv, BadCellsNameLineAndCell) {
   std::string e = input_error([] { parse_schedule_csv("F0,B0\n\nF0,G1.0,B0\n", "x.csv"); });
-  EXPECT_EQ(e, "x.csv:3: 'G1.0' is not an action: expected F<micro-batch>.<chunk> or B<micro-batch>.<chunk>, e.g. F3.1");
+  EXPECT_EQ(e, "x.csv:3 (rank 1): 'G1.0' is not an action: expected F, B, I or W, then <micro-batch>.<chunk>, e.g. "
+            "F3.1 or W2.0");
   EXPECT_NE(input_error([] { parse_schedule_csv("# only a comment\n", "e.csv"); }).find("e.csv: no schedule rows"),
             std::string::npos);
   EXPECT_NE(input_error([] { load_schedule_csv("/nonexistent/s.csv"); }).find("/nonexistent/s.csv: cannot read"),
@@ -247,8 +248,8 @@ TEST(Validator, RefusesMalformedLists) {
   EXPECT_EQ(input_error([] { validate_schedule(parse_schedule_csv("F0,F1,B0,B1\nF0,B0,F0,B1,F1\n", "m.csv")); }),
             "rank 1 (m.csv:2): F0.0 appears twice (positions 1 and 3)");
   EXPECT_EQ(input_error([] { validate_schedule(parse_schedule_csv("F0,F1,B0,B1\nF0,B0,F1\n", "m.csv")); }),
-            "rank 1 (m.csv:2): B1.0 is missing (every rank runs F and B of each of the 2 micro-batches on each of "
-            "its 1 chunks)");
+            "rank 1 (m.csv:2): B1.0 is missing (every rank runs F and B, or F, I and W, of each of the 2 "
+            "micro-batches on each of its 1 chunks)");
   Schedule s = build_schedule("1f1b", 2, 1, 2);
   s.ranks[0][0] = F(0, 1);
   EXPECT_EQ(input_error([&] { validate_schedule(s); }), "rank 0: F0.1: chunk 1 is out of range (vp = 1 chunks per rank)");

@@ -120,10 +120,85 @@ TEST_F(ScheduleCli, BrokenCsvIsRefusedNamingTheDependency) {
   fs::path dl = write("dl.csv", "F0,B0,F1,B1\nF0,F1,B0,B1\n");
   expect_refused("--csv " + dl.string(), "schedule deadlocks: rank 0");
   fs::path cell = write("cell.csv", "F0,B0\nF0,X0,B0\n");
-  expect_refused("--csv " + cell.string(), cell.string() + ":2: 'X0' is not an action");
+  expect_refused("--csv " + cell.string(), cell.string() + ":2 (rank 1): 'X0' is not an action");
   expect_refused("--csv " + (dir_ / "missing.csv").string(), "missing.csv: cannot read");
   expect_refused("--csv " + bad.string() + " --pp 3", "--pp 3: ");
   expect_refused("--csv " + bad.string() + " --kind 1f1b", "give one or the other");
+}
+
+TEST_F(ScheduleCli, ZeroBubbleKindsPrintIdleAndMemory) {
+  for (const char* kind : {"zb-h1", "zb-h2", "zbv", "dualpipev", "auto"}) {
+    Result r = run(std::string("--kind ") + kind + " --pp 4 --microbatches 8 --costs 1,1,1 --json");
+    ASSERT_EQ(r.rc, 0) << kind << ": " << r.err;
+    nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["kind"], kind);
+    const bool v = std::string(kind) == "zbv" || std::string(kind) == "dualpipev";
+    EXPECT_EQ(j["placement"], v ? "v" : "loop") << kind;
+    EXPECT_EQ(j["vp"], v ? 2 : 1) << kind;
+    EXPECT_EQ(j["costs"]["input"], 1.0);
+    EXPECT_EQ(j["costs"]["weight"], 1.0);
+    ASSERT_EQ(j["ranks"].size(), 4u);
+    for (const auto& rank : j["ranks"]) {
+      EXPECT_DOUBLE_EQ(rank["idle"].get<double>(), j["makespan"].get<double>() - rank["busy"].get<double>());
+      EXPECT_GT(rank["peak_memory"].get<double>(), 0);
+    }
+    if (std::string(kind) == "zb-h1") {
+      for (const auto& rank : j["ranks"]) EXPECT_DOUBLE_EQ(rank["idle"].get<double>(), 3.0);  // p-1
+    }
+    if (std::string(kind) == "auto") {
+      EXPECT_FALSE(j["auto"]["chosen"].get<std::string>().empty());
+      EXPECT_GT(j["auto"]["candidates"].size(), 4u);
+    }
+  }
+  Result t = run("--kind zbv --pp 2 --microbatches 4 --svg " + (dir_ / "v.svg").string());
+  ASSERT_EQ(t.rc, 0) << t.err;
+  EXPECT_NE(t.out.find("placement=v"), std::string::npos);
+  EXPECT_NE(t.out.find("I0.1"), std::string::npos);
+  EXPECT_NE(slurp(dir_ / "v.svg").find("W0.1"), std::string::npos);
+  Result a = run("--kind auto --pp 4 --microbatches 8 --costs 1,1.5,0.5 --memory-cap 6");
+  ASSERT_EQ(a.rc, 0) << a.err;
+  EXPECT_NE(a.out.find("auto: chose "), std::string::npos);
+}
+
+TEST_F(ScheduleCli, PyTorchCsvRunsAndWritesBack) {
+  // A torchtitan-style compute_only CSV (ZB-V order for pp = 2, m = 2, idle steps as empty cells).
+  fs::path pt = write("zbv.csv",
+                      "0F0,0F1,,3F0,3I0,3W0,3F1,3I1,3W1,0I0,0W0,0I1,0W1\n"
+                      ",1F0,2F0,1F1,2F1,2I0,2W0,1I0,1W0,2I1,2W1,1I1,1W1\n");
+  Result r = run("--csv " + pt.string() + " --json");
+  ASSERT_EQ(r.rc, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["placement"], "v");
+  EXPECT_EQ(j["vp"], 2);
+  EXPECT_EQ(j["ranks"][0]["actions"][2], "F0.1");  // stage 3 is rank 0's chunk 1
+  fs::path back = dir_ / "back.csv";
+  Result w = run("--csv " + pt.string() + " --save-csv " + back.string() + " --save-format pytorch");
+  ASSERT_EQ(w.rc, 0) << w.err;
+  EXPECT_EQ(slurp(back), "0F0,0F1,3F0,3I0,3W0,3F1,3I1,3W1,0I0,0W0,0I1,0W1\n"
+                         "1F0,2F0,1F1,2F1,2I0,2W0,1I0,1W0,2I1,2W1,1I1,1W1\n");
+  fs::path tri = dir_ / "tri.csv";
+  ASSERT_EQ(run("--csv " + back.string() + " --save-csv " + tri.string()).rc, 0);
+  Result again = run("--csv " + tri.string() + " --json");
+  ASSERT_EQ(again.rc, 0) << again.err;
+  EXPECT_EQ(nlohmann::json::parse(again.out)["ranks"], j["ranks"]);
+  expect_refused("--csv " + pt.string() + " --csv-format tripod", "'0F0' is not an action");
+  expect_refused("--csv " + pt.string() + " --save-csv " + back.string() + " --save-format onnx", "--save-format onnx");
+}
+
+TEST_F(ScheduleCli, BadSplitBackwardsAreRefusedNamingFileRankAndAction) {
+  fs::path wi = write("w_before_i.csv", "F0,W0,I0\n");
+  expect_refused("--csv " + wi.string(), "rank 0 (" + wi.string() + ":1): W0.0 before I0.0");
+  fs::path nof = write("i_without_f.csv", "F0,F1,I0,W0,I1,W1\nI0,W0,F1,I1,W1\n");
+  expect_refused("--csv " + nof.string(), "rank 1 (" + nof.string() + ":2): I0.0 without F0.0");
+  fs::path v3 = write("v3.csv", "placement = v\nF0.0,F0.1,F0.2,B0.2,B0.1,B0.0\n");
+  expect_refused("--csv " + v3.string(), v3.string() + ":2 (rank 0): F0.2: chunk 2, but placement v");
+  fs::path letter = write("letter.csv", "F0,B0\nF0,Z0,B0\n");
+  expect_refused("--csv " + letter.string(), letter.string() + ":2 (rank 1): 'Z0' is not an action");
+  expect_refused("--kind zbv --pp 2 --vp 3 --microbatches 4", "vp = 3");
+  expect_refused("--kind zb-h1 --pp 2 --microbatches 4 --costs 1,1", "F,I,W");
+  expect_refused("--kind zb-h1 --pp 2 --microbatches 4 --costs 1,x,1", "'x'");
+  expect_refused("--kind auto --pp 4 --microbatches 8 --memory-cap 0.5", "raise the memory cap");
+  expect_refused("--kind auto --pp 4 --microbatches 8 --placement w", "--placement w");
 }
 
 TEST_F(ScheduleCli, BadArgumentsExit2) {
