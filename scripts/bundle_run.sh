@@ -95,7 +95,7 @@ quick_select() {
   awk -v stages="${DEFAULT[*]}" '
     BEGIN { n = split(stages, order, " ") }
     /^stage +status/ { table = 1; found = 1; next }
-    table && NF == 0 { table = 0 }
+    table && NF == 0 { exit }
     table { status[$1] = $2 }
     END {
       if (!found) exit 3
