@@ -128,7 +128,10 @@ RESULTS=$(cd "$RESULTS" && pwd)
 # results folder holds a few files only (a device tool may bring back only a few).
 D=$(mktemp -d /tmp/tripod-run.XXXXXX)/details
 mkdir -p "$D"
-trap 'rm -rf "$(dirname "$D")"' EXIT
+TEE_PID=""
+# On exit: the scratch folder goes, and run.log is complete before run.sh returns (a device tool
+# copies the results folder as soon as the command ends).
+trap 'rm -rf "$(dirname "$D")"; if [ -n "$TEE_PID" ]; then exec >&- 2>&-; wait "$TEE_PID"; fi' EXIT
 # A --quick on the machine of the run it follows starts from that run's details (so the summary's
 # tables stay whole).
 if [ "$QUICK" = 1 ] && [ "$DRY" = 0 ] && [ -d "$B/last/details" ] && cmp -s "$PREVIOUS" "$B/last/summary.txt"; then
@@ -136,6 +139,7 @@ if [ "$QUICK" = 1 ] && [ "$DRY" = 0 ] && [ -d "$B/last/details" ] && cmp -s "$PR
   rm -f "$D"/*.log.cut
 fi
 exec > >(tee -a "$RESULTS/run.log") 2>&1
+TEE_PID=$!
 
 # ---- environment -------------------------------------------------------------------------
 # The NVIDIA libraries: TRIPOD_CUDA_LIBS, the library path given, the toolkit's folders, then
