@@ -1,42 +1,145 @@
 #!/usr/bin/env bash
 # run.sh of a tripod bundle (scripts/bundle.sh writes it): finds the NVIDIA libraries on this
-# machine, prints the GPU, driver, cuDNN and NCCL versions, and runs stages, writing three files
-# into one results folder: run.log (everything), summary.txt (one line per stage, then the curves
-# and tables) and details.tar.gz (each stage's logs, JSON and metrics), the last two after every stage.
-#   run.sh [--dry-run] [--results DIR] [stage ...]
-# Stages, in this order by default (mpi tests train grid bench-tripod bench-torch):
-#   mpi           2 CPU ranks train the tiny config for 3 steps through the bundled mpirun
-#   tests         every CUDA test binary (ops vs CPU, GPT step, comms, one-GPU grid, CLI, checkpoints)
-#   train         50 steps of the quick-start model on cuda beside the CPU curve (cuda_train_test)
-#   grid          the (2,2,2) grid on one GPU, 8 ranks with staged MPI, vs the single-rank run
-#   bench-tripod  tripod_gpu_bench: GPT-2 124M and 350M, seq 1024 (--json kept)
-#   bench-torch   bench/gpu/torch_baseline.py on the same shapes, then the side-by-side table
-#   sanitize      compute-sanitizer memcheck of the kernel tests and three training steps (on request)
-#   profile       ncu per-kernel times of a 124M step (on request)
-# --results DIR (default $OUT when set, else ./results); --dry-run prints what was found and the
-# commands, runs nothing, and fails when a library does not resolve.
+# machine and runs the GPU checks as stages in priority order within a time budget, writing into
+# one results folder: run.log (everything, long outputs cut), summary.txt (a table of the stages,
+# then the versions, curves and tables) and details.tar.gz (every stage's full logs, JSON,
+# curves), the last two rewritten after every stage so a run cut off still returns what it had,
+# and hardware_cuda.toml when the calibrate stage ran.
+#   run.sh [--budget S] [--dry-run] [--results DIR] [stage ...]
+#   run.sh --quick [--previous SUMMARY] [--budget S] [--dry-run] [--results DIR]
+# Stages, by default all but mpi in this order (estimates on an H100; cap = the most a stage may take):
+#   probe          GPU, driver, CUDA runtime, cuBLAS(Lt), cuDNN, NCCL versions; the tools found
+#   ops            cuda_kernels_test: every CUDA op against the CPU backend, poisoned outputs
+#   step           one training step on CUDA against the CPU: cuda_model_test (tiny GPT and
+#                  Llama: loss, every gradient and master weight) and CudaTrain.OneStepMatchesCpu
+#                  (the quick-start model: loss, grad norm, every parameter's gradient and update)
+#   train          50 quick-start steps against the CPU curve; a GPU checkpoint evaluated on the CPU
+#   bench-124m     tripod_gpu_bench GPT-2 124M, seq 1024, 20 timed steps (tokens/s, MFU, memory, split)
+#   torch-eager    the PyTorch baseline on the same shape and micro-batch, eager, and the ratio
+#   grid           the (2,2,2) quick-start grid as 8 ranks on one GPU against one rank
+#   torch-compile  the PyTorch baseline with torch.compile (when the budget still allows)
+#   comm           cuda_comm_test (2 ranks), cuda_grid_test (4 ranks), cuda_cli_test
+#   bench-350m     tripod_gpu_bench GPT-2 350M
+#   bench-1b       tripod_gpu_bench, a Llama-3.2-1B-shaped model
+#   calibrate      tripod calibrate --device cuda into hardware_cuda.toml (in the results folder)
+#   sanitize       compute-sanitizer memcheck of cuda_kernels_test and a 3-step training run
+#   profile        ncu: the top kernels of one 124M step by GPU time
+#   mpi            (only when named) 2 CPU ranks train the tiny config through the bundled mpirun
+# --budget S (default 540): the whole run's seconds. Each stage's cap is the smaller of its own cap
+# and what is left minus 25 s (20 s to pack the results, 5 s for a killed stage to go); a stage
+# whose cap would fall under its minimum is not started ("no-time") and later, smaller ones still
+# run. A failing or timed-out stage never stops the next.
+# --quick reruns probe and then only the stages that did not pass in an earlier run: FAILED,
+# TIMED_OUT, no-time, pending (the run was cut off) or absent from its summary; it reads
+# --previous SUMMARY, else the summary.txt that the last run from this folder left in last/ (on
+# the same machine it starts from that run's details, so the tables stay whole).
+# --results DIR (default $OUT when set, else ./results). --dry-run prints what was found, the plan
+# (each stage's estimate, cap and start if every stage took its estimate) and the commands, runs
+# nothing, and fails when a library does not resolve.
 # TRIPOD_CUDA_LIBS=dir1:dir2 adds folders to search first; BENCH_ARGS / TORCH_ARGS pass options.
 set -uo pipefail
 B=$(cd "$(dirname "$0")" && pwd)
-DRY=0 RESULTS=${OUT:-$PWD/results} STAGES=()
+DRY=0 QUICK=0 PREVIOUS="" BUDGET=540 RESULTS=${OUT:-$PWD/results} STAGES=()
+RESERVE=20 GRACE=5
+
+# name  estimate  cap  minimum (seconds). Estimates for an H100 (80 GB), from the shapes and step
+# counts (the backend has not run on a GPU yet: the first run's times replace them).
+STAGE_TABLE="
+probe          5   30   5
+ops           30  120  20
+step          30  120  20
+train         60  180  40
+bench-124m    60  150  40
+torch-eager   45  120  30
+grid          60  150  40
+torch-compile 90  180  60
+comm          45  120  20
+bench-350m    50  120  40
+bench-1b      60  150  45
+calibrate     60  120  30
+sanitize     120  300  60
+profile       90  240  60
+mpi           15  120  10
+"
+declare -A EST CAP MIN
+ALL=()
+while read -r n e c m; do
+  [ -n "$n" ] || continue
+  EST[$n]=$e CAP[$n]=$c MIN[$n]=$m
+  ALL+=("$n")
+done <<< "$STAGE_TABLE"
+DEFAULT=("${ALL[@]:0:${#ALL[@]}-1}")  # all but mpi
+
+usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
+bad() { echo "error: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
     --dry-run) DRY=1; shift ;;
-    --results) RESULTS=$2; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    mpi|tests|train|grid|bench-tripod|bench-torch|sanitize|profile) STAGES+=("$1"); shift ;;
-    *) echo "error: unknown argument '$1' (stages: mpi tests train grid bench-tripod bench-torch sanitize profile; options: --dry-run --results DIR)" >&2; exit 2 ;;
+    --quick) QUICK=1; shift ;;
+    --previous) [ $# -ge 2 ] || bad "--previous needs a summary.txt"; PREVIOUS=$2; shift 2 ;;
+    --budget) [ $# -ge 2 ] || bad "--budget needs a number of seconds"; BUDGET=$2; shift 2 ;;
+    --results) [ $# -ge 2 ] || bad "--results needs a folder"; RESULTS=$2; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    -*) bad "unknown option '$1' (options: --budget S --quick --previous SUMMARY --dry-run --results DIR)" ;;
+    *) [ -n "${EST[$1]:-}" ] || bad "unknown stage '$1' (stages: ${ALL[*]})"; STAGES+=("$1"); shift ;;
   esac
 done
-[ ${#STAGES[@]} -gt 0 ] || STAGES=(mpi tests train grid bench-tripod bench-torch)
-mkdir -p "$RESULTS"
+[[ $BUDGET =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 60 ] && [ "$BUDGET" -le 36000 ] ||
+  bad "--budget $BUDGET: a whole number of seconds from 60 to 36000"
+
+# ---- the stages to run -------------------------------------------------------------------
+declare -A PREV_LINE
+# quick_select SUMMARY: probe, then each default stage whose status in SUMMARY's stage table
+# (the lines after the "stage status" header, up to the first blank line) is not ok or skipped.
+quick_select() {
+  awk -v stages="${DEFAULT[*]}" '
+    BEGIN { n = split(stages, order, " ") }
+    /^stage +status/ { table = 1; found = 1; next }
+    table && NF == 0 { exit }
+    table { status[$1] = $2 }
+    END {
+      if (!found) exit 3
+      printf "probe"
+      for (i = 1; i <= n; i++) {
+        s = order[i]
+        if (s == "probe") continue
+        if (!(s in status) || (status[s] != "ok" && status[s] != "skipped")) printf " %s", s
+      }
+      print ""
+    }' "$1"
+}
+if [ "$QUICK" = 1 ]; then
+  [ ${#STAGES[@]} -eq 0 ] || bad "--quick picks the stages from the earlier run's summary; name none (got ${STAGES[*]})"
+  [ -n "$PREVIOUS" ] || PREVIOUS=$B/last/summary.txt
+  [ -f "$PREVIOUS" ] || bad "--quick: no earlier summary at $PREVIOUS (give the first run's summary.txt with --previous FILE)"
+  picked=$(quick_select "$PREVIOUS") || bad "--previous $PREVIOUS: no stage table (a line 'stage status ...') in it; is it a run.sh summary.txt?"
+  read -r -a STAGES <<< "$picked"
+  # The earlier statuses of the stages not rerun go into this run's table (so a later --quick
+  # from this run's summary still knows them).
+  while read -r n line; do PREV_LINE[$n]=$line; done < <(awk '/^stage +status/ { t = 1; next } t && NF == 0 { exit } t' "$PREVIOUS")
+else
+  [ -z "$PREVIOUS" ] || bad "--previous is for --quick"
+fi
+[ ${#STAGES[@]} -gt 0 ] || STAGES=("${DEFAULT[@]}")
+
+mkdir -p "$RESULTS" || bad "--results $RESULTS: cannot create it"
 RESULTS=$(cd "$RESULTS" && pwd)
 # Each stage's files go to a scratch folder, archived into details.tar.gz after every stage: the
-# results folder holds three files only (a device tool may bring back only a few).
+# results folder holds a few files only (a device tool may bring back only a few).
 D=$(mktemp -d /tmp/tripod-run.XXXXXX)/details
 mkdir -p "$D"
-trap 'rm -rf "$(dirname "$D")"' EXIT
+TEE_PID=""
+# On exit: the scratch folder goes, and run.log is complete before run.sh returns (a device tool
+# copies the results folder as soon as the command ends).
+trap 'rm -rf "$(dirname "$D")"; if [ -n "$TEE_PID" ]; then exec >&- 2>&-; wait "$TEE_PID"; fi' EXIT
+# A --quick on the machine of the run it follows starts from that run's details (so the summary's
+# tables stay whole).
+if [ "$QUICK" = 1 ] && [ "$DRY" = 0 ] && [ -d "$B/last/details" ] && cmp -s "$PREVIOUS" "$B/last/summary.txt"; then
+  cp -r "$B/last/details/." "$D/"
+  rm -f "$D"/*.log.cut
+fi
 exec > >(tee -a "$RESULTS/run.log") 2>&1
+TEE_PID=$!
 
 # ---- environment -------------------------------------------------------------------------
 # The NVIDIA libraries: TRIPOD_CUDA_LIBS, the library path given, the toolkit's folders, then
@@ -48,7 +151,7 @@ IFS=: read -r -a inherited <<< "${LD_LIBRARY_PATH:-}"
 dirs+=("${extra[@]}" "${inherited[@]}" "${CUDA_HOME:-/usr/local/cuda}/lib64" "${CUDA_HOME:-/usr/local/cuda}/lib"
        /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu)
 if command -v python3 >/dev/null; then
-  while read -r d; do dirs+=("$d"); done < <(python3 - <<'EOF' 2>/dev/null
+  while read -r d; do dirs+=("$d"); done < <(timeout 30 python3 - <<'EOF' 2>/dev/null
 import glob, importlib.util, os
 spec = importlib.util.find_spec("nvidia")
 for root in (spec.submodule_search_locations if spec else []):
@@ -83,40 +186,41 @@ export OPAL_PREFIX=$B OPAL_EXEC_PREFIX=$B OPAL_BINDIR=$B/bin OPAL_LIBDIR=$B/lib 
 export PMIX_PREFIX=$B PMIX_EXEC_PREFIX=$B PMIX_LIBDIR=$B/lib PMIX_PKGLIBDIR=$B/lib/pmix PMIX_DATADIR=$B/share \
   PMIX_PKGDATADIR=$B/share/pmix PMIX_SYSCONFDIR=$B/etc PMIX_MCA_mca_base_component_path=$B/lib/pmix
 export TRIPOD_SOURCE_DIR=$B/src TRIPOD_BIN=$B/bin/tripod TRIPOD_CORPUS=$B/src/build/corpus
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ncores=$(nproc)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 MPIRUN=(mpirun --oversubscribe --bind-to none)
 
-version_of() {  # a library's version from its own call (python3 ctypes), else from its real file name
+# A library's version from its own call (python3 ctypes), else from its real file name.
+version_of() {
   local d=${where[$1]:-} v=""
-  [ -n "$d" ] || return 0
-  command -v python3 >/dev/null && v=$(python3 - "$d/$1" <<'EOF' 2>/dev/null
+  [ -n "$d" ] || { echo "not found"; return 0; }
+  command -v python3 >/dev/null && v=$(timeout 15 python3 - "$d/$1" <<'EOF' 2>/dev/null
 import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
+n = ctypes.c_int()
+def dotted(v, major):                                # 91300 -> 9.13.0; 13000 -> 13.0 (CUDA: major*1000 + minor*10)
+    return f"{v // major}.{v // (major // 100) % 100}.{v % 100}" if major == 10000 else f"{v // 1000}.{v % 1000 // 10}"
 if "cudnn" in sys.argv[1]:
-    v = lib.cudnnGetVersion()                       # 91300 -> 9.13.0 (cuDNN 9: major*10000 + minor*100 + patch)
-    print(f"{v // 10000}.{v // 100 % 100}.{v % 100}")
+    print(dotted(lib.cudnnGetVersion(), 10000))
 elif "nccl" in sys.argv[1]:
-    n = ctypes.c_int()
-    lib.ncclGetVersion(ctypes.byref(n))             # 22707 -> 2.27.7
-    print(f"{n.value // 10000}.{n.value // 100 % 100}.{n.value % 100}")
+    lib.ncclGetVersion(ctypes.byref(n)); print(dotted(n.value, 10000))
+elif "cublasLt" in sys.argv[1]:
+    lib.cublasLtGetVersion.restype = ctypes.c_size_t; print(dotted(lib.cublasLtGetVersion(), 10000))
 elif "cublas" in sys.argv[1]:
-    n = ctypes.c_int()
-    lib.cublasGetVersion_v2(None, ctypes.byref(n))  # 130100 -> 13.1.0
-    print(f"{n.value // 10000}.{n.value // 100 % 100}.{n.value % 100}")
+    lib.cublasGetVersion_v2(None, ctypes.byref(n)); print(dotted(n.value, 10000))
+elif "cudart" in sys.argv[1]:
+    lib.cudaRuntimeGetVersion(ctypes.byref(n)); r = dotted(n.value, 1000)
+    lib.cudaDriverGetVersion(ctypes.byref(n))
+    print(f"{r} (the driver supports CUDA {dotted(n.value, 1000)})" if n.value else f"{r} (no driver)")
 EOF
 )
   [ -n "$v" ] || v=$(basename "$(readlink -f "$d/$1")" | sed -n 's/^.*\.so\.//p')
   echo "$v"
 }
 echo "== tripod bundle $(cat "$B/VERSION") on $(hostname) at $(date -u +%FT%TZ)"
-if command -v nvidia-smi >/dev/null; then
-  GPU=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -1)
-else
-  GPU="none (no nvidia-smi)"
-fi
+GPU="none (no nvidia-smi)"
+command -v nvidia-smi >/dev/null &&
+  GPU=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)
 echo "GPU, driver, memory: $GPU"
-echo "cuDNN: $(version_of libcudnn.so.9 || true)  NCCL: $(version_of libnccl.so.2 || true)  cuBLAS: $(version_of libcublas.so.13 || true)"
 for lib in "${want[@]}"; do echo "  $lib: ${where[$lib]:-NOT FOUND}"; done
 glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
 read -r need needers < "$B/GLIBC_REQUIRED"
@@ -130,109 +234,242 @@ if [ -n "$unresolved" ]; then
   [ "$DRY" = 1 ] && exit 1
 fi
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-echo "stages: ${STAGES[*]}; results in $RESULTS"
+echo "budget ${BUDGET}s; stages: ${STAGES[*]}$([ "$QUICK" = 1 ] && echo " (--quick from $PREVIOUS)"); results in $RESULTS"
 
-# ---- stages --------------------------------------------------------------------------------
-SUMMARY=()
-# run NAME TIMEOUT_S CMD...: logs to details/NAME.log and stdout; records status and time.
-run() {
-  local name=$1 limit=$2; shift 2
-  echo "== $name: $*"
+# ---- running a stage ---------------------------------------------------------------------
+# The clock: seconds since run.sh started (SECONDS); a dry run plans from 0 (SIM) as if every
+# stage took its estimate (or its cap, when smaller).
+SIM=0
+declare -A STATUS TIME CAPS NOTES
+for s in "${STAGES[@]}"; do STATUS[$s]=pending; done
+STAGE="" STAGE_END=0 STAGE_RC=0
+
+# cmd LABEL CMD...: one command of the current stage, killed at the stage's deadline; its output
+# goes to details/STAGE.log whole and to run.log cut at 400 lines of 300 characters.
+cmd() {
+  local label=$1; shift
+  echo "-- $STAGE/$label: $*"
   [ "$DRY" = 1 ] && return 0
-  local t0=$SECONDS rc
-  timeout --kill-after=10 "$limit" "$@" > >(tee "$D/$name.log") 2>&1
-  rc=$?
-  local st=ok; [ $rc -ne 0 ] && st="FAILED (exit $rc)"; [ $rc -eq 124 ] && st="TIMED OUT (${limit}s)"
-  SUMMARY+=("$(printf '%-26s %-18s %5ds' "$name" "$st" $((SECONDS - t0)))")
+  local t=$((STAGE_END - SECONDS)) rc
+  if [ $t -le 0 ]; then STAGE_RC=124; echo "   (no time left in $STAGE's cap)"; return 124; fi
+  echo "-- $STAGE/$label: $*" >> "$D/$STAGE.log"
+  timeout --kill-after=$GRACE $t "$@" 2>&1 | tee -a "$D/$STAGE.log" |
+    awk 'NR <= 400 { print substr($0, 1, 300) } NR == 401 { print "   ... (the rest in details/'"$STAGE"'.log)" }'
+  rc=${PIPESTATUS[0]}
+  [ $rc -eq 137 ] && rc=124
+  echo "-- $STAGE/$label: exit $rc"
+  if [ $rc -ne 0 ] && { [ $STAGE_RC -eq 0 ] || [ $rc -eq 124 ]; }; then STAGE_RC=$rc; fi
   return $rc
 }
-gtest_counts() {  # "passed P, failed F, skipped S": distinct test names (every MPI rank prints its own)
-  local f=$D/$1.log
-  count() { grep -oE "^\[ *$1 *\] [A-Za-z_][A-Za-z0-9_/.]*" "$f" | sed 's/.*\] //' | sort -u | wc -l; }
-  printf 'passed %s, failed %s, skipped %s' "$(count OK)" "$(count FAILED)" "$(count SKIPPED)"
+skip() { echo "-- $STAGE: skipped: $*"; STAGE_RC=skip; NOTES[$STAGE]="$*"; }
+note() { NOTES[$STAGE]="${NOTES[$STAGE]:+${NOTES[$STAGE]}; }$*"; }
+
+# "passed P, failed F, skipped S" and the failed tests' names, from a stage's GoogleTest output
+# (distinct names: every MPI rank prints its own).
+gtest_note() {
+  local f=$D/$STAGE.log
+  [ "$DRY" = 0 ] && [ -f "$f" ] || return 0
+  names() { grep -oE "^\[ *$1 *\] [A-Za-z_][A-Za-z0-9_/.]*" "$f" | sed 's/.*\] //' | sort -u; }
+  local failed
+  failed=$(names FAILED | tr '\n' ' ')
+  note "passed $(names OK | wc -l), failed $(names FAILED | wc -l), skipped $(names SKIPPED | wc -l)${failed:+: $failed}"
 }
-gpu_tests() {
-  local t np
-  for t in "$B"/bin/cuda_*_test; do
-    t=$(basename "$t")
-    [ "$t" = cuda_train_test ] && continue   # its checks are the train and grid stages
-    np=1
-    case $t in cuda_comm_test) np=2 ;; cuda_grid_test) np=4 ;; esac
-    if [ $np -gt 1 ]; then
-      run "$t" 240 "${MPIRUN[@]}" -np $np "$B/bin/$t" --gtest_output="xml:$D/$t.xml"
-    else
-      run "$t" 240 "$B/bin/$t" --gtest_output="xml:$D/$t.xml"
-    fi
-    [ "$DRY" = 1 ] || SUMMARY[-1]+="  $(gtest_counts "$t")"
-  done
-}
-train_test() {  # one test of cuda_train_test; it keeps its runs and curve under details/
-  run "$1" 300 env TRIPOD_TEST_KEEP="$D/$1" "$B/bin/cuda_train_test" --gtest_filter="$2" --gtest_output="xml:$D/$1.xml"
-  [ "$DRY" = 1 ] || SUMMARY[-1]+="  $(gtest_counts "$1")"
-}
-bench_tripod() {
-  run bench-tripod 420 "$B/bin/tripod_gpu_bench" --json "$D/bench_tripod.json" ${BENCH_ARGS:-}
-}
-bench_torch() {
-  if ! python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-    SUMMARY+=("$(printf '%-26s %s' bench-torch 'skipped: no python3 with CUDA PyTorch')"); return 0
+
+# ---- the stages ----------------------------------------------------------------------------
+probe() {
+  local f=$D/probe.txt
+  if [ "$DRY" = 1 ]; then echo "-- probe: nvidia-smi, the libraries' versions, the tools found -> details/probe.txt"; return; fi
+  {
+    echo "GPU, driver, memory: $GPU"
+    command -v nvidia-smi >/dev/null &&
+      echo "compute capability: $(timeout 20 nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>&1 | head -1)"
+    echo "CUDA runtime: $(version_of libcudart.so.13)"
+    echo "cuBLAS: $(version_of libcublas.so.13)  cuBLASLt: $(version_of libcublasLt.so.13)"
+    echo "cuDNN: $(version_of libcudnn.so.9)  NCCL: $(version_of libnccl.so.2)"
+    for lib in "${want[@]}"; do echo "  $lib: ${where[$lib]:-NOT FOUND}"; done
+    echo "PyTorch: $(timeout 60 python3 -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda, "available" if torch.cuda.is_available() else "no GPU")' 2>/dev/null || echo none)"
+    echo "compute-sanitizer: $(tool compute-sanitizer || echo none)  ncu: $(tool ncu || echo none)"
+    echo "host: $(nproc) cores, glibc $glibc, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
+  } > "$f" 2>&1
+  cat "$f"
+  if ! command -v nvidia-smi >/dev/null || ! timeout 20 nvidia-smi -L > /dev/null 2>&1; then
+    STAGE_RC=1; note "no GPU: nvidia-smi $(command -v nvidia-smi >/dev/null && echo fails || echo 'not found')"
+  else
+    note "$(echo "$GPU" | cut -d, -f1)"
   fi
-  local match=(); [ -f "$D/bench_tripod.json" ] && match=(--match "$D/bench_tripod.json")
-  run bench-torch 480 python3 "$B/src/bench/gpu/torch_baseline.py" "${match[@]}" --json "$D/bench_torch.json" ${TORCH_ARGS:-}
+  [ -n "${where[libcudnn.so.9]:-}" ] && [ -n "${where[libnccl.so.2]:-}" ] || { STAGE_RC=1; note "cuDNN or NCCL not found"; }
+}
+tool() { command -v "$1" 2>/dev/null || ls "${CUDA_HOME:-/usr/local/cuda}/bin/$1" /usr/local/cuda/bin/"$1" 2>/dev/null | head -1; }
+gtest() {  # gtest LABEL BINARY [ARGS...]: one test binary, its XML beside the log
+  local label=$1 bin=$2; shift 2
+  cmd "$label" "$B/bin/$bin" --gtest_output="xml:$D/$label.xml" "$@"
+}
+train_test() {  # train_test LABEL FILTER: tests of cuda_train_test; their runs and curves under details/STAGE/
+  cmd "$1" env TRIPOD_TEST_KEEP="$D/$STAGE" "$B/bin/cuda_train_test" --gtest_filter="$2" --gtest_output="xml:$D/$1.xml"
+}
+bench() {  # bench MODEL STEPS WARMUP
+  # shellcheck disable=SC2086
+  cmd "tripod_gpu_bench" "$B/bin/tripod_gpu_bench" --model "$1" --steps "$2" --warmup "$3" --json "$D/bench_$1.json" ${BENCH_ARGS:-}
+  [ "$DRY" = 0 ] && [ -f "$D/bench_$1.json" ] && note "$(python3 - "$D/bench_$1.json" <<'EOF' 2>/dev/null
+import json, sys
+for m in json.load(open(sys.argv[1]))["models"]:
+    print(f"{m['model']} B={m['micro_batch']}: {m['tokens_per_s']:.0f} tok/s, MFU {100 * m['mfu']:.1f}%, peak {m['peak_gib']:.1f} GiB")
+EOF
+)"
+}
+torch_baseline() {  # torch_baseline eager|compiled
+  if [ "$DRY" = 0 ] && ! timeout 60 python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    skip "no python3 with CUDA PyTorch"; return
+  fi
+  local args=(--model 124M --steps 20 --warmup 3 --json "$D/torch_$1.json")
+  [ "$1" = eager ] && args+=(--no-compile)
+  { [ "$DRY" = 1 ] || [ -f "$D/bench_124M.json" ]; } && args+=(--match "$D/bench_124M.json")
+  # shellcheck disable=SC2086
+  cmd torch_baseline python3 "$B/src/bench/gpu/torch_baseline.py" "${args[@]}" ${TORCH_ARGS:-}
+}
+calibrate() {
+  local base=$B/src/configs/hardware/h100_sxm.toml
+  case $GPU in *A100*|*A800*) base=$B/src/configs/hardware/a100_80gb_sxm.toml ;; esac
+  cmd calibrate "$B/bin/tripod" calibrate --device cuda --base "$base" --name "calibrated: ${GPU%%,*}" \
+    --out "$D/hardware_cuda.toml" --force
+  if [ "$DRY" = 0 ] && [ -f "$D/hardware_cuda.toml" ]; then
+    cp "$D/hardware_cuda.toml" "$RESULTS/hardware_cuda.toml"
+    note "hardware_cuda.toml (base $(basename "$base"))"
+  fi
 }
 sanitize() {
-  local cs
-  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-  if [ -z "$cs" ]; then SUMMARY+=("$(printf '%-26s %s' sanitize 'skipped: no compute-sanitizer')"); return 0; fi
-  run sanitize-kernels 280 "$cs" --tool memcheck --error-exitcode 3 "$B/bin/cuda_kernels_test"
-  run sanitize-train 120 "$cs" --tool memcheck --error-exitcode 3 "$B/bin/tripod" train \
+  local cs; cs=$(tool compute-sanitizer)
+  [ -n "$cs" ] || [ "$DRY" = 1 ] || { skip "no compute-sanitizer"; return; }
+  cmd memcheck-ops "${cs:-compute-sanitizer}" --tool memcheck --error-exitcode 3 --print-limit 20 "$B/bin/cuda_kernels_test"
+  cmd memcheck-train "${cs:-compute-sanitizer}" --tool memcheck --error-exitcode 3 --print-limit 20 "$B/bin/tripod" train \
     --config "$B/src/configs/tiny.toml" --set train.device=cuda --set train.steps=3 --set train.log_interval=1 \
     --set train.output_dir="$D/sanitize-train-run"
+  [ "$DRY" = 0 ] && note "$(grep -h 'ERROR SUMMARY' "$D/sanitize.log" 2>/dev/null | tr '\n' ' ')"
 }
 profile() {
-  local ncu
-  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
-  if [ -z "$ncu" ]; then SUMMARY+=("$(printf '%-26s %s' profile 'skipped: no ncu')"); return 0; fi
-  # Two 124M steps at micro-batch 8 (about 1000 kernels each), every kernel timed on its own.
-  run profile 180 "$ncu" --csv --launch-count 3000 \
+  local ncu; ncu=$(tool ncu)
+  [ -n "$ncu" ] || [ "$DRY" = 1 ] || { skip "no ncu"; return; }
+  # Parameter initialization and one 124M step at micro-batch 8 (about 1000 kernels), each kernel
+  # timed on its own.
+  cmd ncu "${ncu:-ncu}" --csv --launch-count 1500 \
     --metrics gpu__time_duration.sum,sm__throughput.avg.pct_of_peak_sustained_elapsed,dram__throughput.avg.pct_of_peak_sustained_elapsed \
-    "$B/bin/tripod_gpu_bench" --model 124M --micro-batch 8 --steps 1 --warmup 1 --no-split
-  [ "$DRY" = 1 ] || python3 "$B/src/bench/gpu/summary.py" --ncu "$D/profile.log" > "$D/profile_top.txt" || true
+    "$B/bin/tripod_gpu_bench" --model 124M --micro-batch 8 --steps 1 --warmup 0 --no-split
+  [ "$DRY" = 0 ] && python3 "$B/src/bench/gpu/summary.py" --ncu "$D/profile.log" > "$D/profile_top.txt" 2>&1
 }
 
-# summary.txt is rewritten after every stage, so a run cut short still leaves it.
-write_summary() {
-  {
-    echo "tripod bundle $(cat "$B/VERSION"); GPU: $GPU; cuDNN $(version_of libcudnn.so.9); NCCL $(version_of libnccl.so.2)"
-    printf '%s\n' "${SUMMARY[@]}"
-    for f in "$D"/train/*/curve.txt "$D"/grid/*/curve.txt "$D"/train/*/evals.txt; do [ -f "$f" ] && { echo; cat "$f"; }; done
-    if [ -f "$D/bench_tripod.json" ]; then
-      echo
-      python3 "$B/src/bench/gpu/summary.py" "$D/bench_tripod.json" $([ -f "$D/bench_torch.json" ] && echo "$D/bench_torch.json") ||
-        cat "$D/bench-tripod.log"
-    fi
-    [ -f "$D/profile_top.txt" ] && { echo; cat "$D/profile_top.txt"; }
-  } > "$RESULTS/summary.txt" 2>&1
-}
-
-for s in "${STAGES[@]}"; do
-  case $s in
-    mpi) run mpi 120 env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$B/bin/tripod" train \
-           --config "$B/src/configs/tiny.toml" --set train.steps=3 --set train.log_interval=1 --set train.output_dir="$D/mpi-run" ;;
-    tests) gpu_tests ;;
-    train) train_test train 'CudaTrain.FiftyStepsFollowTheCpuCurve:CudaTrain.CheckpointsMoveBetweenDevices' ;;
-    grid) train_test grid 'CudaTrain.GridOnOneGpuMatchesSingleRank' ;;
-    bench-tripod) bench_tripod ;;
-    bench-torch) bench_torch ;;
+run_stage() {
+  case $1 in
+    probe) probe ;;
+    ops) gtest cuda_kernels_test cuda_kernels_test; gtest_note ;;
+    step) gtest cuda_model_test cuda_model_test; train_test onestep 'CudaTrain.OneStepMatchesCpu'; gtest_note ;;
+    train) train_test train 'CudaTrain.FiftyStepsFollowTheCpuCurve:CudaTrain.CheckpointsMoveBetweenDevices'; gtest_note ;;
+    grid) train_test grid 'CudaTrain.GridOnOneGpuMatchesSingleRank'; gtest_note ;;
+    comm) cmd cuda_comm_test "${MPIRUN[@]}" -np 2 "$B/bin/cuda_comm_test" --gtest_output="xml:$D/cuda_comm_test.xml"
+          cmd cuda_grid_test "${MPIRUN[@]}" -np 4 "$B/bin/cuda_grid_test" --gtest_output="xml:$D/cuda_grid_test.xml"
+          gtest cuda_cli_test cuda_cli_test; gtest_note ;;
+    bench-124m) bench 124M 20 3 ;;
+    bench-350m) bench 350M 10 2 ;;
+    bench-1b) bench 1B 10 2 ;;
+    torch-eager) torch_baseline eager ;;
+    torch-compile) torch_baseline compiled ;;
+    calibrate) calibrate ;;
     sanitize) sanitize ;;
     profile) profile ;;
+    mpi) cmd tripod env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$B/bin/tripod" train \
+           --config "$B/src/configs/tiny.toml" --set train.steps=3 --set train.log_interval=1 --set train.output_dir="$D/mpi-run" ;;
   esac
-  [ "$DRY" = 1 ] && continue
+}
+
+# ---- results -------------------------------------------------------------------------------
+stage_table() {
+  local s rows=("${STAGES[@]}") prev
+  [ "$QUICK" = 1 ] && rows=("${DEFAULT[@]}")
+  printf '%-14s %-9s %5s %5s %5s  %s\n' stage status time cap est notes
+  for s in "${rows[@]}"; do
+    if [ -n "${STATUS[$s]:-}" ]; then
+      printf '%-14s %-9s %5s %5s %5s  %s\n' "$s" "${STATUS[$s]}" "${TIME[$s]:--}" "${CAPS[$s]:--}" "${EST[$s]}s" "${NOTES[$s]:-}"
+    elif [ -n "${PREV_LINE[$s]:-}" ]; then
+      read -r -a prev <<< "${PREV_LINE[$s]}"
+      local notes="${prev[*]:4}"
+      printf '%-14s %-9s %5s %5s %5s  %s\n' "$s" "${prev[0]}" - - "${EST[$s]}s" "(earlier run) ${notes#(earlier run) }"
+    fi
+  done
+}
+write_summary() {
+  {
+    echo "tripod bundle $(cat "$B/VERSION"); GPU: $GPU; budget ${BUDGET}s, ${SECONDS}s used$(
+      [ "$QUICK" = 1 ] && echo "; --quick after $PREVIOUS")"
+    stage_table
+    [ -f "$D/probe.txt" ] && { echo; cat "$D/probe.txt"; }
+    for f in "$D"/step/*/onestep.txt "$D"/train/*/curve.txt "$D"/train/*/evals.txt "$D"/grid/*/curve.txt; do
+      [ -f "$f" ] && { echo; cat "$f"; }
+    done
+    local jsons=()
+    for f in "$D"/bench_124M.json "$D"/bench_350M.json "$D"/bench_1B.json "$D"/torch_eager.json "$D"/torch_compiled.json; do
+      [ -f "$f" ] && jsons+=("$f")
+    done
+    if [ -f "$D/bench_124M.json" ] || [ -f "$D/bench_350M.json" ] || [ -f "$D/bench_1B.json" ]; then
+      echo; python3 "$B/src/bench/gpu/summary.py" "${jsons[@]}" || cat "$D"/bench-*.log
+    fi
+    [ -f "$D/calibrate.log" ] && { echo; grep -h 'hardware_cuda.toml' "$D/calibrate.log" | tail -1; }
+    [ -f "$D/sanitize.log" ] && { echo; grep -h -B2 'ERROR SUMMARY' "$D/sanitize.log"; }
+    [ -f "$D/profile_top.txt" ] && { echo; cat "$D/profile_top.txt"; }
+  } > "$RESULTS/summary.txt.tmp" 2>&1
+  mv "$RESULTS/summary.txt.tmp" "$RESULTS/summary.txt"
+}
+pack() {
+  # Logs over 8 MB keep their first and last 4 MB; checkpoints stay out.
+  local f
+  for f in "$D"/*.log; do
+    [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 8000000 ] &&
+      { head -c 4000000 "$f"; echo; echo "... (cut)"; tail -c 4000000 "$f"; } > "$f.cut" && mv "$f.cut" "$f"
+  done
+  tar -C "$(dirname "$D")" -czf "$RESULTS/details.tar.gz.tmp" --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' details
+  mv "$RESULTS/details.tar.gz.tmp" "$RESULTS/details.tar.gz"
+  # What --quick reads next time (the bundle's folder stays on a warm machine).
+  if mkdir -p "$B/last" 2>/dev/null && cp "$RESULTS/summary.txt" "$B/last/summary.txt.tmp" 2>/dev/null; then
+    mv "$B/last/summary.txt.tmp" "$B/last/summary.txt"
+    rm -rf "$B/last/details"
+    tar -C "$(dirname "$D")" -cf - --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' details | tar -C "$B/last" -xf -
+  fi
+  true
+}
+
+# ---- the run -------------------------------------------------------------------------------
+[ "$DRY" = 1 ] && echo "plan (budget ${BUDGET}s from 0, ${RESERVE}s to pack, ${GRACE}s for a killed stage; if each stage takes its estimate):"
+[ "$DRY" = 0 ] && write_summary
+for s in "${STAGES[@]}"; do
+  if [ "$DRY" = 1 ]; then left=$((BUDGET - SIM)); else left=$((BUDGET - SECONDS)); fi
+  cap=$((left - RESERVE - GRACE))
+  [ $cap -gt "${CAP[$s]}" ] && cap=${CAP[$s]}
+  if [ $cap -lt "${MIN[$s]}" ]; then
+    STATUS[$s]=no-time NOTES[$s]="${left}s left, needs ${MIN[$s]}s"
+    echo "== $s: no time (${left}s left of ${BUDGET}s; it needs ${MIN[$s]}s and ${RESERVE}s stay for packing)"
+    [ "$DRY" = 1 ] && echo "plan: $s no-time left=$left min=${MIN[$s]}"
+    continue
+  fi
+  CAPS[$s]=${cap}s
+  STAGE=$s STAGE_RC=0 STAGE_END=$((SECONDS + cap))
+  echo "== $s: cap ${cap}s (${left}s left), estimate ${EST[$s]}s"
+  [ "$DRY" = 1 ] && echo "plan: $s est=${EST[$s]} cap=$cap start=$SIM"
+  t0=$SECONDS
+  run_stage "$s"
+  if [ "$DRY" = 1 ]; then
+    SIM=$((SIM + (EST[$s] < cap ? EST[$s] : cap)))
+    continue
+  fi
+  TIME[$s]=$((SECONDS - t0))s
+  case $STAGE_RC in
+    0) STATUS[$s]=ok ;;
+    skip) STATUS[$s]=skipped ;;
+    124) STATUS[$s]=TIMED_OUT; note "killed at its ${cap}s cap" ;;
+    *) STATUS[$s]=FAILED; note "exit $STAGE_RC" ;;
+  esac
+  echo "== $s: ${STATUS[$s]} in ${TIME[$s]}"
   write_summary
-  # Checkpoints stay out of the archive.
-  tar -C "$(dirname "$D")" -czf "$RESULTS/details.tar.gz" --exclude='ckpt_*' --exclude='*.h5' details
+  pack
 done
 [ "$DRY" = 1 ] && { echo "dry run: nothing ran"; exit 0; }
 echo; cat "$RESULTS/summary.txt"
-grep -q 'FAILED\|TIMED OUT' "$RESULTS/summary.txt" && exit 1
+grep -qE '^[a-z0-9-]+ +(FAILED|TIMED_OUT)' "$RESULTS/summary.txt" && exit 1
 exit 0

@@ -1,11 +1,13 @@
-// GPU training throughput: GPT-2 124M and 350M at seq 1024 on one GPU, through the real trainer
+// GPU training throughput: GPT-2 124M and 350M, and a Llama-3.2-1B-shaped model (16 layers,
+// d_model 2048, 32 query heads over 8 key/value heads, SwiGLU 8192, RMSNorm, rope, vocabulary
+// 128256, tied embeddings: configs/llama3_2_1b.toml's model), at seq 1024 on one GPU, through the real trainer
 // step (forward, backward, grad norm, AdamW), with the largest micro-batch that fits. Prints one
 // table row per model: tokens/s, MFU (DESIGN.md: 6N + 6LCT FLOPs per token over this GPU's dense
 // bf16 peak, 989 TFLOP/s for H100 SXM), peak memory, and the share of the step's wall time spent
 // in GEMMs, attention and the other ops (GPU time from cudaEvent pairs around each op, in separate
 // steps) and the rest, the host gap (the GPU idle, waiting for the host).
 //
-//   tripod_gpu_bench [--model 124M|350M|all] [--micro-batch B] [--steps N] [--warmup N]
+//   tripod_gpu_bench [--model 124M|350M|1B|all] [--micro-batch B] [--steps N] [--warmup N]
 //                    [--json FILE] [--no-split]
 // --json writes the rows as one JSON object (bench/gpu/summary.py reads it beside the PyTorch
 // baseline's); --no-split skips the timed steps (for profilers).
@@ -34,8 +36,12 @@ namespace {
 struct Shape {
   const char* name;
   int n_layers, n_heads, d_model;
+  bool llama = false;  // with n_kv_heads, ffn_hidden, vocab_size below; GPT-2 otherwise
+  int n_kv_heads = 0, ffn_hidden = 0, vocab_size = 50257;
 };
-constexpr Shape kShapes[] = {{"124M", 12, 12, 768}, {"350M", 24, 16, 1024}};
+constexpr Shape kShapes[] = {{"124M", 12, 12, 768},
+                             {"350M", 24, 16, 1024},
+                             {"1B", 16, 32, 2048, true, 8, 8192, 128256}};
 
 Config make_config(const Shape& s, int micro_batch, const std::string& out_dir) {
   Config c;
@@ -43,7 +49,18 @@ Config make_config(const Shape& s, int micro_batch, const std::string& out_dir) 
   c.model.n_heads = s.n_heads;
   c.model.d_model = s.d_model;
   c.model.seq_len = 1024;
-  c.model.vocab_size = 50257;
+  c.model.vocab_size = s.vocab_size;
+  if (s.llama) {
+    c.model.arch = Arch::Llama;
+    c.model.norm = NormKind::RmsNorm;
+    c.model.position = PositionKind::Rope;
+    c.model.rope_theta = 500000.0;
+    c.model.mlp = MlpKind::SwiGlu;
+    c.model.ffn_hidden = s.ffn_hidden;
+    c.model.n_kv_heads = s.n_kv_heads;
+    c.model.bias = false;
+    c.model.tie_embeddings = true;
+  }
   c.train.device = Device::CUDA;
   c.train.micro_batch_size = micro_batch;
   c.train.global_batch_size = micro_batch;
@@ -118,12 +135,13 @@ std::optional<Result> run(cuda::CudaOps& ops, ParallelContext& par, const Shape&
 }
 
 int bench_main(int argc, char** argv) {
-  CLI::App app{"GPU training throughput of GPT-2 124M / 350M at seq 1024"};
+  CLI::App app{"GPU training throughput of GPT-2 124M / 350M and a Llama-3.2-1B shape at seq 1024"};
   std::string model = "all";
   int micro_batch = 0, steps = 10, warmup = 3;
   std::string json_path;
   bool no_split = false;
-  app.add_option("--model", model, "124M, 350M or all")->check(CLI::IsMember({"124M", "350M", "all"}));
+  app.add_option("--model", model, "124M, 350M, 1B (Llama-3.2-1B-shaped) or all")
+      ->check(CLI::IsMember({"124M", "350M", "1B", "all"}));
   app.add_option("--micro-batch", micro_batch, "Micro-batch size (0: the largest that fits)");
   app.add_option("--steps", steps, "Measured steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "Steps before measuring")->check(CLI::NonNegativeNumber);
@@ -186,7 +204,8 @@ int bench_main(int argc, char** argv) {
                              {"attention", r.attention},
                              {"other", r.other},
                              {"host_gap", gap},
-                             {"attention_impl", r.attention_impl}});
+                             {"attention_impl", r.attention_impl},
+                             {"arch", mc.arch}});
   }
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
   std::filesystem::remove_all(out_dir);

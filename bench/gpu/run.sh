@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds tripod with the CUDA backend and runs the GPU training benchmark: GPT-2 124M and 350M at
-# seq 1024 with the largest micro-batch that fits; tokens/s, MFU (against the GPU's dense bf16
-# peak: 989 TFLOP/s for H100 SXM), peak memory and the step time's shares (GEMM, attention, other
-# ops, host gaps). Then, when python3 has CUDA PyTorch, the PyTorch baseline on the same shapes
-# and micro-batches, and the side-by-side table with the ratio (bench/gpu/summary.py).
-#   bench/gpu/run.sh [tripod_gpu_bench options: --model 124M|350M|all --micro-batch B --steps N --warmup N]
+# Builds tripod with the CUDA backend and runs the GPU training benchmark: GPT-2 124M and 350M and
+# a Llama-3.2-1B-shaped model at seq 1024 with the largest micro-batch that fits; tokens/s, MFU
+# (against the GPU's dense bf16 peak: 989 TFLOP/s for H100 SXM), peak memory and the step time's
+# shares (GEMM, attention, other ops, host gaps). Then, when python3 has CUDA PyTorch, the PyTorch
+# baseline on the GPT-2 shapes and micro-batches, and the side-by-side table with the ratio
+# (bench/gpu/summary.py).
+#   bench/gpu/run.sh [tripod_gpu_bench options: --model 124M|350M|1B|all --micro-batch B --steps N --warmup N]
 # Needs an NVIDIA GPU; BUILD (default build-gpu) names the build directory, RESULTS (default
 # BUILD/gpu_bench) where the JSON results go.
 set -euo pipefail

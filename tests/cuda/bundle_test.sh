@@ -4,10 +4,14 @@
 #   - with only the bundle's lib/ on the library path (and no other environment), every
 #     dependency of every binary, library and MPI plugin resolves inside the bundle, except glibc
 #     and the NVIDIA libraries (driver, CUDA toolkit, cuDNN, NCCL) that run.sh finds on the target;
-#   - run.sh --dry-run finds the NVIDIA libraries here and lists the stages;
-#   - run.sh's mpi stage trains 2 CPU ranks through the bundled mpirun without opening any file of
-#     this machine's Open MPI or PMIx installation, and leaves run.log, summary.txt, details.tar.gz;
-#   - the archive is small (under 60 MB: the device tool carries 64 MiB).
+#   - run.sh --dry-run --budget 540 finds the NVIDIA libraries here and plans the stages in their
+#     order with their caps (and --budget 200 a shorter plan);
+#   - --quick picks the right stages from a fabricated first-run summary, and from the one a run
+#     left in the bundle's last/; bad arguments are one error line and exit 2;
+#   - run.sh probe mpi: the probe fails here (no GPU) and the mpi stage after it still trains 2
+#     CPU ranks through the bundled mpirun without opening any file of this machine's Open MPI or
+#     PMIx installation, leaving run.log, summary.txt, details.tar.gz;
+#   - the archive is small (under 45 MB: the device tool carries 64 MiB in all).
 # BUNDLE_BUILD overrides the build folder (default build-bundle in the source tree);
 # BUNDLE_NO_BUILD=1 packs that folder as it is (ctest: its own build).
 set -euo pipefail
@@ -37,30 +41,122 @@ done)
 [ -z "$bad" ] || fail "dependencies outside the bundle:"$'\n'"$bad"
 n_libs=$(ls "$OUT"/lib/*.so* | wc -l)
 [ "$n_libs" -ge 10 ] || fail "only $n_libs libraries in lib/"
-for f in tripod tripod_gpu_bench cuda_kernels_test cuda_train_test mpirun; do [ -x "$OUT/bin/$f" ] || fail "bin/$f missing"; done
-for f in src/configs/quickstart.toml src/build/corpus/kjv_text_document.bin src/build/corpus/kjv_bpe4096.model \
+for f in tripod tripod_gpu_bench cuda_kernels_test cuda_model_test cuda_train_test cuda_comm_test cuda_grid_test \
+         cuda_cli_test mpirun; do
+  [ -x "$OUT/bin/$f" ] || fail "bin/$f missing"
+done
+for f in src/configs/quickstart.toml src/configs/tiny.toml src/configs/hardware/h100_sxm.toml \
+         src/build/corpus/kjv_text_document.bin src/build/corpus/kjv_bpe4096.model \
          src/bench/gpu/torch_baseline.py src/bench/gpu/summary.py run.sh GLIBC_REQUIRED; do
   [ -s "$OUT/$f" ] || fail "$f missing"
 done
 
-dry=$("$OUT/run.sh" --dry-run --results "$T/dry") || fail "run.sh --dry-run failed:"$'\n'"$dry"
-for want in "libcudnn.so.9: /" "libnccl.so.2: /" "libcublasLt.so.13: /" "== mpi: " "== cuda_kernels_test: " "== train: " "== grid: " "== bench-tripod: " "dry run: nothing ran"; do
+# The plan of a dry run (as if every stage took its estimate): the stages in priority order, each
+# capped by min(its own cap, what is left - 25 s); those that would get less than their minimum
+# are "no-time", and later, smaller ones still run.
+dry=$("$OUT/run.sh" --dry-run --budget 540 --results "$T/dry") || fail "run.sh --dry-run failed:"$'\n'"$dry"
+for want in "libcudnn.so.9: /" "libnccl.so.2: /" "libcublasLt.so.13: /" "-- ops/cuda_kernels_test: " \
+            "-- step/cuda_model_test: " "--gtest_filter=CudaTrain.OneStepMatchesCpu" "-- train/train: " \
+            "--gtest_filter=CudaTrain.GridOnOneGpuMatchesSingleRank" "-- comm/cuda_comm_test: mpirun" \
+            "tripod_gpu_bench --model 124M --steps 20 --warmup 3" "torch_baseline.py --model 124M --steps 20 --warmup 3" \
+            "--no-compile" "tripod_gpu_bench --model 350M" "calibrate --device cuda" "dry run: nothing ran"; do
   grep -qF -- "$want" <<< "$dry" || fail "run.sh --dry-run does not show '$want':"$'\n'"$dry"
+done
+plan=$(grep '^plan: ' <<< "$dry")
+want_plan="plan: probe est=5 cap=30 start=0
+plan: ops est=30 cap=120 start=5
+plan: step est=30 cap=120 start=35
+plan: train est=60 cap=180 start=65
+plan: bench-124m est=60 cap=150 start=125
+plan: torch-eager est=45 cap=120 start=185
+plan: grid est=60 cap=150 start=230
+plan: torch-compile est=90 cap=180 start=290
+plan: comm est=45 cap=120 start=380
+plan: bench-350m est=50 cap=90 start=425
+plan: bench-1b no-time left=65 min=45
+plan: calibrate est=60 cap=40 start=475
+plan: sanitize no-time left=25 min=60
+plan: profile no-time left=25 min=60"
+[ "$plan" = "$want_plan" ] || fail "the 540 s plan changed:"$'\n'"$plan"$'\n'"(expected)"$'\n'"$want_plan"
+# Every cap keeps 25 s back, and the issue's first six checks (through grid) end by 540 - 20 s.
+awk -v budget=540 '
+  /est=/ { split($0, f, /[ =]/); est = f[4]; cap = f[6]; start = f[8]
+           if (cap > budget - start - 25) { print "cap " cap " beyond what is left at " start ": " $0; bad = 1 }
+           if ($2 == "grid" && start + est > budget - 20) { print "grid does not fit: " $0; bad = 1 } }
+  END { exit bad }' <<< "$plan" || fail "caps"
+# A smaller budget: caps shrink and the later stages get no time.
+plan200=$("$OUT/run.sh" --dry-run --budget 200 --results "$T/dry" | grep '^plan: ')
+want200="plan: probe est=5 cap=30 start=0
+plan: ops est=30 cap=120 start=5
+plan: step est=30 cap=120 start=35
+plan: train est=60 cap=110 start=65
+plan: bench-124m est=60 cap=50 start=125
+plan: torch-eager no-time left=25 min=30"
+[ "$(head -6 <<< "$plan200")" = "$want200" ] || fail "the 200 s plan:"$'\n'"$plan200"
+[ "$(grep -c 'no-time' <<< "$plan200")" = 9 ] || fail "the 200 s plan should leave 9 stages without time:"$'\n'"$plan200"
+
+# --quick on a first run's summary: probe, then the stages that failed, timed out, had no time,
+# were pending (the run was cut off) or are absent; not those ok or skipped.
+cat > "$T/first_summary.txt" <<'END'
+tripod bundle abc; GPU: NVIDIA H100 80GB HBM3, 570.86, 81559 MiB; budget 540s, 538s used
+stage          status     time   cap   est  notes
+probe          ok           3s   30s    5s  NVIDIA H100 80GB HBM3
+ops            ok          25s  120s   30s  passed 30, failed 0, skipped 0
+step           FAILED      20s  120s   30s  passed 1, failed 1, skipped 0: CudaTrain.OneStepMatchesCpu ; exit 1
+train          TIMED_OUT  180s  180s   60s  killed at its 180s cap
+bench-124m     ok          50s  150s   60s  124M B=64: 100000 tok/s, MFU 10.0%, peak 40.0 GiB
+torch-eager    skipped      0s  120s   45s  no python3 with CUDA PyTorch
+grid           ok          40s  150s   60s  passed 1, failed 0, skipped 0
+torch-compile  no-time       -     -   90s  60s left, needs 60s
+comm           FAILED      10s  120s   45s  exit 1
+bench-350m     pending       -     -   50s
+calibrate      ok          30s   40s   60s  hardware_cuda.toml (base h100_sxm.toml)
+sanitize       skipped      0s  300s  120s  no compute-sanitizer
+profile        FAILED       5s  240s   90s  exit 1
+
+stage status lines after the table's blank line do not count:
+stage          status
+grid           FAILED
+END
+quick=$("$OUT/run.sh" --quick --previous "$T/first_summary.txt" --dry-run --budget 300 --results "$T/dry") ||
+  fail "run.sh --quick --dry-run failed:"$'\n'"$quick"
+got=$(grep '^plan: ' <<< "$quick" | awk '{print $2}' | tr '\n' ' ')
+[ "$got" = "probe step train torch-compile comm bench-350m bench-1b profile " ] || fail "--quick picked: $got"$'\n'"$quick"
+"$OUT/run.sh" --quick --previous "$T/missing.txt" > "$T/bad.out" 2>&1 && fail "--quick with no summary ran"
+[ "$(cat "$T/bad.out")" = "error: --quick: no earlier summary at $T/missing.txt (give the first run's summary.txt with --previous FILE)" ] ||
+  fail "--quick with no summary: $(cat "$T/bad.out")"
+echo "x" > "$T/not_a_summary.txt"
+for args in "--quick --previous $T/not_a_summary.txt" "--budget 30" "--budget 5x" "--quick ops" "nosuchstage" "--previous $T/first_summary.txt"; do
+  rc=0
+  # shellcheck disable=SC2086
+  "$OUT/run.sh" $args > "$T/bad.out" 2>&1 || rc=$?
+  [ $rc = 2 ] && [ "$(wc -l < "$T/bad.out")" = 1 ] && grep -q '^error: ' "$T/bad.out" ||
+    fail "run.sh $args: exit $rc, $(cat "$T/bad.out")"
 done
 
 # The bundled Open MPI, relocated: 2 ranks train, and no file of /usr's Open MPI or PMIx is opened
 # (libmpi's RUNPATH still makes the loader probe its build folder for glibc: those opens fail).
-strace -f -qq -e trace=open,openat,execve -o "$T/strace" "$OUT/run.sh" --results "$T/mpi" mpi > "$T/mpi.out" 2>&1 ||
-  fail "run.sh mpi failed:"$'\n'"$(tail -30 "$T/mpi.out")"
-grep -q 'mpi  *ok' "$T/mpi/summary.txt" || fail "no mpi ok in summary.txt: $(cat "$T/mpi/summary.txt")"
+# The probe stage before it fails here (no GPU), and the mpi stage still runs.
+strace -f -qq -e trace=open,openat,execve -o "$T/strace" "$OUT/run.sh" --results "$T/mpi" probe mpi > "$T/mpi.out" 2>&1 &&
+  fail "run.sh probe mpi passed without a GPU:"$'\n'"$(tail -30 "$T/mpi.out")"
+grep -qE '^mpi +ok ' "$T/mpi/summary.txt" || fail "no mpi ok in summary.txt: $(cat "$T/mpi/summary.txt")"
+grep -qE '^probe +FAILED .*no GPU' "$T/mpi/summary.txt" || fail "no 'probe FAILED ... no GPU' in summary.txt: $(cat "$T/mpi/summary.txt")"
 leaks=$(grep -E '= [0-9]+$' "$T/strace" | grep -oE '"/(usr/lib/x86_64-linux-gnu/(openmpi|pmix2|libmpi|libopen-|libpmix)|usr/share/(openmpi|pmix)|etc/openmpi)[^"]*"' | sort -u | head || true)
 [ -z "$leaks" ] || fail "the bundled mpirun read the system's Open MPI files:"$'\n'"$leaks"
 [ "$(ls "$T/mpi" | tr '\n' ' ')" = "details.tar.gz run.log summary.txt " ] ||
   fail "the results folder should hold details.tar.gz run.log summary.txt, not: $(ls "$T/mpi")"
-tar -tzf "$T/mpi/details.tar.gz" | grep -q 'details/mpi-run/metrics.jsonl' || fail "details.tar.gz lacks the mpi run's metrics"
+tar -tzf "$T/mpi/details.tar.gz" > "$T/details.list"
+grep -q 'details/mpi-run/metrics.jsonl' "$T/details.list" || fail "details.tar.gz lacks the mpi run's metrics"
+grep -q 'details/probe.txt' "$T/details.list" || fail "details.tar.gz lacks probe.txt"
+# A second command on the same machine: --quick reads the summary the run left in the bundle's
+# last/ and reruns probe, then every default stage (none of them ran).
+quick=$("$OUT/run.sh" --quick --dry-run --results "$T/dry") || fail "run.sh --quick after a run failed:"$'\n'"$quick"
+grep -qF -- "(--quick from $OUT/last/summary.txt)" <<< "$quick" || fail "--quick did not read last/summary.txt:"$'\n'"$quick"
+[ "$(grep '^plan: ' <<< "$quick" | head -3 | awk '{print $2}' | tr '\n' ' ')" = "probe ops step " ] ||
+  fail "--quick after probe and mpi should rerun probe, then the stages that never ran:"$'\n'"$quick"
 
 size=$(stat -c %s "$T/tripod-bundle.tar.gz")
 unpacked=$(du -sb "$OUT" | cut -f1)
 echo "bundle: $((unpacked / 1000000)) MB unpacked, archive $((size / 1000000)) MB, $n_libs libraries"
-[ "$size" -lt 60000000 ] || fail "archive is $size bytes (limit 60 MB)"
+[ "$size" -lt 45000000 ] || fail "archive is $size bytes (limit 45 MB)"
 echo "bundle_test: ok"

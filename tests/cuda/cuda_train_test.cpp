@@ -1,5 +1,8 @@
 // `tripod` end to end on a device, against the CPU: the quick-start model (configs/quickstart.toml)
 // on a corpus,
+//   - one step on one rank gives the CPU's loss and gradient norm, and every parameter's first
+//     moment (its clipped gradient) and updated master weights agree with the CPU's (read back
+//     from checkpoints written after the step; per-parameter table in onestep.txt);
 //   - 50 steps on one rank follow the CPU's loss curve (bf16 tolerance on a GPU);
 //   - the quick-start (tp, pp, dp) = (2, 2, 2) grid, 8 ranks on one device (ranks sharing a GPU
 //     stage their messages through MPI), gives the single-rank run's losses;
@@ -17,12 +20,16 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "checkpoint/load.h"
+#include "checkpoint/reader.h"
 #include "cli_util.h"
 #include "kernels/op.h"
 #include "test_util.h"
+#include "config/config.h"
 #include "report/report.h"
 
 namespace tripod {
@@ -161,6 +168,102 @@ class CudaTrain : public ::testing::Test {
   bool keep_ = false;
   int steps_ = 50;
 };
+
+// Every tensor of one state kind in a checkpoint, whole (name -> f32 values).
+std::map<std::string, std::vector<float>> read_state(CheckpointReader& r, StateKind kind) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, shape] : r.tensors()) {
+    std::vector<float>& v = out[name];
+    v.resize(static_cast<size_t>(shape_numel(shape)));
+    PieceGeom g{.global_shape = shape, .shard_dim = -1, .box_offset = 0, .box_size = shape.empty() ? 1 : shape[0],
+                .flat_begin = 0, .flat_end = shape_numel(shape)};
+    r.assemble(name, kind, {{.geom = g, .out = v.data()}});
+  }
+  return out;
+}
+
+double rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// One step of the quick-start model on the device and on the CPU, from the same initial weights
+// and tokens: the loss, the gradient norm, each parameter's first moment m = (1 - beta1) * its
+// clipped gradient, and each updated master weight. The update's check is exact up to rounding:
+// with identical initial weights, AdamW's first step gives
+//   p_dev - p_cpu = -lr * (u_dev - u_cpu),  u = m_hat / (sqrt(v_hat) + eps)
+// whatever the gradients (each side's u comes from its own saved m and v), so a wrong learning
+// rate, bias correction, weight decay or a parameter left out of the update shows up.
+TEST_F(CudaTrain, OneStepMatchesCpu) {
+  // (`name` keeps the runs apart when the device is the CPU too.)
+  auto one_step = [&](const std::string& device, const std::string& name) -> std::pair<TrainRecord, fs::path> {
+    const fs::path run = dir_ / name, ckpt = dir_ / (name + "_ckpt");
+    auto r = tripod(train_args(device, false, run, 1) +
+                    fmt::format(" --set checkpoint.dir='{}' --set checkpoint.interval=1", ckpt.string()));
+    test::write_file(dir_ / (name + ".log"), r.out + r.err);
+    EXPECT_EQ(r.status, 0) << device << ":\n" << r.err.substr(r.err.size() > 4000 ? r.err.size() - 4000 : 0);
+    if (r.status != 0) return {};
+    auto m = read_metrics((run / "metrics.jsonl").string()).train;
+    EXPECT_EQ(m.size(), 1u);
+    if (m.size() != 1) return {};
+    return {m[0], resolve_checkpoint(ckpt.string(), "")};
+  };
+  const auto [cpu, cpu_ckpt] = one_step("cpu", "onestep_reference_cpu");
+  const auto [dev, dev_ckpt] = one_step(device_, "onestep_" + device_);
+  if (HasFailure()) return;
+
+  std::ofstream table(dir_ / "onestep.txt");
+  const double loss_rel = std::abs(dev.loss - cpu.loss) / cpu.loss;
+  const double gn_rel = std::abs(dev.grad_norm - cpu.grad_norm) / cpu.grad_norm;
+  table << fmt::format("OneStepMatchesCpu: {} vs cpu, quick-start model, step 1 (lr {:.3e})\n"
+                       "loss      cpu {:.6f}  {} {:.6f}  rel diff {:.2e} (tolerance {:g})\n"
+                       "grad norm cpu {:.6f}  {} {:.6f}  rel diff {:.2e} (tolerance {:g})\n",
+                       device_, cpu.lr, cpu.loss, device_, dev.loss, loss_rel, tol(1e-2), cpu.grad_norm, device_,
+                       dev.grad_norm, gn_rel, tol(3e-2));
+  EXPECT_LE(loss_rel, tol(1e-2)) << "loss: cpu " << cpu.loss << ", " << device_ << " " << dev.loss;
+  EXPECT_LE(gn_rel, tol(3e-2)) << "grad norm: cpu " << cpu.grad_norm << ", " << device_ << " " << dev.grad_norm;
+  ASSERT_EQ(dev.lr, cpu.lr);
+
+  CheckpointReader rc(cpu_ckpt), rd(dev_ckpt);
+  ASSERT_EQ(rc.tensors(), rd.tensors()) << "the same parameters, the same shapes";
+  // The master weights: the values themselves where the backend computes in f32 (no master saved).
+  const auto pc = read_state(rc, rc.has_kind(StateKind::Master) ? StateKind::Master : StateKind::Value);
+  const auto pd = read_state(rd, rd.has_kind(StateKind::Master) ? StateKind::Master : StateKind::Value);
+  const auto mc = read_state(rc, StateKind::M), md = read_state(rd, StateKind::M);
+  const auto vc = read_state(rc, StateKind::V), vd = read_state(rd, StateKind::V);
+  const TrainConfig adam;  // the quick-start config keeps the default betas and eps
+  const double bc1 = 1 - adam.beta1, bc2 = 1 - adam.beta2, lr = static_cast<float>(cpu.lr);
+  auto u = [&](float m, float v) { return (m / bc1) / (std::sqrt(v / bc2) + adam.eps); };
+  table << fmt::format("{:<28} {:>9} {:>12} {:>16}\n", "parameter", "numel", "grad rel diff", "update resid/lr");
+  std::vector<float> all_mc, all_md;
+  for (const auto& [name, shape] : rc.tensors()) {
+    const auto &a = pc.at(name), &b = pd.at(name);
+    double worst = 0;  // |p_dev - p_cpu + lr (u_dev - u_cpu)| beyond rounding, in units of lr
+    bool finite = true;
+    for (size_t k = 0; k < a.size(); ++k) {
+      const double resid = (static_cast<double>(b[k]) - a[k]) +
+                           lr * (u(md.at(name)[k], vd.at(name)[k]) - u(mc.at(name)[k], vc.at(name)[k]));
+      finite = finite && std::isfinite(resid);
+      worst = std::max(worst, (std::abs(resid) - 1e-6 * std::abs(a[k])) / lr);
+    }
+    const double grad_rel = rel_diff(md.at(name), mc.at(name));
+    all_mc.insert(all_mc.end(), mc.at(name).begin(), mc.at(name).end());
+    all_md.insert(all_md.end(), md.at(name).begin(), md.at(name).end());
+    table << fmt::format("{:<28} {:>9} {:>12.2e} {:>16.2e}\n", name, a.size(), grad_rel, std::max(worst, 0.0));
+    EXPECT_TRUE(finite) << name << ": a non-finite master weight or moment";
+    EXPECT_LE(worst, 1e-4) << name << ": the update is not AdamW's first step from the same weights (residual "
+                           << worst << " lr)";
+    EXPECT_LE(grad_rel, tol(1e-1)) << name << ": first moment (gradient)";
+  }
+  const double all_rel = rel_diff(all_md, all_mc);
+  table << fmt::format("all gradients (first moments): rel diff {:.2e} (tolerance {:g})\n", all_rel, tol(3e-2));
+  EXPECT_LE(all_rel, tol(3e-2)) << "the whole gradient";
+}
 
 TEST_F(CudaTrain, FiftyStepsFollowTheCpuCurve) {
   const auto cpu = train("cpu", false, "cpu", steps_);
