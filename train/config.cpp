@@ -174,7 +174,9 @@ std::vector<Field> fields(TrainConfig& t) {
           {"output_dir", &t.output_dir},
           {"exit_interval", &t.exit_interval},
           {"max_bad_steps", &t.max_bad_steps},
-          {"trace", &t.trace}};
+          {"trace", &t.trace},
+          {"tensorboard_dir", &t.tensorboard_dir},
+          {"straggler_factor", &t.straggler_factor}};
 }
 std::vector<Field> fields(DataConfig& d) {
   return {{"prefixes", &d.prefixes}, {"weights", &d.weights}, {"split", &d.split}, {"tokenizer", &d.tokenizer},
@@ -350,6 +352,8 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     require(!t.output_dir.empty(), origin, "train.output_dir", "must not be empty");
     require(t.exit_interval >= 0, origin, "train.exit_interval", fmt::format("must be >= 0, got {}", t.exit_interval));
     require(t.max_bad_steps >= 1, origin, "train.max_bad_steps", fmt::format("must be >= 1, got {}", t.max_bad_steps));
+    require(t.straggler_factor == 0 || t.straggler_factor > 1, origin, "train.straggler_factor",
+            fmt::format("must be > 1 (or 0 for no straggler detection), got {}", t.straggler_factor));
   }
   {
     Section s(root, "recompute", origin);
