@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <functional>
@@ -62,7 +63,8 @@ std::vector<TbFile> read_events(const fs::path& dir, const fs::path& node_module
   EXPECT_EQ(r.status, 0) << r.err;
   if (r.status != 0) return {};
   std::vector<TbFile> out;
-  for (const json& f : json::parse(r.out)["files"]) {
+  const json doc = json::parse(r.out);
+  for (const json& f : doc.at("files")) {
     TbFile file{f["name"].get<std::string>(), {}};
     for (const json& e : f["events"]) {
       TbEvent ev{e["step"].get<int64_t>(), e["wall_time"].get<double>(), e.value("file_version", ""), {}};
@@ -183,7 +185,11 @@ TEST_F(TensorBoard, EveryScalarMatchesMetricsAcrossSigtermAndResume) {
   const test::RunOptions opt{.np = 2, .env = "TRIPOD_INJECT_NAN=loss@3"};
   {
     test::Background job(test::tripod_cmd(args, opt), dir_ / "log");
-    ASSERT_TRUE(wait_for([&] { return test::losses(run).size() >= 8; }, 120)) << slurp(dir_ / "log");
+    const auto lines = [&] {  // complete records so far
+      const std::string text = slurp(run / "metrics.jsonl");
+      return std::count(text.begin(), text.end(), '\n');
+    };
+    ASSERT_TRUE(wait_for([&] { return lines() >= 8; }, 120)) << slurp(dir_ / "log");
     for (pid_t rank : children(job.pid())) kill(rank, SIGTERM);
     ASSERT_EQ(job.wait(300), 0) << slurp(dir_ / "log");
   }
