@@ -41,7 +41,7 @@ double median(std::vector<double> v) {
 
 void run_bench(int rank, int world, const std::string& dir, int rounds, int steps, int64_t log_interval) {
   Config base = load_config(std::string(TRIPOD_SOURCE_DIR) + "/configs/quickstart.toml",
-                            {"data.synthetic=true", "train.eval_interval=0", "checkpoint.dir=\"\"",
+                            {"data.synthetic=true", "train.eval_interval=0", "checkpoint.dir=\"\"", "checkpoint.interval=0",
                              "train.trace=false", "train.tensorboard_dir=\"\"", "train.straggler_factor=0",
                              fmt::format("train.log_interval={}", log_interval), fmt::format("train.steps={}", steps)});
   validate_layout(base, world);

@@ -849,7 +849,7 @@ std::string straggler_panel(const RunMetrics& m, const ConfigView& cfg, json& ch
                    "the median of all ranks, per log interval; a rank over {} for 3 intervals in a row is named</div>\n",
                    std::isfinite(bar) ? fmt::format("{:g}\u00d7", bar) : "train.straggler_factor");
   if (named.empty()) {
-    h += "<p class=\"note\">No straggler: no rank stayed over the bar.</p>\n";
+    h += "<p>No straggler: no rank stayed over the bar.</p>\n";
   } else {
     h += "<table class=\"stragglers\"><tr><th>rank</th><th>named at steps</th><th>logged intervals</th>"
          "<th>worst compute / median</th></tr>\n";
