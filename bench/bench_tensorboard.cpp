@@ -2,7 +2,9 @@
 // logging) on the quick-start grid (configs/quickstart.toml: 8 ranks, dp = pp = tp = 2, vp 2,
 // synthetic data, no evaluation or checkpoints) with TensorBoard event files off and on, and with
 // the straggler monitor's all-gather off and on. The modes take turns, in a rotating order, over
-// several rounds of one run; the table gives each mode's median and its ratio to "off".
+// several rounds of one run; the table gives each mode's median and its ratio to "off". Below it,
+// the direct costs timed alone: writing one logged step with and without TensorBoard, and one
+// straggler all-gather, as fractions of a log interval.
 //   mpirun -np 8 build/bin/bench_tensorboard [--rounds R] [--steps S] [--log-interval K]
 #include <fmt/format.h>
 #include <mpi.h>
@@ -20,6 +22,8 @@
 #include "core/log.h"
 #include "data/sample_source.h"
 #include "train/config.h"
+#include "train/metrics.h"
+#include "train/straggler.h"
 #include "train/runtime.h"
 #include "train/trainer.h"
 
@@ -47,6 +51,38 @@ void run_bench(int rank, int world, const std::string& dir, int rounds, int step
   validate_layout(base, world);
   Runtime rt = make_runtime(base);
   SyntheticSource data(base.model.seq_len, base.model.vocab_size, 1);
+
+  // The direct costs, timed alone (the loop's own noise hides them on a shared machine): one
+  // logged step written by rank 0 without and with TensorBoard, and one straggler all-gather.
+  const int reps = 200;
+  double log_plain_us = 0, log_tb_us = 0;
+  if (rank == 0) {
+    StepMetrics m;
+    m.steps = reps;
+    m.loss = 4.5, m.lr = 1e-3, m.grad_norm = 0.9, m.step_time_s = 0.4, m.tokens_per_s = 1e4, m.mfu = 0.3;
+    m.batch_size = base.train.global_batch_size;
+    for (const char* c : {"params", "grads", "optimizer", "activations", "workspace", "comm", "total"})
+      m.memory[c] = 123456789;
+    for (bool tb : {false, true}) {
+      MetricsLog log(fmt::format("{}/direct_{}", dir, tb), tb ? fmt::format("{}/direct_{}/tb", dir, tb) : "");
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 1; i <= reps; ++i) {
+        m.step = i;
+        m.consumed_samples = i * m.batch_size;
+        log.log_step(m);
+      }
+      (tb ? log_tb_us : log_plain_us) =
+          1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    }
+  }
+  StragglerMonitor monitor(1.3, world);
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto g0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) {
+    monitor.add_step(0.4, 0.3);
+    monitor.gather(*rt.par.world, i);
+  }
+  const double gather_us = 1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count() / reps;
 
   const std::vector<Mode> modes = {{"off", false, 0}, {"tensorboard", true, 0}, {"stragglers", false, 1.3},
                                    {"both", true, 1.3}};
@@ -79,6 +115,12 @@ void run_bench(int rank, int world, const std::string& dir, int rounds, int step
       for (double v : per_step[i]) rs += fmt::format(" {:.4f}", v);
       fmt::print("{:<12} {:>16.4f} {:>10.4f}  {}\n", modes[i].name, median(per_step[i]), median(per_step[i]) / off, rs);
     }
+    const double per_interval = off * static_cast<double>(log_interval);
+    fmt::print("direct cost per logged step: metrics.jsonl {:.1f} us, metrics.jsonl + TensorBoard {:.1f} us "
+               "(+{:.1f} us = {:.4f}% of a log interval of {} steps at the median 'off' step); straggler all-gather "
+               "{:.1f} us ({:.4f}%)\n",
+               log_plain_us, log_tb_us, log_tb_us - log_plain_us, 100 * (log_tb_us - log_plain_us) * 1e-6 / per_interval,
+               log_interval, gather_us, 100 * gather_us * 1e-6 / per_interval);
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);
   }
