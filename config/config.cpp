@@ -198,7 +198,9 @@ std::vector<Field> fields(TrainConfig& t) {
           {"output_dir", &t.output_dir},
           {"exit_interval", &t.exit_interval},
           {"max_bad_steps", &t.max_bad_steps},
-          {"trace", &t.trace}};
+          {"trace", &t.trace},
+          {"tensorboard_dir", &t.tensorboard_dir},
+          {"straggler_factor", &t.straggler_factor}};
 }
 std::vector<Field> fields(RecomputeConfig& r) { return {{"mode", EnumRef(&r.mode)}, {"num_layers", &r.num_layers}}; }
 std::vector<Field> fields(DataConfig& d) {
@@ -313,6 +315,8 @@ void TrainConfig::validate(const std::string& origin, bool training) const {
   require(!output_dir.empty(), origin, "train.output_dir", "must not be empty");
   require(exit_interval >= 0, origin, "train.exit_interval", fmt::format("must be >= 0, got {}", exit_interval));
   require(max_bad_steps >= 1, origin, "train.max_bad_steps", fmt::format("must be >= 1, got {}", max_bad_steps));
+  require(straggler_factor == 0 || straggler_factor > 1, origin, "train.straggler_factor",
+          fmt::format("must be > 1 (or 0 for no straggler detection), got {}", straggler_factor));
 }
 
 void DataConfig::validate(const std::string& origin, bool reads_data) const {

@@ -63,6 +63,8 @@ struct TrainConfig {
   int64_t exit_interval = 0;  // stop (with a checkpoint) after this step; 0: run all steps
   int max_bad_steps = 3;      // consecutive non-finite losses or grad norms before stopping
   bool trace = true;          // record the per-rank timeline in output_dir/trace/
+  std::string tensorboard_dir;    // TensorBoard event files (train/tensorboard.h); "": none
+  double straggler_factor = 1.3;  // a rank computing this much over the median is a straggler; 0: off
 
   // `training`: train.steps must be given (>= 1).
   void validate(const std::string& origin, bool training) const;

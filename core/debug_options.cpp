@@ -34,6 +34,26 @@ std::vector<FaultInjection> parse_fault_injections(const char* spec) {
   return out;
 }
 
+SlowRank parse_slow_rank(const char* spec) {
+  if (!spec || !*spec) return {};
+  const std::string s(spec);
+  const size_t colon = s.find(':');
+  SlowRank r;
+  bool ok = colon != std::string::npos && colon > 0 && colon + 1 < s.size();
+  if (ok) {
+    const std::string rank = s.substr(0, colon), factor = s.substr(colon + 1);
+    char* end = nullptr;
+    const long v = std::strtol(rank.c_str(), &end, 10);
+    ok = *end == '\0' && v >= 0 && v <= 1 << 24;
+    r.rank = static_cast<int>(v);
+    r.factor = std::strtod(factor.c_str(), &end);
+    ok = ok && *end == '\0' && std::isfinite(r.factor) && r.factor >= 1;
+  }
+  TRIPOD_INPUT_CHECK(ok, "environment variable TRIPOD_SLOW_RANK = \"{}\" is not RANK:FACTOR (a world rank >= 0 and a "
+                     "slow-down factor >= 1, e.g. 3:2)", s);
+  return r;
+}
+
 DebugOptions read_debug_options() {
   auto env = [](const char* name) -> std::string_view {
     const char* v = std::getenv(name);
@@ -62,6 +82,7 @@ DebugOptions read_debug_options() {
                        "environment variable TRIPOD_PEAK_TFLOPS = \"{}\" is not a positive number of TFLOP/s", peak);
   }
   o.inject_nan = parse_fault_injections(std::getenv("TRIPOD_INJECT_NAN"));
+  o.slow_rank = parse_slow_rank(std::getenv("TRIPOD_SLOW_RANK"));
   const std::string sleep(env("TRIPOD_TEST_CKPT_SLEEP_MS"));
   if (!sleep.empty()) {
     size_t used = 0;

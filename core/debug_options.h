@@ -13,6 +13,13 @@ struct FaultInjection {
   bool in_loss = true;  // else the gradient norm
 };
 
+// A rank made slower on purpose: its forward and backward work takes `factor` times as long (it
+// sleeps (factor - 1) x the time each took), as a rank on a throttled device would.
+struct SlowRank {
+  int rank = -1;  // -1: none
+  double factor = 1;
+};
+
 enum class AttentionKernels { Auto, Cudnn, Reference };
 
 struct DebugOptions {
@@ -31,10 +38,16 @@ struct DebugOptions {
   // TRIPOD_TEST_CKPT_SLEEP_MS=N: a checkpoint write sleeps N ms after its first tensor, so a test
   // can kill the process mid-save (test hook).
   int checkpoint_sleep_ms = 0;
+  // TRIPOD_SLOW_RANK=RANK:FACTOR (RANK >= 0, FACTOR >= 1), e.g. "3:2": world rank 3 computes at half
+  // speed (test hook for straggler detection).
+  SlowRank slow_rank = {};
 };
 
 // Reads the variables. Throws InputError naming a variable whose value is not valid.
 DebugOptions read_debug_options();
+
+// "3:2" -> {3, 2.0}; null or empty -> none. Throws InputError on a malformed spec.
+SlowRank parse_slow_rank(const char* spec);
 
 // "loss@3,grad@5" -> the faults; null or empty -> none. Throws InputError on a malformed spec.
 std::vector<FaultInjection> parse_fault_injections(const char* spec);

@@ -821,6 +821,54 @@ std::string memory_panel(const RunMetrics& m) {
   return memory + render_memory_svg(peak) + "</section>\n";
 }
 
+// Stragglers: the slowest rank's compute time over the median per log interval, against the
+// bar, and a table of the ranks named.
+std::string straggler_panel(const RunMetrics& m, const ConfigView& cfg, json& charts) {
+  std::vector<double> x, ratio;
+  struct Named {
+    int64_t first = 0, last = 0, records = 0;
+    double worst = 0;
+  };
+  std::map<int, Named> named;
+  for (const auto& r : m.train) {
+    if (std::isfinite(r.compute_median_s) && r.compute_median_s > 0) {
+      x.push_back(static_cast<double>(r.step));
+      ratio.push_back(r.compute_max_s / r.compute_median_s);
+    }
+    for (const auto& g : r.stragglers) {
+      auto [it, fresh] = named.try_emplace(g.rank, Named{r.step, r.step, 0, 0});
+      it->second.last = r.step;
+      ++it->second.records;
+      it->second.worst = std::max(it->second.worst, g.ratio);
+    }
+  }
+  if (x.empty()) return "";  // one rank, or straggler detection off
+  const double bar = cfg.present ? cfg.d("train", "straggler_factor") : kNaN;
+  std::string h = "<section class=\"panel\" id=\"stragglers\"><h2>Stragglers</h2>\n";
+  h += fmt::format("<div class=\"panel-sub\">compute time per step (forward and backward work) of the slowest rank over "
+                   "the median of all ranks, per log interval; a rank over {} for 3 intervals in a row is named</div>\n",
+                   std::isfinite(bar) ? fmt::format("{:g}\u00d7", bar) : "train.straggler_factor");
+  if (named.empty()) {
+    h += "<p>No straggler: no rank stayed over the bar.</p>\n";
+  } else {
+    h += "<table class=\"stragglers\"><tr><th>rank</th><th>named at steps</th><th>logged intervals</th>"
+         "<th>worst compute / median</th></tr>\n";
+    for (const auto& [rank, n] : named)
+      h += fmt::format("<tr><td>rank {}</td><td>{} \u2013 {}</td><td>{}</td><td>{:.2f}\u00d7</td></tr>\n", rank, n.first,
+                       n.last, n.records, n.worst);
+    h += "</table>\n";
+  }
+  LineChart c = make_chart("straggler_ratio", ValueFormat::Plain, true, "slowest / median compute", 1200, 220);
+  c.series.push_back(Series{.name = "slowest rank / median", .color = "#b91c1c", .x = x, .y = ratio});
+  if (std::isfinite(bar))
+    c.series.push_back(Series{.name = "bar", .color = "#94a3b8", .x = {x.front(), x.back()}, .y = {bar, bar},
+                              .width = 1.2, .hover = false});
+  h += legend_html(c.series, false) + render_line_chart(c, charts);
+  h += fmt::format("<div class=\"readout\" id=\"readout-{0}\" data-hint=\"{1}\">{1}</div>", c.id,
+                   "hover over the chart for values");
+  return h + "</section>\n";
+}
+
 std::string config_panel(const ConfigView& cfg) {
   if (!cfg.present) return "";
   return "<section class=\"panel\" id=\"config\"><details><summary>config.toml (resolved)</summary><pre>" +
@@ -900,6 +948,27 @@ RunMetrics read_metrics(const std::string& path) {
                        sk->dump());
     r.skipped = (sk != j.end() && sk->get<bool>()) || !std::isfinite(r.loss);
     r.memory = memory_field(j, where);
+    if (auto rc = j.find("rank_compute_s"); rc != j.end()) {
+      TRIPOD_INPUT_CHECK(rc->is_object(), "{}: \"rank_compute_s\" must be an object {{median, max, max_rank}}, got {}",
+                         where, rc->dump());
+      r.compute_median_s = number_field(*rc, "median", where);
+      r.compute_max_s = number_field(*rc, "max", where);
+      const double mr = number_field(*rc, "max_rank", where);
+      r.compute_max_rank = std::isfinite(mr) ? static_cast<int>(mr) : -1;
+    }
+    if (auto sg = j.find("stragglers"); sg != j.end()) {
+      TRIPOD_INPUT_CHECK(sg->is_array(), "{}: \"stragglers\" must be a list, got {}", where, sg->dump());
+      for (const json& g : *sg) {
+        TRIPOD_INPUT_CHECK(g.is_object() && g.contains("rank") && g["rank"].is_number_integer() &&
+                               g["rank"].get<int64_t>() >= 0,
+                           "{}: a straggler must be an object with a rank >= 0, got {}", where, g.dump());
+        r.stragglers.push_back({g["rank"].get<int>(), number_field(g, "compute_s", where),
+                                number_field(g, "ratio", where),
+                                static_cast<int>(std::isfinite(number_field(g, "intervals", where))
+                                                     ? number_field(g, "intervals", where)
+                                                     : 0)});
+      }
+    }
     m.superseded += train.count(r.step);
     train[r.step] = std::move(r);
   }
@@ -942,6 +1011,7 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
   const std::string cards = cards_html(cfg, m);
   std::string body = loss_panel(m, info.has_metrics, charts);
   body += performance_panels(m, charts);
+  body += straggler_panel(m, cfg, charts);
   body += timeline_html(tl) + memory_panel(m) + optimizer_panels(m, charts) + config_panel(cfg);
   if (m.unfinished_line)
     info.notes.push_back(fmt::format("The last line of {} is unfinished (being written?) and was left out.",

@@ -5,8 +5,11 @@
 //
 // Inputs, all under RUN_DIR (train.output_dir), each optional except the directory itself:
 //   config.toml      the resolved config (the header: grid, model, batch)
-//   metrics.jsonl    one object per logged step {"step","loss","lr",...,"mem_peak_bytes":{...}},
-//                    and eval records {"eval":true,"split","step","loss","perplexity"}
+//   metrics.jsonl    one object per logged step {"step","loss","lr",...,"mem_peak_bytes":{...}}
+//                    (at the end of a log interval of a multi-rank run also "rank_compute_s":
+//                    {"median","max","max_rank"} and "stragglers":[{"rank","compute_s","ratio",
+//                    "intervals"}], train/straggler.h), and eval records
+//                    {"eval":true,"split","step","loss","perplexity"}
 //   trace/rank_R.jsonl  the ranks' timelines (parallel/pipeline/trace.h)
 // A missing piece is stated on the page. Input errors (no RUN_DIR, a metrics line that is not
 // JSON or has a field of the wrong type, a malformed trace file) throw InputError naming the
@@ -14,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +25,13 @@
 namespace tripod {
 
 // One logged training step. Absent or null numbers are NaN (a skipped step logs a null loss).
+// A rank named as a straggler at a step (train/straggler.h).
+struct StragglerRecord {
+  int rank = 0;
+  double compute_s = 0, ratio = 0;
+  int intervals = 0;
+};
+
 struct TrainRecord {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0, step_time_s = 0, tokens_per_s = 0, mfu = 0;
@@ -29,6 +40,11 @@ struct TrainRecord {
   // Peak bytes per category ("params", ..., "total"), one map per rank that the record holds
   // (rank 0 alone today; a list when the ranks' peaks are gathered).
   std::vector<std::map<std::string, int64_t>> memory;
+  // The ranks' compute time per step over the log interval ending here (NaN when not gathered),
+  // and the stragglers named.
+  double compute_median_s = std::numeric_limits<double>::quiet_NaN(), compute_max_s = compute_median_s;
+  int compute_max_rank = -1;
+  std::vector<StragglerRecord> stragglers;
 };
 
 struct EvalRecord {

@@ -14,6 +14,7 @@ PACKAGES=(
   libsentencepiece-dev sentencepiece
   libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libopenblas-openmp-dev
+  libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
   bible-kjv-text bible-kjv
   iproute2

@@ -1,19 +1,24 @@
-// Console progress lines and metrics.jsonl.
+// Console progress lines, metrics.jsonl and the TensorBoard scalars.
 #include "train/metrics.h"
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
 
 namespace tripod {
 
-MetricsLog::MetricsLog(const std::string& run_dir) {
+MetricsLog::MetricsLog(const std::string& run_dir, const std::string& tensorboard_dir) {
   std::filesystem::create_directories(run_dir);
   std::string path = run_dir + "/metrics.jsonl";
   file_ = std::fopen(path.c_str(), "a");
   TRIPOD_INPUT_CHECK(file_, "cannot write {} (train.output_dir)", path);
+  if (!tensorboard_dir.empty()) {
+    tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir);
+    spdlog::info("TensorBoard: {}", tensorboard_->path());
+  }
 }
 
 MetricsLog::~MetricsLog() {
@@ -26,6 +31,36 @@ void MetricsLog::log_json(const nlohmann::json& j) {
   std::fflush(file_);
 }
 
+std::vector<Scalar> tensorboard_scalars(const StepMetrics& m) {
+  std::vector<Scalar> s = {{"lm loss", m.loss},
+                           {"learning-rate", m.lr},
+                           {"grad-norm", m.grad_norm},
+                           {"batch-size", static_cast<double>(m.batch_size)},
+                           {"iteration-time", m.step_time_s},
+                           {"throughput", m.tokens_per_s},
+                           {"tflops", m.tflops},
+                           {"mfu", m.mfu},
+                           {"skipped-iterations", static_cast<double>(m.skipped_total)}};
+  if (m.memory.is_object())
+    for (const auto& [category, bytes] : m.memory.items())
+      if (bytes.is_number()) s.push_back({"mem-peak-bytes/" + category, bytes.get<double>()});
+  return s;
+}
+
+std::vector<Scalar> tensorboard_scalars(const EvalMetrics& e) {
+  return {{"lm loss validation", e.loss}, {"lm loss validation ppl", e.perplexity}};
+}
+
+void MetricsLog::write_scalars(int64_t step, int64_t samples, const std::vector<Scalar>& scalars) {
+  if (!tensorboard_) return;
+  tensorboard_->add_scalars(step, scalars);
+  std::vector<Scalar> twins;
+  twins.reserve(scalars.size());
+  for (const auto& [tag, value] : scalars) twins.push_back({tag + " vs samples", value});
+  tensorboard_->add_scalars(samples, twins);
+  tensorboard_->flush();
+}
+
 void MetricsLog::log_step(const StepMetrics& m) {
   nlohmann::json j = {{"step", m.step},
                       {"loss", m.loss},
@@ -34,15 +69,49 @@ void MetricsLog::log_step(const StepMetrics& m) {
                       {"step_time_s", m.step_time_s},
                       {"tokens_per_s", m.tokens_per_s},
                       {"mfu", m.mfu},
+                      {"tflops", m.tflops},
+                      {"batch_size", m.batch_size},
                       {"consumed_samples", m.consumed_samples},
                       {"skipped", m.skipped},
                       {"skipped_total", m.skipped_total}};
   if (!m.memory.is_null()) j["mem_peak_bytes"] = m.memory;
+  std::string straggler_note;
+  if (m.stragglers) {
+    const StragglerSummary& s = *m.stragglers;
+    j["rank_compute_s"] = {{"median", s.median_compute_s}, {"max", s.max_compute_s}, {"max_rank", s.max_rank}};
+    j["rank_step_s_median"] = s.median_step_s;
+    nlohmann::json list = nlohmann::json::array();
+    for (const Straggler& g : s.stragglers) {
+      list.push_back({{"rank", g.rank}, {"compute_s", g.compute_s}, {"ratio", g.ratio}, {"intervals", g.intervals}});
+      straggler_note += fmt::format("{}{} ({:.2f}x)", straggler_note.empty() ? " | stragglers: rank " : ", ", g.rank,
+                                    g.ratio);
+    }
+    j["stragglers"] = std::move(list);
+  }
   log_json(j);
+  write_scalars(m.step, m.consumed_samples, tensorboard_scalars(m));
   double eta = m.step_time_s * static_cast<double>(m.steps - m.step);
-  spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}{}",
+  spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}{}{}",
                m.step, m.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, format_duration(eta),
-               m.skipped ? " | SKIPPED (non-finite)" : "");
+               m.skipped ? " | SKIPPED (non-finite)" : "", straggler_note);
+  if (m.stragglers) {
+    const StragglerSummary& s = *m.stragglers;
+    for (const Straggler& g : s.stragglers)
+      if (std::find(s.named.begin(), s.named.end(), g.rank) != s.named.end())
+        spdlog::warn("straggler: rank {} computes {:.2f}x the median of all ranks ({:.1f} ms vs {:.1f} ms per step) "
+                     "for {} log intervals in a row (train.straggler_factor)",
+                     g.rank, g.ratio, 1e3 * g.compute_s, 1e3 * s.median_compute_s, g.intervals);
+    for (int r : s.cleared) spdlog::info("straggler: rank {} is back within the median's bar", r);
+  }
+}
+
+void MetricsLog::log_eval(const EvalMetrics& e) {
+  // The report (train/report.cpp) reads eval records by "eval", "split", "loss", "perplexity";
+  // val_loss and val_ppl name the same numbers for readers of the step records.
+  log_json({{"eval", true}, {"step", e.step}, {"split", "valid"}, {"loss", e.loss}, {"perplexity", e.perplexity},
+            {"val_loss", e.loss}, {"val_ppl", e.perplexity}, {"tokens", e.tokens}, {"eval_time_s", e.seconds},
+            {"consumed_samples", e.consumed_samples}});
+  write_scalars(e.step, e.consumed_samples, tensorboard_scalars(e));
 }
 
 std::string format_duration(double s) {

@@ -1,11 +1,18 @@
-// Step metrics: a progress line on the console and one JSON object per logged step in
-// RUN_DIR/metrics.jsonl (written by world rank 0).
+// Step metrics: a progress line on the console, one JSON object per logged step in
+// RUN_DIR/metrics.jsonl and, with train.tensorboard_dir, the same numbers as TensorBoard scalars
+// (written by world rank 0, which holds every logged number: the loss and grad norm are world sums).
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include "train/straggler.h"
+#include "train/tensorboard.h"
 
 namespace tripod {
 
@@ -13,22 +20,48 @@ struct StepMetrics {
   int64_t step = 0, steps = 0;
   double loss = 0, lr = 0, grad_norm = 0;
   double step_time_s = 0, tokens_per_s = 0, mfu = 0;
+  double tflops = 0;  // model TFLOP/s per rank (the whole run's over the world size)
+  int64_t batch_size = 0;  // sequences per step (train.global_batch_size)
   int64_t consumed_samples = 0;
   bool skipped = false;  // non-finite loss or grad norm: the update was skipped
   int64_t skipped_total = 0;
   nlohmann::json memory;  // peak bytes per category (per rank when gathered)
+  std::optional<StragglerSummary> stragglers;  // at the end of a log interval (train.straggler_factor)
 };
+
+struct EvalMetrics {
+  int64_t step = 0, consumed_samples = 0;
+  double loss = 0, perplexity = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
+// The TensorBoard scalars of a step record, under Megatron-LM's names where it has one:
+//   lm loss, learning-rate, grad-norm, batch-size, iteration-time (s), throughput (tokens/s),
+//   tflops (per rank), mfu, skipped-iterations (the run's total so far), mem-peak-bytes/<category>.
+// Each is written twice: at the iteration, and as "<name> vs samples" at the consumed samples.
+std::vector<Scalar> tensorboard_scalars(const StepMetrics& m);
+// lm loss validation, lm loss validation ppl (and their "vs samples" twins).
+std::vector<Scalar> tensorboard_scalars(const EvalMetrics& e);
 
 class MetricsLog {
  public:
-  // Opens RUN_DIR/metrics.jsonl for appending (resumed runs continue the file).
-  explicit MetricsLog(const std::string& run_dir);
+  // Opens RUN_DIR/metrics.jsonl for appending (resumed runs continue the file) and, when
+  // `tensorboard_dir` is not empty, a new TensorBoard event file there.
+  explicit MetricsLog(const std::string& run_dir, const std::string& tensorboard_dir = "");
   ~MetricsLog();
+  // Writes the record and the console line; flushes both files (a killed run keeps what it logged).
   void log_step(const StepMetrics& m);
-  void log_json(const nlohmann::json& j);  // any other record (eval results)
+  // An evaluation: the record {"eval":true,"split":"valid",...} and its TensorBoard scalars.
+  void log_eval(const EvalMetrics& e);
+  void log_json(const nlohmann::json& j);  // any other record
+  const TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }
 
  private:
+  void write_scalars(int64_t step, int64_t samples, const std::vector<Scalar>& scalars);
+
   std::FILE* file_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
 };
 
 // "1h02m", "3m05s", "12s".

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <thread>
 
 #include "checkpoint/metadata.h"
 #include "checkpoint/reader.h"
@@ -63,6 +64,13 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
       AdamWConfig{.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay}, tc.seed);
   lr_ = lr_schedule_of(tc);
 
+  TRIPOD_INPUT_CHECK(debug.slow_rank.rank < par.grid.world_size(), "environment variable TRIPOD_SLOW_RANK names rank "
+                     "{}, but the world has {} ranks (0..{})", debug.slow_rank.rank, par.grid.world_size(),
+                     par.grid.world_size() - 1);
+  if (debug.slow_rank.rank == par.rank) slow_factor_ = debug.slow_rank.factor;
+  if (tc.straggler_factor > 0 && par.grid.world_size() > 1)
+    stragglers_ = std::make_unique<StragglerMonitor>(tc.straggler_factor, par.grid.world_size());
+
   if (!cfg_.checkpoint.load.empty()) load_checkpoint_state();
   if (!cfg_.checkpoint.dir.empty()) {
     check_checkpoint_dir();
@@ -80,7 +88,7 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   if (par.rank == 0 && !tc.output_dir.empty()) {  // (library users may run without a run directory)
     std::filesystem::create_directories(tc.output_dir);
     std::ofstream(tc.output_dir + "/config.toml") << config_to_toml(cfg_);
-    metrics_ = std::make_unique<MetricsLog>(tc.output_dir);
+    metrics_ = std::make_unique<MetricsLog>(tc.output_dir, tc.tensorboard_dir);
   }
   int64_t n_params = cfg_.model.num_params(pc.tp);
   const ModelConfig& mc = cfg_.model;
@@ -155,6 +163,15 @@ void Trainer::run_schedule(Tensor& losses) {
   std::vector<int> pending(M, 0);
   std::vector<std::vector<ChunkActs>> acts(M, std::vector<ChunkActs>(vp));
   GradReadyFn ready = [this](const std::vector<Param*>& ps) { on_grads_ready(ps); };
+  // The compute time of the step (straggler detection); TRIPOD_SLOW_RANK stretches it here.
+  auto timed = [this](auto&& work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor out = work();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (slow_factor_ > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slow_factor_ - 1) * s));
+    compute_s_ += s * slow_factor_;
+    return out;
+  };
 
   PipelineCallbacks cb;
   cb.forward = [&](int mb, int chunk, const Tensor& input) {
@@ -163,11 +180,12 @@ void Trainer::run_schedule(Tensor& losses) {
       if (losses.defined()) mbs[mb].losses = losses.slice(mb, mb + 1).view({N});
       pending[mb] = vp;
     }
-    return model_->forward(chunk, mbs[mb], input, acts[mb][chunk]);
+    return timed([&] { return model_->forward(chunk, mbs[mb], input, acts[mb][chunk]); });
   };
   cb.backward = [&](int mb, int chunk, const Tensor& grad_output) {
     bool last = executor_->is_last_backward(mb, chunk);
-    Tensor dx = model_->backward(chunk, mbs[mb], grad_output, acts[mb][chunk], last ? ready : GradReadyFn{});
+    Tensor dx = timed(
+        [&] { return model_->backward(chunk, mbs[mb], grad_output, acts[mb][chunk], last ? ready : GradReadyFn{}); });
     if (--pending[mb] == 0) mbs[mb] = MicroBatch{};
     return dx;
   };
@@ -192,6 +210,7 @@ StepMetrics Trainer::step() {
   const TrainConfig& tc = cfg_.train;
   auto t0 = std::chrono::steady_clock::now();
   ops_.allocator().stats().reset_peaks();
+  compute_s_ = 0;
   reg_.zero_grads(ops_);
   reducer_->begin_step();
 
@@ -259,6 +278,9 @@ StepMetrics Trainer::step() {
   m.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len / m.step_time_s;
   m.mfu = cfg_.model.flops_per_token(par_.grid.tp()) * m.tokens_per_s / peak_flops_;
+  m.tflops = cfg_.model.flops_per_token(par_.grid.tp()) * m.tokens_per_s / par_.grid.world_size() / 1e12;
+  m.batch_size = tc.global_batch_size;
+  if (stragglers_) stragglers_->add_step(m.step_time_s, compute_s_);
   const MemoryStats& ms = ops_.allocator().stats();
   for (int c = 0; c < kNumMemCategories; ++c)
     m.memory[std::string(mem_category_name(static_cast<MemCategory>(c)))] = ms.peak(static_cast<MemCategory>(c));
@@ -272,6 +294,8 @@ void Trainer::run() {
   install_stop_signal_handlers();
   while (step_ < last) {
     StepMetrics m = step();
+    if (stragglers_ && (m.step % tc.log_interval == 0 || m.step == last))  // collective, as is the condition
+      m.stragglers = stragglers_->gather(*par_.world, m.step);
     if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m);
     if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) evaluate();
     if (bad_in_a_row_ >= tc.max_bad_steps) {
@@ -409,12 +433,9 @@ EvalResult Trainer::evaluate() {
   auto t0 = std::chrono::steady_clock::now();
   EvalResult r = evaluator_->evaluate(eval_data_, tc.eval_steps * tc.global_batch_size);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // The report (train/report.cpp) reads eval records by "eval", "split", "loss", "perplexity";
-  // val_loss and val_ppl name the same numbers for readers of the step records.
   if (metrics_)
-    metrics_->log_json({{"eval", true}, {"step", step_}, {"split", "valid"}, {"loss", r.loss},
-                        {"perplexity", r.perplexity}, {"val_loss", r.loss}, {"val_ppl", r.perplexity},
-                        {"tokens", r.tokens}, {"eval_time_s", seconds}});
+    metrics_->log_eval({.step = step_, .consumed_samples = step_ * tc.global_batch_size, .loss = r.loss,
+                        .perplexity = r.perplexity, .tokens = r.tokens, .seconds = seconds});
   spdlog::info("eval  {:>6}/{} | val loss {:.4f} | val ppl {:.2f} | {} tokens in {:.2f} s", step_, tc.steps, r.loss,
                r.perplexity, r.tokens, seconds);
   return r;

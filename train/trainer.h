@@ -19,6 +19,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optimizer.h"
+#include "train/straggler.h"
 
 namespace tripod {
 
@@ -100,6 +101,9 @@ class Trainer {
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<Evaluator> evaluator_;
   std::unique_ptr<CheckpointSaver> saver_;
+  std::unique_ptr<StragglerMonitor> stragglers_;  // train.straggler_factor > 0 on more than one rank
+  double compute_s_ = 0;                         // this step's forward and backward time (host)
+  double slow_factor_ = 1;                       // TRIPOD_SLOW_RANK on this rank
   bool stopped_by_signal_ = false;
   bool stop_requested_ = false;  // after step(): some rank received SIGTERM or SIGUSR1
   std::string last_checkpoint_;  // the newest saved or loaded, for messages

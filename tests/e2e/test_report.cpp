@@ -104,7 +104,7 @@ TEST_F(ReportOfRun, PageHoldsCurvesMemoryTimelineAndConfig) {
   EXPECT_NE(html.find("step 4 / 4"), std::string::npos);
 
   // Curves: one path per series, and the data behind them equal to metrics.jsonl's.
-  for (const char* id : {"loss", "throughput", "mfu", "lr", "grad_norm"})
+  for (const char* id : {"loss", "throughput", "mfu", "lr", "grad_norm", "straggler_ratio"})
     EXPECT_NE(html.find(fmt::format("<svg class=\"chart\" data-chart=\"{}\"", id)), std::string::npos) << id;
   EXPECT_NE(html.find("<path class=\"series\" data-series=\"train\" d=\"M"), std::string::npos);
   EXPECT_NE(html.find("<path class=\"series\" data-series=\"tokens/s\" d=\"M"), std::string::npos);
@@ -282,7 +282,8 @@ TEST_F(ReportOfRun, ChromiumRendersThePage) {
   // The DOM after the script ran: it marks the root with the number of charts it wired up.
   r = run_cmd(chromium + " " + flags + "--dump-dom " + url, 120);
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(r.out.find("data-ready=\"5\""), std::string::npos) << "the page's script did not run to the end";
+  // (5 curves, and the stragglers' ratio: the run has 2 ranks)
+  EXPECT_NE(r.out.find("data-ready=\"6\""), std::string::npos) << "the page's script did not run to the end";
   // Hovering over the loss chart writes the values under it: a copy of the page with a probe
   // that moves the mouse to the chart's middle and copies the readout into an attribute.
   std::string page = slurp(run() / "report.html");
