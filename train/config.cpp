@@ -151,7 +151,8 @@ std::vector<Field> fields(ParallelConfig& p) {
           {"sequence_parallel", &p.sequence_parallel},
           {"distributed_optimizer", &p.distributed_optimizer},
           {"bucket_mb", &p.bucket_mb},
-          {"timeout_s", &p.timeout_s}};
+          {"timeout_s", &p.timeout_s},
+          {"flight_recorder_size", &p.flight_recorder_size}};
 }
 std::vector<Field> fields(TrainConfig& t) {
   return {{"device", &t.device},
@@ -321,6 +322,9 @@ Config parse_config(const std::string& text, const std::string& origin, const st
             fmt::format("must be in (0, 1e6] (MB), got {}", p.bucket_mb));
     require(p.timeout_s > 0 && p.timeout_s <= 1e8, origin, "parallel.timeout_s",
             fmt::format("must be in (0, 1e8] (seconds), got {}", p.timeout_s));
+    require(p.flight_recorder_size >= 0 && p.flight_recorder_size <= 10000000, origin, "parallel.flight_recorder_size",
+            fmt::format("must be in [0, 10000000] (operations; 0 turns the flight recorder off), got {}",
+                        p.flight_recorder_size));
   }
   {
     Section s(root, "train", origin);

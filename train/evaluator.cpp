@@ -33,7 +33,7 @@ Evaluator::Evaluator(const Config& cfg, Ops& ops, ParallelContext& par, GptModel
     : cfg_(cfg), ops_(ops), par_(par), model_(model) {
   const int micro = cfg.train.global_batch_size / (cfg.train.micro_batch_size * cfg.parallel.dp);
   executor_ = std::make_unique<PipelineExecutor>(forward_only_schedule(cfg.parallel.pp, cfg.parallel.vp, micro),
-                                                 par.pp.get(), par.coords.pp);
+                                                 par.pp.get(), par.coords.pp, nullptr, par.flight.get());
   for (int c = 0; c < model_.num_chunks(); ++c) {
     needs_tokens_ |= model_.layout(c).has_embedding;
     needs_targets_ |= model_.layout(c).has_head;

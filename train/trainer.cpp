@@ -64,7 +64,8 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
     trace_ = std::make_unique<TraceRecorder>(tc.output_dir, par.rank, par.grid.world_size(), par.coords, schedule);
     trace_->start(par.world.get());
   }
-  executor_ = std::make_unique<PipelineExecutor>(std::move(schedule), par.pp.get(), par.coords.pp, trace_.get());
+  executor_ = std::make_unique<PipelineExecutor>(std::move(schedule), par.pp.get(), par.coords.pp, trace_.get(),
+                                                 par.flight.get());
 
   auto counts = layers_per_stage(cfg_.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage);
   model_ = std::make_unique<GptModel>(ops, par, cfg_.model, rank_chunks(counts, pc.pp, pc.vp, par.coords.pp),
@@ -208,8 +209,12 @@ void Trainer::run_schedule(Tensor& losses) {
 
 void Trainer::finish_gradients() {
   // The tied table's two copies (first and last stage) sum their gradients, then DP-reduce.
+  FlightPhase phase(par_.flight.get(), "dp-reduce");
   if (par_.embedding && wte_) {
-    par_.embedding->all_reduce(wte_->grad);
+    {
+      FlightPhase sync(par_.flight.get(), "embedding-sync");
+      par_.embedding->all_reduce(wte_->grad);
+    }
     reducer_->mark_ready(wte_->offset, wte_->offset + wte_->numel());
   }
   reducer_->finish();
@@ -223,6 +228,7 @@ StepMetrics Trainer::step() {
   reducer_->begin_step();
 
   if (trace_) trace_->set_step(step_ + 1);
+  if (par_.flight) par_.flight->set_step(step_ + 1);
   // Losses of this rank's micro-batches, one row each (the last stage fills them).
   const int64_t N = static_cast<int64_t>(tc.micro_batch_size) * cfg_.model.seq_len;
   Tensor losses;
@@ -255,7 +261,10 @@ StepMetrics Trainer::step() {
   sums[0] = sq;
   sums[1] = loss_sum;
   sums[2] = stop_signal() != 0 ? 1.0 : 0.0;
-  if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
+  if (par_.grid.world_size() > 1) {
+    FlightPhase phase(par_.flight.get(), "grad-norm");
+    par_.world->all_reduce(red);
+  }
   stop_requested_ = sums[2] > 0;
   double grad_norm = std::sqrt(sums[0]);
   double loss = sums[1] / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
@@ -275,6 +284,7 @@ StepMetrics Trainer::step() {
     float clip = 1.f;
     if (tc.grad_clip > 0 && grad_norm > tc.grad_clip) clip = static_cast<float>(tc.grad_clip / (grad_norm + 1e-6));
     auto span = trace_ ? trace_->span("optimizer", TraceCategory::Optimizer) : TraceRecorder::Span{};
+    FlightPhase phase(par_.flight.get(), "optimizer");
     // Adam's bias correction counts the updates applied; the LR follows the iteration.
     optimizer_->step(m.lr, optimizer_->steps_taken() + 1, clip);
     reducer_->all_gather_values();
@@ -370,6 +380,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
 void Trainer::save_checkpoint() {
   TRIPOD_CHECK(saver_, "save_checkpoint without checkpoint.dir");
   auto span = trace_ ? trace_->span("checkpoint", TraceCategory::Other) : TraceRecorder::Span{};
+  FlightPhase phase(par_.flight.get(), "checkpoint");
   auto t0 = std::chrono::steady_clock::now();
   saver_->finish();  // commits the previous asynchronous save, if any
   Snapshot snap = take_snapshot(reg_, ops_, optimizer_state(), par_.coords, cfg_.parallel.distributed_optimizer);
@@ -435,6 +446,7 @@ void Trainer::load_checkpoint_state() {
 EvalResult Trainer::evaluate() {
   const TrainConfig& tc = cfg_.train;
   auto t0 = std::chrono::steady_clock::now();
+  FlightPhase phase(par_.flight.get(), "eval");
   EvalResult r = evaluator_->evaluate(eval_data_, tc.eval_steps * tc.global_batch_size);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The report (train/report.cpp) reads eval records by "eval", "split", "loss", "perplexity";
