@@ -34,7 +34,7 @@ mpi=(mpirun -np 8 --oversubscribe --bind-to none -x OPENBLAS_NUM_THREADS=1 -x OM
 run() {
   local size=$1 dir=$work/run_$1_$2
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "${mpi[@]}" "$tripod" train --config "$root/configs/quickstart.toml" \
-    --set data.synthetic=true --set data.prefixes=[] --set data.tokenizer= --set checkpoint.dir= \
+    --set data.synthetic=true --set data.prefixes=[] --set data.tokenizer= --set checkpoint.dir= --set checkpoint.interval=0 \
     --set train.eval_interval=0 --set train.trace=false --set train.log_interval=1 --set "train.steps=$steps" \
     --set "train.output_dir=$dir" --set "parallel.flight_recorder_size=$size" >/dev/null 2>"$dir.log" ||
     { echo "error: the run with flight_recorder_size=$size failed:" >&2; tail -5 "$dir.log" >&2; exit 1; }

@@ -72,19 +72,19 @@ restart_cause() {
 restart_now() { date +%s.%N; }
 
 run_with_restarts() {
-  local cmd=("$@") extra=() attempt=${restart_attempt0:-0} rc start end state cause ckpt log
+  local cmd=("$@") extra=() attempt=${restart_attempt0:-0} rc start end state cause ckpt
   restart_status=${TRIPOD_LAUNCH_STATUS:-$(mktemp "${restart_status_dir:-${TMPDIR:-/tmp}}/.tripod_launch.XXXXXX")}
   export TRIPOD_LAUNCH_STATUS=$restart_status
-  log=$(mktemp "${TMPDIR:-/tmp}/tripod_launch_log.XXXXXX")
+  restart_log=$(mktemp "${TMPDIR:-/tmp}/tripod_launch_log.XXXXXX")
   restart_stop=0
   restart_child=
   trap 'restart_stop=1; [ -n "$restart_child" ] && kill -TERM "$restart_child" 2>/dev/null' TERM INT
-  trap 'rm -f "$log"; [ "${restart_keep_status:-0}" = 1 ] || rm -f "$restart_status" "$restart_status.tmp"' EXIT
+  trap 'rm -f "$restart_log"; [ "${restart_keep_status:-0}" = 1 ] || rm -f "$restart_status" "$restart_status.tmp"' EXIT
   while :; do
     start=$(restart_now)
     [ "${restart_keep_status:-0}" = 1 ] || rm -f "$restart_status"
-    : > "$log"
-    "${cmd[@]}" "${extra[@]}" 2> >(tee -a "$log" >&2) &
+    : > "$restart_log"
+    "${cmd[@]}" "${extra[@]}" 2> >(tee -a "$restart_log" >&2) &
     restart_child=$!
     rc=0
     wait "$restart_child" || rc=$?
@@ -100,7 +100,7 @@ run_with_restarts() {
       return 2
     fi
     if [ "$restart_stop" = 1 ]; then return "$rc"; fi
-    cause=$(restart_cause "$rc" "$log")
+    cause=$(restart_cause "$rc" "$restart_log")
     if [ "$attempt" -ge "$max_restarts" ]; then
       echo "tripod launch: $cause; no restart left (--max-restarts $max_restarts)" >&2
       [ "$rc" -eq 0 ] && rc=1
