@@ -147,10 +147,14 @@ TEST_F(Restarts, SoakOfKillsReachesTheLastStepBitIdentically) {
   const auto restarts = read_restarts((run / "restarts.jsonl").string());
   EXPECT_EQ(restarts.size(), 12u) << slurp(run / "restarts.jsonl") << faults << log;
   int timeouts = 0, killed = 0, stopped = 0;
+  int64_t resumed = 0;
   for (size_t i = 0; i < restarts.size(); ++i) {
     const RestartRecord& rr = restarts[i];
     EXPECT_EQ(rr.attempt, static_cast<int64_t>(i + 1));
-    EXPECT_EQ(rr.resumed_from_step % 5, 0) << rr.resumed_from_step;
+    // From a committed checkpoint (every 5 steps, or a stop signal's save), never backwards.
+    EXPECT_GE(rr.resumed_from_step, resumed);
+    resumed = rr.resumed_from_step;
+    EXPECT_TRUE(fs::is_directory(ck / fmt::format("iter_{:07d}", rr.resumed_from_step))) << rr.resumed_from_step;
     EXPECT_GE(rr.time_lost_s, 0);
     timeouts += rr.cause == "communication timeout";
     killed += rr.cause.rfind("a rank was killed", 0) == 0;
