@@ -65,7 +65,7 @@ restart_cause() {
   elif [ "$rc" -gt 128 ]; then
     echo "killed by signal $((rc - 128))"
   else
-    echo "crash (exit status $rc)"
+    echo "crash"
   fi
 }
 

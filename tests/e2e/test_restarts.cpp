@@ -181,6 +181,51 @@ TEST_F(Restarts, BadInputIsNotRestarted) {
   EXPECT_FALSE(fs::exists(dir_ / "run" / "restarts.jsonl"));
 }
 
+// slurm.sbatch --max-restarts N --requeue: a failed run asks Slurm to requeue the job (scontrol
+// requeue), and the requeued job (SLURM_RESTART_COUNT = 1) resumes from the latest checkpoint
+// with the restart's cause passed to the ranks. srun and scontrol are stand-ins that record
+// their arguments and environment.
+TEST_F(Restarts, SlurmRequeuesAFailedJobAndTheRequeuedJobResumes) {
+  const fs::path ck = dir_ / "ck";
+  fs::create_directories(ck);
+  test::write_file(ck / "latest", "iter_0000005\n");
+  test::write_file(dir_ / "c.toml", "[model]\n");
+  // srun: records its arguments and TRIPOD_RESTART_*, reports the run's checkpoint folder, and
+  // fails on the first job (no restart yet), succeeds on the requeued one.
+  test::write_file(dir_ / "srun", fmt::format(R"(#!/bin/sh
+echo "args: $*" >> {0}/srun.log
+env | grep '^TRIPOD_RESTART_' | sort >> {0}/srun.log
+echo '{{"output_dir":"{0}/run","checkpoint_dir":"{1}","state":"running","step":7}}' > "$TRIPOD_LAUNCH_STATUS"
+[ -n "$TRIPOD_RESTART_ATTEMPT" ] || exit 1
+echo '{{"output_dir":"{0}/run","checkpoint_dir":"{1}","state":"finished","step":9}}' > "$TRIPOD_LAUNCH_STATUS"
+)",
+                                             dir_.string(), ck.string()));
+  test::write_file(dir_ / "scontrol", "#!/bin/sh\necho \"scontrol $*\" >> " + (dir_ / "srun.log").string() + "\n");
+  fs::permissions(dir_ / "srun", fs::perms::owner_all);
+  fs::permissions(dir_ / "scontrol", fs::perms::owner_all);
+  const std::string env = fmt::format(
+      "env -u TRIPOD_LAUNCH_STATUS SRUN={0}/srun SCONTROL={0}/scontrol TRIPOD={1} SLURM_JOB_ID=77 SLURM_SUBMIT_DIR={0} "
+      "SLURM_JOB_NUM_NODES=1 SLURM_NTASKS_PER_NODE=2 ",
+      dir_.string(), test::tripod_bin());
+  const std::string sbatch = std::string(TRIPOD_SOURCE_PATH) + "/launch/slurm.sbatch --max-restarts 2 --requeue c.toml";
+  auto r = test::run_cmd(env + "SLURM_RESTART_COUNT=0 " + sbatch, 60);
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("crash (exit status 1); requeueing job 77 (restart 1 of 2)"), std::string::npos) << r.err;
+  std::string log = slurp(dir_ / "srun.log");
+  EXPECT_NE(log.find("scontrol requeue 77"), std::string::npos) << log;
+  EXPECT_EQ(log.find("checkpoint.load=latest"), std::string::npos) << log;
+  r = test::run_cmd(env + "SLURM_RESTART_COUNT=1 " + sbatch, 60);
+  EXPECT_EQ(r.status, 0) << r.err;
+  log = slurp(dir_ / "srun.log");
+  EXPECT_NE(log.find("c.toml --set checkpoint.load=latest"), std::string::npos) << log;
+  EXPECT_NE(log.find("TRIPOD_RESTART_ATTEMPT=1"), std::string::npos) << log;
+  EXPECT_NE(log.find("TRIPOD_RESTART_CAUSE=crash\n"), std::string::npos) << log;
+  EXPECT_EQ(log.find("scontrol requeue 77", log.find("scontrol requeue 77") + 1), std::string::npos) << log;
+  // Done: the state kept across requeues is removed.
+  EXPECT_FALSE(fs::exists(dir_ / ".tripod_restart.77"));
+  EXPECT_FALSE(fs::exists(dir_ / ".tripod_launch.77"));
+}
+
 // The launcher's own option errors are bad input too.
 TEST_F(Restarts, MaxRestartsMustBeAWholeNumber) {
   const fs::path cfg = write_config();
