@@ -175,7 +175,8 @@ std::vector<Field> fields(ParallelConfig& p) {
           {"sequence_parallel", &p.sequence_parallel},
           {"distributed_optimizer", &p.distributed_optimizer},
           {"bucket_mb", &p.bucket_mb},
-          {"timeout_s", &p.timeout_s}};
+          {"timeout_s", &p.timeout_s},
+          {"flight_recorder_size", &p.flight_recorder_size}};
 }
 std::vector<Field> fields(TrainConfig& t) {
   return {{"device", EnumRef(&t.device)},
@@ -293,6 +294,9 @@ void ParallelConfig::validate(const std::string& origin) const {
           fmt::format("must be in (0, 1e6] (MB), got {}", bucket_mb));
   require(timeout_s > 0 && timeout_s <= 1e8, origin, "parallel.timeout_s",
           fmt::format("must be in (0, 1e8] (seconds), got {}", timeout_s));
+  require(flight_recorder_size >= 0 && flight_recorder_size <= 10000000, origin, "parallel.flight_recorder_size",
+          fmt::format("must be in [0, 10000000] (operations; 0 turns the flight recorder off), got {}",
+                      flight_recorder_size));
 }
 
 void TrainConfig::validate(const std::string& origin, bool training) const {

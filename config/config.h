@@ -37,6 +37,7 @@ struct ParallelConfig {
   bool distributed_optimizer = false;
   double bucket_mb = 25.0;   // DP gradient bucket size
   double timeout_s = 600.0;  // longest wait on any communication before failing
+  int flight_recorder_size = 2000;  // communication operations each rank's flight recorder keeps; 0: off
 
   void validate(const std::string& origin) const;
 };

@@ -54,6 +54,45 @@ SlowRank parse_slow_rank(const char* spec) {
   return r;
 }
 
+CommFault parse_comm_fault(const char* spec) {
+  CommFault f;
+  if (!spec || !*spec) return f;
+  const std::string s(spec);
+  const size_t colon = s.find(':'), at = s.find('@');
+  const std::string kind = s.substr(0, colon);
+  bool ok = colon != std::string::npos && at != std::string::npos && at > colon;
+  f.kind = kind == "stop-send" ? CommFault::Kind::StopSend
+           : kind == "skip-allreduce" ? CommFault::Kind::SkipAllReduce
+           : kind == "sleep" ? CommFault::Kind::Sleep
+                             : CommFault::Kind::None;
+  ok = ok && f.kind != CommFault::Kind::None;
+  if (ok) {
+    try {
+      size_t used = 0;
+      const std::string rank = s.substr(colon + 1, at - colon - 1);
+      f.rank = std::stoi(rank, &used);
+      ok = used == rank.size() && f.rank >= 0;
+      const size_t colon2 = s.find(':', at);
+      const std::string step = s.substr(at + 1, colon2 == std::string::npos ? std::string::npos : colon2 - at - 1);
+      f.step = std::stoll(step, &used);
+      ok = ok && used == step.size() && f.step >= 1;
+      if (colon2 != std::string::npos) {
+        ok = ok && f.kind == CommFault::Kind::Sleep;
+        const std::string secs = s.substr(colon2 + 1);
+        f.sleep_s = std::stod(secs, &used);
+        ok = ok && used == secs.size() && f.sleep_s >= 0 && f.sleep_s < 1e6;
+      }
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  TRIPOD_INPUT_CHECK(ok,
+                     "environment variable TRIPOD_TEST_COMM_FAULT = \"{}\" is not stop-send:RANK@STEP, "
+                     "skip-allreduce:RANK@STEP or sleep:RANK@STEP[:SECONDS] (RANK >= 0, STEP >= 1)",
+                     s);
+  return f;
+}
+
 DebugOptions read_debug_options() {
   auto env = [](const char* name) -> std::string_view {
     const char* v = std::getenv(name);
@@ -94,6 +133,23 @@ DebugOptions read_debug_options() {
     TRIPOD_INPUT_CHECK(used == sleep.size() && o.checkpoint_sleep_ms >= 0,
                        "environment variable TRIPOD_TEST_CKPT_SLEEP_MS = \"{}\" is not a number of milliseconds >= 0",
                        sleep);
+  }
+  o.comm_fault = parse_comm_fault(std::getenv("TRIPOD_TEST_COMM_FAULT"));
+  o.launch_status = std::string(env("TRIPOD_LAUNCH_STATUS"));
+  const std::string attempt(env("TRIPOD_RESTART_ATTEMPT"));
+  if (!attempt.empty()) {
+    // Written by launch/restarts.sh, never by hand: a malformed value is ignored, not refused.
+    auto number = [&](const char* name) {
+      const std::string v(env(name));
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      return end != v.c_str() && std::isfinite(x) ? x : 0.0;
+    };
+    o.restart.attempt = static_cast<int>(number("TRIPOD_RESTART_ATTEMPT"));
+    o.restart.cause = std::string(env("TRIPOD_RESTART_CAUSE"));
+    o.restart.exit_status = static_cast<int>(number("TRIPOD_RESTART_EXIT_STATUS"));
+    o.restart.failed_at = number("TRIPOD_RESTART_FAILED_AT");
+    o.restart.previous_start = number("TRIPOD_RESTART_PREVIOUS_START");
   }
   return o;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace tripod {
@@ -21,6 +22,30 @@ struct SlowRank {
 };
 
 enum class AttentionKernels { Auto, Cudnn, Reference };
+
+// A communication fault on one world rank (test hook, TRIPOD_TEST_COMM_FAULT; injected by the
+// flight recorder's communicator wrapper, parallel/comm/flight_recorder.h):
+//   stop-send:R@S        from step S on, rank R posts no send on the pipeline communicator
+//   skip-allreduce:R@S   in step S, rank R skips its data-parallel gradient reduction (every
+//                        bucket's all-reduce or reduce-scatter on the dp communicator)
+//   sleep:R@S[:SECONDS]  in step S, rank R sleeps SECONDS (default 60) before its first communication
+struct CommFault {
+  enum class Kind { None, StopSend, SkipAllReduce, Sleep };
+  Kind kind = Kind::None;
+  int rank = -1;
+  int64_t step = 0;
+  double sleep_s = 60;
+};
+
+// What the restart launcher (launch/restarts.sh) tells the ranks it starts again; attempt 0: a
+// first start.
+struct RestartInfo {
+  int attempt = 0;           // TRIPOD_RESTART_ATTEMPT: 1 for the first restart
+  std::string cause;         // TRIPOD_RESTART_CAUSE: why the previous attempt ended
+  int exit_status = 0;       // TRIPOD_RESTART_EXIT_STATUS: the launcher's exit status of that attempt
+  double failed_at = 0;      // TRIPOD_RESTART_FAILED_AT: Unix time it ended
+  double previous_start = 0; // TRIPOD_RESTART_PREVIOUS_START: Unix time it started
+};
 
 struct DebugOptions {
   // TRIPOD_COMM=mpi: device tensors travel through MPI, staged in host memory, even where NCCL
@@ -41,6 +66,14 @@ struct DebugOptions {
   // TRIPOD_SLOW_RANK=RANK:FACTOR (RANK >= 0, FACTOR >= 1), e.g. "3:2": world rank 3 computes at half
   // speed (test hook for straggler detection).
   SlowRank slow_rank = {};
+  // TRIPOD_TEST_COMM_FAULT (test hook, see CommFault).
+  CommFault comm_fault = {};
+  // TRIPOD_RESTART_* (set by the launcher when it starts a failed run again).
+  RestartInfo restart = {};
+  // TRIPOD_LAUNCH_STATUS=FILE: rank 0 of `tripod train` writes the run's state there (JSON:
+  // output_dir, checkpoint_dir, state "running" | "finished" | "stopped", step), so that the
+  // launcher knows where the run lives and whether it reached its last step.
+  std::string launch_status = {};
 };
 
 // Reads the variables. Throws InputError naming a variable whose value is not valid.
@@ -51,5 +84,8 @@ SlowRank parse_slow_rank(const char* spec);
 
 // "loss@3,grad@5" -> the faults; null or empty -> none. Throws InputError on a malformed spec.
 std::vector<FaultInjection> parse_fault_injections(const char* spec);
+
+// "stop-send:1@2" -> the fault; null or empty -> none. Throws InputError on a malformed spec.
+CommFault parse_comm_fault(const char* spec);
 
 }  // namespace tripod

@@ -5,7 +5,7 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-usage: launch/local.sh NPROCS CONFIG [tripod train args...]
+usage: launch/local.sh NPROCS CONFIG [--max-restarts N] [tripod train args...]
 
 Runs NPROCS ranks of `tripod train --config CONFIG [args...]` on this machine under mpirun
 (`tripod eval` or `tripod generate` instead with TRIPOD_COMMAND=eval|generate).
@@ -15,6 +15,12 @@ Runs NPROCS ranks of `tripod train --config CONFIG [args...]` on this machine un
 
 Threads: OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = cores / NPROCS (at least 1), each rank
 bound to that many cores; more ranks than cores run oversubscribed and unbound.
+  --max-restarts N   when the run fails (a crash, a killed or frozen rank, a communication
+                     timeout, a stop signal to the ranks before the last step), start it again
+                     with --set checkpoint.load=latest after a back-off, up to N times; bad input
+                     (exit 2) is never retried; each restart is logged in <output_dir>/restarts.jsonl
+                     and shown by tripod report (see launch/restarts.sh)
+  --restart-backoff S  seconds between a failure and the restart (default 10)
 Environment:
   TRIPOD              the tripod executable (default: build/bin/tripod of this checkout)
   MPIRUN              the mpirun to use (default: mpirun)
@@ -33,6 +39,11 @@ die() {
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
 esac
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=launch/restarts.sh
+. "$root/launch/restarts.sh"
+restart_take_options "$@"
+set -- "${rest_args[@]}"
 [ $# -ge 2 ] || die "expected NPROCS and CONFIG (usage: launch/local.sh NPROCS CONFIG [tripod train args...]; see --help)"
 nprocs=$1
 config=$2
@@ -40,7 +51,6 @@ shift 2
 [[ "$nprocs" =~ ^[0-9]+$ ]] && [ "$nprocs" -ge 1 ] || die "NPROCS must be a whole number >= 1, got '$nprocs'"
 [ -f "$config" ] && [ -r "$config" ] || die "config file '$config' does not exist or is not readable"
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tripod=${TRIPOD:-$root/build/bin/tripod}
 [ -x "$tripod" ] || die "tripod executable '$tripod' not found (build it with scripts/setup.sh, or set TRIPOD)"
 subcommand=${TRIPOD_COMMAND:-train}
@@ -73,5 +83,10 @@ cmd=("$mpirun" "${args[@]}" "$tripod" "$subcommand" --config "$config" "$@")
 if [ "${TRIPOD_LAUNCH_ECHO:-0}" = 1 ]; then
   echo "OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads ${cmd[*]}"
   exit 0
+fi
+if [ "$max_restarts" -gt 0 ]; then
+  [ "$subcommand" = train ] || die "--max-restarts restarts training only (TRIPOD_COMMAND is '$subcommand')"
+  run_with_restarts "${cmd[@]}"
+  exit $?
 fi
 exec "${cmd[@]}"

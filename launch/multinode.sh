@@ -7,7 +7,7 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-usage: launch/multinode.sh HOSTFILE NPROCS CONFIG [tripod train args...]
+usage: launch/multinode.sh HOSTFILE NPROCS CONFIG [--max-restarts N] [tripod train args...]
 
 Runs NPROCS ranks of `tripod train --config CONFIG [args...]` across the hosts of HOSTFILE.
   HOSTFILE  Open MPI hostfile, one node per line with its GPU count as slots:
@@ -21,6 +21,12 @@ Passed to every rank: NCCL_*, UCX_*, CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER,
 CUDA_DEVICE_MAX_CONNECTIONS, OMP_*, OPENBLAS_*, TRIPOD_*, PATH and LD_LIBRARY_PATH when set here;
 OMPI_MCA_* settings reach them through mpirun. OMP_NUM_THREADS and OPENBLAS_NUM_THREADS default
 to this node's cores / ranks per node (at least 1).
+  --max-restarts N   when the run fails (a crash, a killed or frozen rank, a communication
+                     timeout, a stop signal to the ranks before the last step), start it again
+                     with --set checkpoint.load=latest after a back-off, up to N times; bad input
+                     (exit 2) is never retried; each restart is logged in <output_dir>/restarts.jsonl
+                     and shown by tripod report (see launch/restarts.sh)
+  --restart-backoff S  seconds between a failure and the restart (default 10)
 Environment:
   TRIPOD              the tripod executable, same path on every node (default: build/bin/tripod
                       of this checkout)
@@ -42,6 +48,11 @@ die() {
 case "${1:-}" in
   -h|--help) usage; exit 0 ;;
 esac
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# shellcheck source=launch/restarts.sh
+. "$root/launch/restarts.sh"
+restart_take_options "$@"
+set -- "${rest_args[@]}"
 [ $# -ge 3 ] || die "expected HOSTFILE, NPROCS and CONFIG (usage: launch/multinode.sh HOSTFILE NPROCS CONFIG [tripod train args...]; see --help)"
 hostfile=$1
 nprocs=$2
@@ -74,7 +85,6 @@ if [ "$all_slots" -eq 1 ] && [ "$nprocs" -gt "$slots" ]; then
   die "NPROCS = $nprocs exceeds the $slots slots (GPUs) of the $hosts host(s) in '$hostfile'"
 fi
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tripod=${TRIPOD:-$root/build/bin/tripod}
 [ -x "$tripod" ] || die "tripod executable '$tripod' not found (build it with scripts/setup.sh, or set TRIPOD)"
 mpirun=${MPIRUN:-mpirun}
@@ -107,5 +117,11 @@ cmd=("$mpirun" "${args[@]}" "$tripod" train --config "$config" "$@")
 if [ "${TRIPOD_LAUNCH_ECHO:-0}" = 1 ]; then
   echo "${cmd[*]}"
   exit 0
+fi
+if [ "$max_restarts" -gt 0 ]; then
+  # The status file must be where rank 0 (on the first host) can write it: the shared file system.
+  restart_status_dir=$(pwd)
+  run_with_restarts "${cmd[@]}"
+  exit $?
 fi
 exec "${cmd[@]}"

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "parallel/comm/device_comm.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/mpi_comm.h"
 
 namespace tripod {
@@ -17,8 +18,16 @@ std::unique_ptr<Communicator> split(const MpiComm& world, const std::vector<int>
   int key = static_cast<int>(std::find(group.begin(), group.end(), my_rank) - group.begin());
   MPI_Comm_split(world.handle(), group.front(), key, &comm);
   auto mpi = std::make_unique<MpiComm>(comm, name, world.ops(), world.timeout_s(), group, world.probe());
+  mpi->set_hooks(world.hooks());
   if (device) return device(std::move(mpi), group);
   return mpi;
+}
+
+// The communicator as recorded by the flight recorder (when there is one).
+std::unique_ptr<Communicator> recorded(std::unique_ptr<Communicator> c, const std::vector<int>& group,
+                                       const ContextOptions& options) {
+  if (!options.flight) return c;
+  return std::make_unique<RecordingComm>(std::move(c), options.flight, group, options.comm_fault);
 }
 
 }  // namespace
@@ -34,10 +43,14 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
   const DeviceCommFactory device = device_comm_factory(world, options.force_mpi);
   std::vector<int> all(world.size());
   for (int i = 0; i < world.size(); ++i) all[i] = i;
-  ctx.world = split(world, all, ctx.rank, "world", device);
-  ctx.tp = split(world, grid.group(Axis::TP, ctx.rank), ctx.rank, "tp", device);
-  ctx.dp = split(world, grid.group(Axis::DP, ctx.rank), ctx.rank, "dp", device);
-  ctx.pp = split(world, grid.group(Axis::PP, ctx.rank), ctx.rank, "pp", device);
+  ctx.flight = options.flight;
+  auto axis = [&](const std::vector<int>& group, const char* name) {
+    return recorded(split(world, group, ctx.rank, name, device), group, options);
+  };
+  ctx.world = axis(all, "world");
+  ctx.tp = axis(grid.group(Axis::TP, ctx.rank), "tp");
+  ctx.dp = axis(grid.group(Axis::DP, ctx.rank), "dp");
+  ctx.pp = axis(grid.group(Axis::PP, ctx.rank), "pp");
   // Embedding group: first and last stage; the middle stages split with MPI_UNDEFINED.
   auto emb = grid.embedding_group(ctx.rank);
   bool member = grid.pp() > 1 && (ctx.first_stage() || ctx.last_stage());
@@ -45,10 +58,13 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
   MPI_Comm_split(world.handle(), member ? emb.front() : MPI_UNDEFINED, ctx.coords.pp, &comm);
   if (member) {
     auto mpi = std::make_unique<MpiComm>(comm, "embedding", world.ops(), world.timeout_s(), emb, world.probe());
+    mpi->set_hooks(world.hooks());
+    std::unique_ptr<Communicator> c;
     if (device)
-      ctx.embedding = device(std::move(mpi), emb);
+      c = device(std::move(mpi), emb);
     else
-      ctx.embedding = std::move(mpi);
+      c = std::move(mpi);
+    ctx.embedding = recorded(std::move(c), emb, options);
   }
   return ctx;
 }

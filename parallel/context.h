@@ -4,12 +4,14 @@
 
 #include <memory>
 
+#include "core/debug_options.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/grid.h"
 
 namespace tripod {
 
 class MpiComm;
+class FlightRecorder;
 
 struct ParallelContext {
   RankGrid grid;
@@ -20,6 +22,9 @@ struct ParallelContext {
   // First and last pipeline stage of this (tp, dp), which both hold the tied embedding; null on
   // the stages in between and when pp == 1.
   std::unique_ptr<Communicator> embedding;
+  // The flight recorder every communicator above records into (null when it is off): the
+  // trainer and the pipeline executor tell it the step and phase.
+  std::shared_ptr<FlightRecorder> flight;
 
   bool first_stage() const { return coords.pp == 0; }
   bool last_stage() const { return coords.pp == grid.pp() - 1; }
@@ -31,6 +36,10 @@ struct ContextOptions {
   // Device tensors travel through MPI, staged in host memory, even where NCCL could carry them
   // (DebugOptions::force_mpi, TRIPOD_COMM=mpi).
   bool force_mpi = false;
+  // When set, every communicator records its operations here (parallel.flight_recorder_size > 0)
+  // and injects `comm_fault` (a test hook) when it names this rank.
+  std::shared_ptr<FlightRecorder> flight;
+  CommFault comm_fault = {};
 };
 
 // Splits `world` into the axis communicators of `grid` (collective over all world ranks).

@@ -977,6 +977,64 @@ RunMetrics read_metrics(const std::string& path) {
   return m;
 }
 
+std::vector<RestartRecord> read_restarts(const std::string& path) {
+  std::vector<RestartRecord> out;
+  const std::string text = slurp(path);
+  size_t pos = 0;
+  for (int line_no = 1; pos < text.size(); ++line_no) {
+    size_t end = text.find('\n', pos);
+    const bool last_unfinished = end == std::string::npos;
+    const std::string line = text.substr(pos, last_unfinished ? std::string::npos : end - pos);
+    pos = last_unfinished ? text.size() : end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fmt::format("{}:{}", path, line_no);
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() && last_unfinished) break;  // being written
+    TRIPOD_INPUT_CHECK(j.is_object(), "{}: not a JSON object", where);
+    RestartRecord r;
+    try {
+      r.attempt = j.value("attempt", int64_t{0});
+      r.resumed_from_step = j.value("resumed_from_step", int64_t{0});
+      r.exit_status = j.value("exit_status", int64_t{0});
+      r.cause = j.value("cause", "");
+      r.failed_at = j.value("failed_at", 0.0);
+      r.time_lost_s = j.value("time_lost_s", 0.0);
+      r.downtime_s = j.value("downtime_s", 0.0);
+    } catch (const json::exception& e) {
+      throw InputError(fmt::format("{}: a field has the wrong type: {}", where, e.what()));
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+namespace {
+
+std::string restarts_panel(const std::vector<RestartRecord>& rs) {
+  if (rs.empty()) return "";
+  double lost = 0;
+  for (const auto& r : rs) lost += r.time_lost_s;
+  std::string h = fmt::format(
+      "<section class=\"panel\" id=\"restarts\"><h2>Restarts</h2>\n<div class=\"panel-sub\">{} automatic "
+      "restart(s) by the launcher (--max-restarts), {:.1f} s lost in all: from the end of the work kept (the "
+      "checkpoint resumed from) to the restarted run's first step</div>\n",
+      rs.size(), lost);
+  h += "<table class=\"idle-table\"><thead><tr><th>restart</th><th>failed at (UTC)</th><th>cause</th><th>exit "
+       "status</th><th>resumed from step</th><th>time lost</th><th>downtime</th></tr></thead><tbody>\n";
+  for (const auto& r : rs) {
+    char when[32] = "?";
+    const time_t t = static_cast<time_t>(r.failed_at);
+    std::tm tm{};
+    if (r.failed_at > 0 && gmtime_r(&t, &tm)) std::strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+    h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1f} s</td><td>{:.1f} "
+                     "s</td></tr>\n",
+                     r.attempt, when, esc(r.cause), r.exit_status, r.resumed_from_step, r.time_lost_s, r.downtime_s);
+  }
+  return h + "</tbody></table></section>\n";
+}
+
+}  // namespace
+
 std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) {
   const fs::path run_dir(run_dir_arg);
   std::error_code ec;
@@ -1000,6 +1058,10 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
   info.train_steps = static_cast<int64_t>(m.train.size());
   info.eval_points = static_cast<int64_t>(m.eval.size());
 
+  std::vector<RestartRecord> restarts;
+  if (fs::exists(run_dir / "restarts.jsonl", ec)) restarts = read_restarts((run_dir / "restarts.jsonl").string());
+  info.restarts = static_cast<int64_t>(restarts.size());
+
   const Timeline tl = read_timeline(run_dir);
   info.has_trace = tl.present;
   if (!tl.note.empty()) info.notes.push_back(tl.note);
@@ -1010,6 +1072,7 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
   json& charts = js["charts"];
   const std::string cards = cards_html(cfg, m);
   std::string body = loss_panel(m, info.has_metrics, charts);
+  body += restarts_panel(restarts);
   body += performance_panels(m, charts);
   body += straggler_panel(m, cfg, charts);
   body += timeline_html(tl) + memory_panel(m) + optimizer_panels(m, charts) + config_panel(cfg);

@@ -11,6 +11,7 @@
 //                    "intervals"}], train/straggler.h), and eval records
 //                    {"eval":true,"split","step","loss","perplexity"}
 //   trace/rank_R.jsonl  the ranks' timelines (parallel/pipeline/trace.h)
+//   restarts.jsonl   the launcher's restarts (cause, step resumed from, time lost), when any
 // A missing piece is stated on the page. Input errors (no RUN_DIR, a metrics line that is not
 // JSON or has a field of the wrong type, a malformed trace file) throw InputError naming the
 // file and line; only a metrics.jsonl's unfinished last line (a run writing it) is left out. The report never writes into RUN_DIR except its own output file.
@@ -66,9 +67,19 @@ struct RunMetrics {
 // parse is one being written, and is left out.
 RunMetrics read_metrics(const std::string& path);
 
+// One restart of the run by the launcher (launch/restarts.sh), from RUN_DIR/restarts.jsonl.
+struct RestartRecord {
+  int64_t attempt = 0, resumed_from_step = 0, exit_status = 0;
+  std::string cause;
+  double failed_at = 0, time_lost_s = 0, downtime_s = 0;
+};
+
+// Reads RUN_DIR/restarts.jsonl (`path`); InputError "PATH:LINE: ..." like read_metrics.
+std::vector<RestartRecord> read_restarts(const std::string& path);
+
 struct ReportInfo {
   std::string path;  // the page written
-  int64_t train_steps = 0, eval_points = 0;
+  int64_t train_steps = 0, eval_points = 0, restarts = 0;
   bool has_config = false, has_metrics = false, has_trace = false;
   std::vector<std::string> notes;  // the missing pieces, as stated on the page
 };

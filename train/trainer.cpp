@@ -44,7 +44,8 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                                              layout_.schedule);
     trace_->start(par.world.get());
   }
-  executor_ = std::make_unique<PipelineExecutor>(layout_.schedule, par.pp.get(), par.coords.pp, trace_.get());
+  executor_ = std::make_unique<PipelineExecutor>(layout_.schedule, par.pp.get(), par.coords.pp, trace_.get(),
+                                                 par.flight.get());
 
   model_ = std::make_unique<GptModel>(ops, par, cfg_.model, layout_.chunks, cfg_.recompute, reg_);
   TRIPOD_CHECK(reg_.flat_size() == layout_.flat_elements, "rank {} registered {} parameter elements, its layout {}",
@@ -199,8 +200,12 @@ void Trainer::run_schedule(Tensor& losses) {
 
 void Trainer::finish_gradients() {
   // The tied table's two copies (first and last stage) sum their gradients, then DP-reduce.
+  FlightPhase phase(par_.flight.get(), "dp-reduce");
   if (par_.embedding && wte_) {
-    par_.embedding->all_reduce(wte_->grad);
+    {
+      FlightPhase sync(par_.flight.get(), "embedding-sync");
+      par_.embedding->all_reduce(wte_->grad);
+    }
     reducer_->mark_ready(wte_->offset, wte_->offset + wte_->numel());
   }
   reducer_->finish();
@@ -215,6 +220,7 @@ StepMetrics Trainer::step() {
   reducer_->begin_step();
 
   if (trace_) trace_->set_step(step_ + 1);
+  if (par_.flight) par_.flight->set_step(step_ + 1);
   // Losses of this rank's micro-batches, one row each (the last stage fills them).
   Tensor losses;
   if (layout_.has_head) {
@@ -246,7 +252,10 @@ StepMetrics Trainer::step() {
   sums[0] = sq;
   sums[1] = loss_sum;
   sums[2] = stop_signal() != 0 ? 1.0 : 0.0;
-  if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
+  if (par_.grid.world_size() > 1) {
+    FlightPhase phase(par_.flight.get(), "grad-norm");
+    par_.world->all_reduce(red);
+  }
   stop_requested_ = sums[2] > 0;
   double grad_norm = std::sqrt(sums[0]);
   double loss = sums[1] / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
@@ -266,6 +275,7 @@ StepMetrics Trainer::step() {
     float clip = 1.f;
     if (tc.grad_clip > 0 && grad_norm > tc.grad_clip) clip = static_cast<float>(tc.grad_clip / (grad_norm + 1e-6));
     auto span = trace_ ? trace_->span("optimizer", TraceCategory::Optimizer) : TraceRecorder::Span{};
+    FlightPhase phase(par_.flight.get(), "optimizer");
     // Adam's bias correction counts the updates applied; the LR follows the iteration.
     optimizer_->step(m.lr, optimizer_->steps_taken() + 1, clip);
     reducer_->all_gather_values();
@@ -366,6 +376,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
 void Trainer::save_checkpoint() {
   TRIPOD_CHECK(saver_, "save_checkpoint without checkpoint.dir");
   auto span = trace_ ? trace_->span("checkpoint", TraceCategory::Other) : TraceRecorder::Span{};
+  FlightPhase phase(par_.flight.get(), "checkpoint");
   auto t0 = std::chrono::steady_clock::now();
   saver_->finish();  // commits the previous asynchronous save, if any
   Snapshot snap = take_snapshot(reg_, ops_, optimizer_state(), par_.coords, cfg_.parallel.distributed_optimizer);
@@ -431,6 +442,7 @@ void Trainer::load_checkpoint_state() {
 EvalResult Trainer::evaluate() {
   const TrainConfig& tc = cfg_.train;
   auto t0 = std::chrono::steady_clock::now();
+  FlightPhase phase(par_.flight.get(), "eval");
   EvalResult r = evaluator_->evaluate(eval_data_, tc.eval_steps * tc.global_batch_size);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (metrics_)

@@ -142,8 +142,12 @@ void MpiComm::wait(MPI_Request& req, const char* what) const {
       nanosleep(&ts, nullptr);
     }
     if ((spins & 63) == 0) {
+      if (hooks_ && hooks_->poll && spins > 200) hooks_->poll();
       double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout_s_) {
+        const std::string op = fmt::format("{} on the '{}' communicator (world ranks {})", what, name_,
+                                           fmt::join(world_ranks_, ","));
+        if (hooks_ && hooks_->timed_out) hooks_->timed_out(op);
         const double window = std::min(timeout_s_, 30.0);
         std::vector<int> silent = probe_ ? unresponsive_ranks(*probe_, window) : std::vector<int>{};
         std::string who = !probe_ ? "a peer rank has died or stopped responding"
@@ -151,10 +155,11 @@ void MpiComm::wait(MPI_Request& req, const char* what) const {
                                            : fmt::format("world rank(s) {} did not answer a liveness probe within {:.0f} "
                                                        "s: dead or stopped",
                                                        fmt::join(silent, ","), window);
-        TRIPOD_FAIL(
-            "{} on the '{}' communicator (world ranks {}) did not complete within {:.0f} s; {} "
-            "(parallel.timeout_s sets this limit)",
-            what, name_, fmt::join(world_ranks_, ","), timeout_s_, who);
+        const std::string message =
+            fmt::format("{} did not complete within {:.0f} s; {} (parallel.timeout_s sets this limit)", op, timeout_s_,
+                        who);
+        if (hooks_ && hooks_->failed) hooks_->failed(message);
+        TRIPOD_FAIL("{}", message);
       }
     }
   }
@@ -268,7 +273,9 @@ std::unique_ptr<MpiComm> mpi_subgroup(const MpiComm& world, const std::vector<in
   MPI_Comm_create_group(world.handle(), group, /*tag=*/0, &comm);
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
-  return std::make_unique<MpiComm>(comm, std::move(name), world.ops(), world.timeout_s(), ranks, world.probe());
+  auto out = std::make_unique<MpiComm>(comm, std::move(name), world.ops(), world.timeout_s(), ranks, world.probe());
+  out->set_hooks(world.hooks());
+  return out;
 }
 
 }  // namespace tripod

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,17 @@
 #include "parallel/comm/communicator.h"
 
 namespace tripod {
+
+// Callbacks of a rank's waits, shared by the communicators split from one world (set on the world
+// before splitting). `poll` runs every few milliseconds while a wait blocks (the flight recorder
+// looks for a stop signal there); `timed_out` runs when a wait runs out, before the liveness probe
+// (the flight recorder dumps its ring), and `failed` after the probe, with the error about to be
+// thrown (rank 0 prints the diagnosis). They may run on the NCCL watchdog's thread too.
+struct WaitHooks {
+  std::function<void()> poll;
+  std::function<void(const std::string& what)> timed_out;
+  std::function<void(const std::string& message)> failed;
+};
 
 class MpiComm final : public Communicator {
  public:
@@ -44,6 +56,8 @@ class MpiComm final : public Communicator {
   Ops* ops() const { return ops_; }
   double timeout_s() const { return timeout_s_; }
   const std::shared_ptr<const MPI_Comm>& probe() const { return probe_; }
+  const std::shared_ptr<const WaitHooks>& hooks() const { return hooks_; }
+  void set_hooks(std::shared_ptr<const WaitHooks> hooks) { hooks_ = std::move(hooks); }
   // Waits for `req`, failing after the timeout with a message naming `what` and the peers.
   void wait(MPI_Request& req, const char* what) const;
 
@@ -55,6 +69,7 @@ class MpiComm final : public Communicator {
   double timeout_s_;
   std::vector<int> world_ranks_;
   std::shared_ptr<const MPI_Comm> probe_;
+  std::shared_ptr<const WaitHooks> hooks_;
   int rank_ = 0, size_ = 1;
 };
 

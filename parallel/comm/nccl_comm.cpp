@@ -161,6 +161,11 @@ void NcclComm::watch(const std::shared_ptr<Done>& done) {
 }
 
 void NcclComm::die(const std::string& message) {
+  // The flight recorder writes its ring first (and rank 0 its diagnosis), as on an MPI timeout.
+  if (const auto& hooks = twin_->hooks()) {
+    if (hooks->timed_out) hooks->timed_out(fmt::format("an operation on the '{}' communicator", name()));
+    if (hooks->failed) hooks->failed(message);
+  }
   if (comm_) ncclCommAbort(comm_);
   std::fprintf(stderr, "error: %s\n", message.c_str());
   std::fflush(stderr);

@@ -6,8 +6,10 @@
 
 namespace tripod {
 
-PipelineExecutor::PipelineExecutor(Schedule schedule, Communicator* pp, int pp_rank, TraceRecorder* trace)
-    : schedule_(std::move(schedule)), plan_(plan_pipeline(schedule_)), pp_(pp), rank_(pp_rank), trace_(trace) {
+PipelineExecutor::PipelineExecutor(Schedule schedule, Communicator* pp, int pp_rank, TraceRecorder* trace,
+                                   FlightRecorder* flight)
+    : schedule_(std::move(schedule)), plan_(plan_pipeline(schedule_)), pp_(pp), rank_(pp_rank), trace_(trace),
+      flight_(flight) {
   TRIPOD_CHECK(rank_ >= 0 && rank_ < schedule_.pp, "pipeline rank {} outside pp = {}", rank_, schedule_.pp);
   if (schedule_.pp > 1) {
     TRIPOD_CHECK(pp_ && pp_->size() == schedule_.pp && pp_->rank() == rank_,
@@ -80,7 +82,10 @@ void PipelineExecutor::post_recv(int id, const PipelineCallbacks& cb) {
   f.tensor = cb.recv_buffer(m.dst.mb, m.dst.chunk, m.grad);
   TRIPOD_CHECK(f.tensor.defined(), "recv_buffer gave no tensor for the {} of {}", m.grad ? "gradient" : "input",
                m.dst.str());
-  f.req = pp_->irecv(f.tensor, m.src_rank, m.tag);
+  {
+    FlightPhase phase(flight_, flight_ ? m.dst.str().c_str() : "");
+    f.req = pp_->irecv(f.tensor, m.src_rank, m.tag);
+  }
   hold(+1);
 }
 
@@ -108,6 +113,7 @@ void PipelineExecutor::compute(int i, const PipelineCallbacks& cb) {
                has_input ? "" : "not ");
   Tensor out;
   {
+    FlightPhase phase(flight_, flight_ ? a.str().c_str() : "");
     auto span = tracing() ? trace_->span(a.str(), a.forward() ? TraceCategory::Forward : TraceCategory::Backward, a.mb,
                                       a.chunk)
                        : TraceRecorder::Span{};
@@ -137,6 +143,7 @@ void PipelineExecutor::post_send(int id, const PipelineCallbacks& cb) {
   {
     auto span = tracing() ? trace_->span("send " + m.src.str(), TraceCategory::Send, m.src.mb, m.src.chunk)
                        : TraceRecorder::Span{};
+    FlightPhase phase(flight_, flight_ ? m.src.str().c_str() : "");
     f.req = pp_->isend(f.tensor, m.dst_rank, m.tag);
   }
   if (!m.src.forward() && plan_.last_backward[rank_][m.src.chunk] == m.src_index && cb.chunk_done)

@@ -11,6 +11,7 @@
 
 #include "core/tensor.h"
 #include "parallel/comm/communicator.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/pipeline/plan.h"
 #include "parallel/pipeline/trace.h"
 
@@ -37,8 +38,11 @@ class PipelineExecutor {
  public:
   // Validates `schedule` (InputError naming the first problem) and plans rank `pp_rank`'s part.
   // `pp` is the pipeline communicator (size schedule.pp; may be null when pp == 1), `trace` an
-  // optional recorder of each compute, send and receive.
-  PipelineExecutor(Schedule schedule, Communicator* pp, int pp_rank, TraceRecorder* trace = nullptr);
+  // optional recorder of each compute, send and receive, `flight` the optional flight recorder,
+  // told the action each communication belongs to (a message: the action that produced a send,
+  // the action that consumes a receive).
+  PipelineExecutor(Schedule schedule, Communicator* pp, int pp_rank, TraceRecorder* trace = nullptr,
+                   FlightRecorder* flight = nullptr);
 
   // Runs this rank's actions once. Returns when every action has run and every send of this
   // rank has completed.
@@ -75,6 +79,7 @@ class PipelineExecutor {
   Communicator* pp_;
   int rank_;
   TraceRecorder* trace_;
+  FlightRecorder* flight_;
   std::vector<int> local_next_;  // per action: the action on this rank taking its result, or -1
 
   // Per step state.

@@ -248,6 +248,7 @@ TEST_F(BadInput, Battery) {
            {"parallel.vp=2", "parallel.vp"}, {"parallel.schedule='zigzag'", "parallel.schedule"},
            {"parallel.bucket_mb=0", "parallel.bucket_mb"}, {"parallel.bucket_mb=inf", "parallel.bucket_mb"},
            {"parallel.timeout_s=-1", "parallel.timeout_s"}, {"parallel.timeout_s=nan", "parallel.timeout_s"},
+           {"parallel.flight_recorder_size=-1", "parallel.flight_recorder_size"},
            {"parallel.layers_per_stage=[1,5]", "layers_per_stage"}, {"recompute.mode='some'", "recompute.mode"},
            {"recompute.num_layers=-2", "recompute.num_layers"}, {"data.weights=[nan]", "data.weights"},
            {"data.synthetic=false", "data.prefixes"}, {"checkpoint.interval=-1", "checkpoint.interval"},
@@ -406,6 +407,8 @@ TEST_F(BadInput, Battery) {
   refused(train(""), "TRIPOD_INJECT_NAN", 1, "TRIPOD_INJECT_NAN=loss@zero");
   refused(train(""), "TRIPOD_INJECT_NAN", 1, "TRIPOD_INJECT_NAN=grad@-1");
   refused(train(""), "TRIPOD_PEAK_TFLOPS", 1, "TRIPOD_PEAK_TFLOPS=fast");
+  refused(train(""), "TRIPOD_TEST_COMM_FAULT", 1, "TRIPOD_TEST_COMM_FAULT=stop-send:x@2");
+  refused(train(""), "TRIPOD_TEST_COMM_FAULT", 1, "TRIPOD_TEST_COMM_FAULT=skip-allreduce:1@2:30");
 
   // ---- under mpirun: one error line for the whole job ------------------------------------------
   refused(train("--set train.lr=inf"), "train.lr", 2);

@@ -1,9 +1,14 @@
 // Faults under mpirun: a rank that dies or stops answering ends the whole job with an error naming
-// it, within parallel.timeout_s, instead of a hang; so does a data file that one rank lacks.
+// it, within parallel.timeout_s, instead of a hang; so does a data file that one rank lacks. A rank
+// that stops sending on a pipeline edge, skips a data-parallel all-reduce or sleeps (the
+// TRIPOD_TEST_COMM_FAULT hook) ends the job by the timeout, and the flight recorder's diagnosis
+// names it, the operation and the peer.
 #include <fmt/format.h>
 #include <signal.h>
 
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "data/indexed_dataset.h"
 #include "e2e_test.h"
@@ -95,6 +100,115 @@ TEST_F(Faults, UnresponsiveRankTimesOutWithAnErrorNamingIt) {
   EXPECT_NE(r.output.find("did not complete within 5 s"), std::string::npos) << r.output;
   // The ranks that waited probe the others: rank 2 alone does not answer.
   EXPECT_NE(r.output.find("world rank(s) 2 did not answer a liveness probe"), std::string::npos) << r.output;
+}
+
+// A communication fault on 4 ranks, pp = 2 x dp = 2 (world ranks 0, 1: stage 0; 2, 3: stage 1;
+// dp groups {0,1} and {2,3}; pipeline pairs 0-2 and 1-3), timeout 5 s: the job's status, its
+// output, and `tripod trace diagnose` of its run directory (text and JSON).
+struct Hang {
+  test::CmdResult run, text, json_out;
+  nlohmann::json diagnosis;
+};
+
+class FlightFaults : public test::E2eTest {
+ protected:
+  Hang hang(const std::string& fault) {
+    const auto cfg = write_config({{"parallel.pp", "2"}, {"parallel.timeout_s", "5"}, {"train.steps", "6"},
+                                   {"train.trace", "false"}});
+    const std::string run = (dir_ / "run").string();
+    Hang h;
+    h.run = test::run_tripod("train --config " + cfg.string() + " --set train.output_dir=" + run,
+                             {.np = 4, .env = "TRIPOD_TEST_COMM_FAULT=" + fault, .timeout_s = 90});
+    h.text = test::run_tripod("trace diagnose " + run);
+    h.json_out = test::run_tripod("trace diagnose --json " + run);
+    h.diagnosis = nlohmann::json::parse(h.json_out.out, nullptr, false);
+    return h;
+  }
+};
+
+std::string culprit_text(const nlohmann::json& d) {
+  return d.is_object() && d.contains("culprits") ? d["culprits"].dump() : "(no diagnosis)";
+}
+
+// Rank 0 posts no send to rank 2 from step 2: rank 2 waits for F0.0's activation, rank 0 for
+// B0.0's gradient (a cycle); the forward comes first, so rank 0 is named.
+TEST_F(FlightFaults, RankThatStopsSendingOnAPipelineEdgeIsNamed) {
+  const Hang h = hang("stop-send:0@2");
+  EXPECT_FALSE(h.run.timed_out) << h.run.err;
+  EXPECT_EQ(h.run.status, 1) << h.run.err;
+  // The job ends by the 5 s timeout, long before the 90 s limit of this test.
+  EXPECT_NE(h.run.err.find("did not complete within 5 s"), std::string::npos) << h.run.err;
+  ASSERT_EQ(h.text.status, 0) << h.text.err;
+  EXPECT_NE(h.text.out.find("rank 2 is blocked in recv of F0.0 from rank 0 (pp group"), std::string::npos) << h.text.out;
+  EXPECT_NE(h.text.out.find("rank 0 never posted the matching send"), std::string::npos) << h.text.out;
+  EXPECT_NE(h.text.out.find("the hang starts at rank 0"), std::string::npos) << h.text.out;
+  ASSERT_TRUE(h.diagnosis.is_object()) << h.json_out.out << h.json_out.err;
+  ASSERT_EQ(h.diagnosis["culprits"].size(), 1u) << h.diagnosis.dump(1);
+  EXPECT_EQ(h.diagnosis["culprits"][0]["rank"], 0) << h.diagnosis.dump(1);
+  const auto& by = h.diagnosis["culprits"][0]["waited_for_by"];
+  EXPECT_NE(std::find(by.begin(), by.end(), 2), by.end()) << h.diagnosis.dump(1);
+  bool found = false;
+  for (const auto& b : h.diagnosis["blocked"])
+    if (b["rank"] == 2) {
+      found = true;
+      EXPECT_EQ(b["op"]["kind"], "recv");
+      EXPECT_EQ(b["op"]["phase"], "F0.0");
+      EXPECT_EQ(b["op"]["peer"], 0);
+      EXPECT_EQ(b["op"]["comm"], "pp");
+      EXPECT_EQ(b["op"]["step"], 2);
+      EXPECT_EQ(b["waiting_for"], nlohmann::json::array({0}));
+    }
+  EXPECT_TRUE(found) << h.diagnosis.dump(1);
+  // Rank 0 printed the same diagnosis before the job ended.
+  EXPECT_NE(h.run.err.find("flight recorder (tripod trace diagnose"), std::string::npos) << h.run.err;
+  EXPECT_NE(h.run.err.find("the hang starts at rank 0"), std::string::npos) << h.run.err;
+}
+
+// Rank 2 skips its data-parallel reduction of step 2 and goes on to the grad-norm all-reduce over
+// the world; rank 3 waits for it in the dp all-reduce.
+TEST_F(FlightFaults, RankThatSkipsADataParallelAllReduceIsNamed) {
+  const Hang h = hang("skip-allreduce:2@2");
+  EXPECT_FALSE(h.run.timed_out) << h.run.err;
+  EXPECT_EQ(h.run.status, 1) << h.run.err;
+  ASSERT_EQ(h.text.status, 0) << h.text.err;
+  EXPECT_NE(h.text.out.find("dp group (ranks 2,3): all-reduce #"), std::string::npos) << h.text.out;
+  EXPECT_NE(h.text.out.find("entered by 3; rank 2 is blocked in all-reduce #"), std::string::npos) << h.text.out;
+  EXPECT_NE(h.text.out.find("of the world group (grad-norm, step 2)"), std::string::npos) << h.text.out;
+  ASSERT_TRUE(h.diagnosis.is_object()) << h.json_out.out << h.json_out.err;
+  ASSERT_EQ(h.diagnosis["culprits"].size(), 1u) << h.diagnosis.dump(1);
+  EXPECT_EQ(h.diagnosis["culprits"][0]["rank"], 2) << h.diagnosis.dump(1);
+  EXPECT_EQ(h.diagnosis["culprits"][0]["blocked_in"]["comm"], "world") << h.diagnosis.dump(1);
+  EXPECT_EQ(h.diagnosis["culprits"][0]["blocked_in"]["phase"], "grad-norm") << h.diagnosis.dump(1);
+  bool found = false;
+  for (const auto& b : h.diagnosis["blocked"])
+    if (b["rank"] == 3) {
+      found = true;
+      EXPECT_EQ(b["op"]["kind"], "all-reduce");
+      EXPECT_EQ(b["op"]["comm"], "dp");
+      EXPECT_EQ(b["op"]["step"], 2);
+      EXPECT_EQ(b["waiting_for"], nlohmann::json::array({2}));
+    }
+  EXPECT_TRUE(found) << h.diagnosis.dump(1);
+}
+
+// Rank 1 sleeps 60 s in step 2: the others time out after 5 s and the job ends long before rank 1
+// would wake; rank 1 left no record (it was not in communication), and rank 3 waits for its F0.0.
+TEST_F(FlightFaults, SleepingRankIsNamedAndTheJobEndsByTheTimeout) {
+  const Hang h = hang("sleep:1@2:60");
+  EXPECT_FALSE(h.run.timed_out) << h.run.err;
+  EXPECT_EQ(h.run.status, 1) << h.run.err;
+  EXPECT_LT(h.run.seconds, 60) << "the job lasted until the sleeping rank woke up:\n" << h.run.err;
+  std::printf("[ measured ] a 60 s sleep on one rank ended the job (timeout_s = 5) after %.1f s in all\n",
+              h.run.seconds);
+  ASSERT_EQ(h.text.status, 0) << h.text.err;
+  EXPECT_NE(h.text.out.find("rank 1 left no flight record"), std::string::npos) << h.text.out;
+  EXPECT_NE(h.text.out.find("rank 3 is blocked in recv of F0.0 from rank 1 (pp group"), std::string::npos)
+      << h.text.out;
+  ASSERT_TRUE(h.diagnosis.is_object()) << h.json_out.out << h.json_out.err;
+  EXPECT_EQ(h.diagnosis["missing"], nlohmann::json::array({1})) << h.diagnosis.dump(1);
+  ASSERT_EQ(h.diagnosis["culprits"].size(), 1u) << culprit_text(h.diagnosis);
+  EXPECT_EQ(h.diagnosis["culprits"][0]["rank"], 1);
+  EXPECT_EQ(h.diagnosis["culprits"][0]["state"], "no-record");
 }
 
 // A data file that one rank lacks: each rank runs in its own working directory with the same

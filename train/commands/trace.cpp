@@ -1,7 +1,10 @@
 // `tripod trace merge RUN_DIR`: merges the ranks' trace files of a run into RUN_DIR/trace.json
 // (Chrome trace format) and RUN_DIR/trace.svg (Gantt chart, measured vs ideal idle fractions).
+// `tripod trace diagnose RUN_DIR [--json]`: which ranks a hung or timed-out run was blocked in,
+// from the flight recorder's dumps in RUN_DIR/flight/.
 #include <fmt/format.h>
 
+#include "parallel/comm/flight_diagnose.h"
 #include "report/trace_merge.h"
 #include "train/commands/commands.h"
 
@@ -21,6 +24,19 @@ int run_trace_merge(const std::string& run_dir) {
   return 0;
 }
 
+int run_trace_diagnose(const std::string& run_dir, bool json) {
+  const std::vector<FlightRing> rings = read_flight_rings(run_dir);
+  const FlightDiagnosis d = diagnose_flight(rings);
+  if (json) {
+    fmt::print("{}\n", d.json.dump());
+    return 0;
+  }
+  fmt::print("flight records of {} of {} rank(s) in {}/flight\n", rings.size(), d.json["world_size"].get<int>(),
+             run_dir);
+  for (const std::string& line : d.lines) fmt::print("{}\n", line);
+  return 0;
+}
+
 }  // namespace
 
 CommandFn add_trace_command(CLI::App& app) {
@@ -29,7 +45,14 @@ CommandFn add_trace_command(CLI::App& app) {
   sub->require_subcommand(1);
   CLI::App* merge = sub->add_subcommand("merge", "Merge RUN_DIR/trace/rank_*.jsonl into RUN_DIR/trace.json and trace.svg");
   merge->add_option("run_dir", *run_dir, "The run directory (train.output_dir)")->required();
-  return [run_dir] { return run_trace_merge(*run_dir); };
+  CLI::App* diagnose = sub->add_subcommand(
+      "diagnose", "Name the ranks a hung run waits for, from the flight recorder's dumps in RUN_DIR/flight/");
+  diagnose->add_option("run_dir", *run_dir, "The run directory (train.output_dir)")->required();
+  auto json = std::make_shared<bool>(false);
+  diagnose->add_flag("--json", *json, "Print one JSON object (missing, blocked, culprits, lines)");
+  return [run_dir, merge, json] {
+    return merge->parsed() ? run_trace_merge(*run_dir) : run_trace_diagnose(*run_dir, *json);
+  };
 }
 
 }  // namespace tripod

@@ -1,7 +1,14 @@
 // `tripod train --config F.toml [--set section.key=value ...]`
 #include <spdlog/spdlog.h>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/load.h"
 
 #include "core/log.h"
 #include "data/gpt_data.h"
@@ -25,6 +32,55 @@ struct TrainOptions {
   bool dry_run = false;
 };
 
+// Rank 0 tells the launcher (TRIPOD_LAUNCH_STATUS, see launch/restarts.sh) where the run lives
+// and how far it got: state "running" at the start, "finished" or "stopped" (by a signal, before
+// its last step) at the end. Written whole and renamed, so the launcher never reads half a file.
+void write_launch_status(const DebugOptions& debug, const Config& cfg, const std::string& state, int64_t step) {
+  if (debug.launch_status.empty()) return;
+  namespace fs = std::filesystem;
+  const nlohmann::json j = {{"output_dir", cfg.train.output_dir}, {"checkpoint_dir", cfg.checkpoint.dir},
+                            {"state", state}, {"step", step}, {"steps", cfg.train.steps}};
+  const std::string tmp = debug.launch_status + ".tmp";
+  std::ofstream(tmp) << j.dump() << '\n';
+  std::error_code ec;
+  fs::rename(tmp, debug.launch_status, ec);
+}
+
+// After a restart (launch/restarts.sh): one line in output_dir/restarts.jsonl with the cause, the
+// step this attempt resumed from, and the time lost: from the end of the work kept (the loaded
+// checkpoint's commit, or the failed attempt's start when it saved none) to now, when training
+// goes on.
+void log_restart(const DebugOptions& debug, const Config& cfg, int64_t resumed_from) {
+  const RestartInfo& r = debug.restart;
+  if (r.attempt <= 0 || cfg.train.output_dir.empty()) return;
+  namespace fs = std::filesystem;
+  double kept_until = r.previous_start;
+  std::string checkpoint;
+  if (!cfg.checkpoint.load.empty()) {
+    try {
+      checkpoint = resolve_checkpoint(cfg.checkpoint.load, cfg.checkpoint.dir);
+      struct stat st {};
+      if (::stat((fs::path(checkpoint) / "metadata.json").c_str(), &st) == 0)
+        kept_until = std::max(kept_until, static_cast<double>(st.st_mtim.tv_sec) + 1e-9 * st.st_mtim.tv_nsec);
+    } catch (const std::exception&) {
+    }
+  }
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  nlohmann::json j = {{"attempt", r.attempt},
+                      {"cause", r.cause},
+                      {"exit_status", r.exit_status},
+                      {"failed_at", r.failed_at},
+                      {"resumed_at", now},
+                      {"resumed_from_step", resumed_from},
+                      {"checkpoint", checkpoint},
+                      {"downtime_s", r.failed_at > 0 ? now - r.failed_at : 0.0},
+                      {"time_lost_s", kept_until > 0 ? now - kept_until : 0.0}};
+  fs::create_directories(cfg.train.output_dir);
+  std::ofstream(fs::path(cfg.train.output_dir) / "restarts.jsonl", std::ios::app) << j.dump() << '\n';
+  spdlog::info("restart {} after {} (exit status {}): resumed from step {}, {:.1f} s lost", r.attempt, r.cause,
+               r.exit_status, resumed_from, j["time_lost_s"].get<double>());
+}
+
 int run_train(const TrainOptions& o) {
   MpiSession mpi;
   init_logging(mpi.rank(), mpi.size(), o.verbose);
@@ -47,11 +103,12 @@ int run_train(const TrainOptions& o) {
       return 0;
     }
     validate_layout(cfg, mpi.size());
-    rt = make_runtime(cfg);
+    rt = make_runtime(cfg, /*flight_recorder=*/true);
   } catch (const InputError& e) {
     rethrow_agreed(e);
   }
   ParallelContext& par = rt.par;
+  if (mpi.rank() == 0) write_launch_status(rt.debug, cfg, "starting", 0);
 
   std::unique_ptr<SampleSource> data = make_split_source(
       cfg, Split::Train, std::max<int64_t>(1, cfg.train.steps * cfg.train.global_batch_size), par.world.get());
@@ -62,7 +119,16 @@ int run_train(const TrainOptions& o) {
     valid = make_split_source(cfg, Split::Valid, cfg.train.eval_steps * cfg.train.global_batch_size, par.world.get());
 
   Trainer trainer(cfg, *rt.ops, par, data.get(), valid.get(), rt.debug);
+  if (mpi.rank() == 0) {
+    write_launch_status(rt.debug, cfg, "running", trainer.completed_steps());
+    log_restart(rt.debug, cfg, trainer.completed_steps());
+  }
   trainer.run();
+  if (mpi.rank() == 0) {
+    const int64_t last = cfg.train.exit_interval > 0 ? std::min(cfg.train.exit_interval, cfg.train.steps) : cfg.train.steps;
+    write_launch_status(rt.debug, cfg, trainer.completed_steps() < last ? "stopped" : "finished",
+                        trainer.completed_steps());
+  }
   spdlog::info("done: {} steps; metrics in {}/metrics.jsonl", trainer.completed_steps(), cfg.train.output_dir);
   return 0;
 }
