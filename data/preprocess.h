@@ -12,6 +12,7 @@ namespace tripod {
 
 struct PreprocessOptions {
   std::string input, tokenizer_model, output_prefix;
+  std::string tokenizer_pattern;  // a tiktoken rank file's pattern (see Tokenizer); empty: from its name
   InputFormat format = InputFormat::Auto;
   std::string json_key = "text";
   std::string eod_piece;  // the end-of-document token; empty: the model's end-of-sentence token
@@ -20,7 +21,7 @@ struct PreprocessOptions {
   bool skip_bad_lines = false;
   bool overwrite = false;
   bool progress = true;  // a progress line on stderr, only when stderr is a terminal
-  bool word_cache = true;  // encode ASCII text word by word, each distinct word once (same ids)
+  bool word_cache = true;  // encode each distinct word / piece once (same ids)
   size_t block_bytes = 256 << 10;
 };
 
