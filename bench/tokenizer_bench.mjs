@@ -4,7 +4,7 @@
 // Run through bench/tokenizer_bench.sh, which installs the references and makes the files.
 // Usage: node tokenizer_bench.mjs REFS_DIR BUILD_DIR FILES_DIR TEXT RUNS
 import { createRequire } from "node:module";
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -29,6 +29,7 @@ const median = (v) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)];
 // split of a token into two tokens is a merge, in the merged token's rank order; ignore_merges.
 function cl100kJson(out) {
   if (fs.existsSync(out)) return out;
+  fs.mkdirSync(path.dirname(out), { recursive: true });
   const printable = (b) => (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
   const bc = [];
   let shifted = 256;
@@ -63,7 +64,7 @@ function cl100kJson(out) {
     pre_tokenizer: { type: "Sequence", pretokenizers: [
       { type: "Split", pattern: { Regex: pattern }, behavior: "Isolated", invert: false },
       { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false }] },
-    decoder: { type: "ByteLevel" },
+    decoder: { type: "ByteLevel", add_prefix_space: true, trim_offsets: true, use_regex: true },
     model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null,
              fuse_unk: false, byte_fallback: false, ignore_merges: true, vocab, merges: merges.map((m) => [m[0], m[1]]) },
   }));
@@ -95,7 +96,6 @@ const tokenizers = [
     hf: cl100kJson(path.join(files, "cl100k-hf", "tokenizer.json")) },
 ];
 for (const t of tokenizers) {
-  fs.mkdirSync(path.dirname(t.hf), { recursive: true });
   const mine = tripodBench(t.tripod);
   const enc = tiktoken.get_encoding(t.tiktoken);
   const tk = await timeRuns(() => {
@@ -124,20 +124,25 @@ console.log(fmtRow(["---", "---:", "---:", "---:", "---:", "---"]));
 for (const r of rows)
   console.log(fmtRow([r[0], r[1].toFixed(2), r[2].toFixed(2), r[3].toFixed(2), r[4].toFixed(2) + "x", r[5]]));
 
-// preprocess: the same text, one document per line, with 1 and 2 encoding threads.
+// preprocess: the documents four times over (17 MB), one per line, with 1 and 2 encoding
+// threads; tripod's own figure (reading, encoding, writing; the tokenizer's loading apart).
+const bigFile = path.join(files, "kjv_docs_x4.txt");
+if (!fs.existsSync(bigFile)) fs.writeFileSync(bigFile, fs.readFileSync(textFile, "utf8").repeat(4));
 const pre = [];
 for (const workers of [1, 2]) {
   const speeds = [];
-  for (let r = 0; r < Math.max(3, Math.ceil(runs / 2)); ++r) {
-    const t0 = process.hrtime.bigint();
-    execFileSync(path.join(build, "bin", "tripod"), ["data", "preprocess", "--input", textFile, "--input-format", "text",
-      "--tokenizer-model", path.join(files, "cl100k_base.tiktoken"), "--output-prefix", path.join(files, "bench_pre"),
-      "--workers", String(workers), "--overwrite", "--no-progress"], { stdio: "ignore" });
-    speeds.push(mb / (Number(process.hrtime.bigint() - t0) / 1e9));
+  for (let r = 0; r < Math.max(3, runs); ++r) {
+    const p = spawnSync(path.join(build, "bin", "tripod"), ["data", "preprocess", "--input", bigFile,
+      "--input-format", "text", "--tokenizer-model", path.join(files, "cl100k_base.tiktoken"), "--output-prefix",
+      path.join(files, "bench_pre"), "--workers", String(workers), "--overwrite", "--no-progress"], { encoding: "utf8" });
+    const m = /\(([0-9.]+) MB\/s/.exec(p.stdout + p.stderr);
+    if (p.status !== 0 || !m) throw new Error(`tripod data preprocess failed: ${p.stderr}`);
+    speeds.push(Number(m[1]));
   }
   pre.push([workers, median(speeds)]);
 }
-console.log(`\ndata preprocess (cl100k, one document per line, whole command incl. loading the ranks)\n`);
+console.log(`\ndata preprocess (cl100k, ${path.basename(bigFile)}, one document per line; MB/s as tripod reports it, ` +
+            `loading the ranks apart; load average ${os.loadavg()[0].toFixed(2)} on ${os.cpus().length} cores)\n`);
 console.log(fmtRow(["workers", "MB/s", "vs 1 worker"]));
 console.log(fmtRow(["---:", "---:", "---:"]));
 for (const [w, s] of pre) console.log(fmtRow([w, s.toFixed(2), (s / pre[0][1]).toFixed(2) + "x"]));

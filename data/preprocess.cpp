@@ -185,6 +185,7 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
     TRIPOD_INPUT_CHECK(o.overwrite || !std::filesystem::exists(out, ec), "{} exists; pass --overwrite to replace it",
                        out);
   Tokenizer tok(o.tokenizer_model, o.eod_piece, o.tokenizer_pattern);
+  const auto loaded = Clock::now();
   TRIPOD_INPUT_CHECK(!o.append_eod || tok.eod_id() >= 0,
                      "{}: the tokenizer names no end-of-document token; name one with --eod-piece (or pass --no-eod)",
                      o.tokenizer_model);
@@ -235,7 +236,8 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
                      st.bad_lines ? fmt::format("; {} bad lines skipped", st.bad_lines) : std::string());
   st.tokens = writer.num_tokens();
   writer.finish();
-  st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  st.load_seconds = std::chrono::duration<double>(loaded - t0).count();
+  st.seconds = std::chrono::duration<double>(Clock::now() - loaded).count();
   return st;
 }
 

@@ -27,7 +27,8 @@ struct PreprocessOptions {
 
 struct PreprocessStats {
   int64_t documents = 0, tokens = 0, bad_lines = 0, blank_lines = 0, bytes = 0;
-  double seconds = 0;
+  double seconds = 0;       // reading, encoding and writing (after the tokenizer is loaded)
+  double load_seconds = 0;  // loading the tokenizer
   TokenDType dtype = TokenDType::U16;
   int vocab_size = 0;
 };

@@ -445,7 +445,7 @@ TEST_F(BadInput, TokenizerFiles) {
   std::string ranks;
   for (int b = 0; b < 256; ++b) {
     static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    ranks += fmt::format("{}{}==", t[b >> 2], t[(b & 3) << 4]) + " " + std::to_string(b) + "\n";
+    ranks += std::string{t[b >> 2], t[(b & 3) << 4], '=', '='} + " " + std::to_string(b) + "\n";
   }
   refused(encode(file("bad_base64_cl100k.tiktoken", "Q!== 300\n" + ranks)), "bad_base64_cl100k.tiktoken:1: bad base64");
   refused(encode(file("bad_rank_cl100k.tiktoken", ranks + "dGg= x\n")), "bad_rank_cl100k.tiktoken:257");

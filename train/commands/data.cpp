@@ -100,10 +100,11 @@ int run_preprocess(DataOptions& o) {
   o.pre.word_cache = !o.no_word_cache;
   PreprocessStats st = preprocess(o.pre);
   spdlog::info("wrote {0}.bin and {0}.idx: {1} documents, {2} tokens ({3}, vocabulary {4}) from {5:.1f} MB in {6:.2f} "
-               "s ({7:.2f} MB/s){8}{9}", o.pre.output_prefix, st.documents, st.tokens, dtype_name(st.dtype),
-               st.vocab_size, st.bytes / 1e6, st.seconds, st.bytes / 1e6 / std::max(st.seconds, 1e-9),
+               "s ({7:.2f} MB/s; the tokenizer loaded in {10:.2f} s){8}{9}", o.pre.output_prefix, st.documents,
+               st.tokens, dtype_name(st.dtype), st.vocab_size, st.bytes / 1e6, st.seconds,
+               st.bytes / 1e6 / std::max(st.seconds, 1e-9),
                st.bad_lines ? fmt::format("; {} bad lines skipped", st.bad_lines) : "",
-               st.blank_lines ? fmt::format("; {} blank lines", st.blank_lines) : "");
+               st.blank_lines ? fmt::format("; {} blank lines", st.blank_lines) : "", st.load_seconds);
   return 0;
 }
 
