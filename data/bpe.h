@@ -55,6 +55,7 @@ class PairRanks {
   // Sets the pair's rank (a later merge line of the same pair replaces it, as in Hugging Face).
   void insert(int32_t a, int32_t b, uint32_t rank, int32_t merged);
   const Slot* find(int32_t a, int32_t b) const {
+    if (slots_.empty()) return nullptr;  // no merges at all
     const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
     for (uint64_t i = hash(key) & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
@@ -130,6 +131,13 @@ class BpeModel {
   // The end-of-document token the files name (<|endoftext|>, <|end_of_text|>, </s>), or -1.
   int default_eod() const;
   const std::string& pattern_description() const { return pattern_desc_; }
+  // Whether a ByteLevel stage puts a space before pieces (add_prefix_space): decoding then gives
+  // those spaces back too.
+  bool adds_prefix_space() const {
+    for (const Stage& st : stages_)
+      if (st.add_prefix_space) return true;
+    return false;
+  }
   // Appends the ids of `text` to `ids`. `specials`: added/special tokens written in the text are
   // their ids (as Hugging Face's encode and tiktoken's allowed_special="all"); otherwise the text
   // is all ordinary text (tiktoken's encode_ordinary).
