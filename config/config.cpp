@@ -206,7 +206,7 @@ std::vector<Field> fields(TrainConfig& t) {
 std::vector<Field> fields(RecomputeConfig& r) { return {{"mode", EnumRef(&r.mode)}, {"num_layers", &r.num_layers}}; }
 std::vector<Field> fields(DataConfig& d) {
   return {{"prefixes", &d.prefixes}, {"weights", &d.weights}, {"split", &d.split}, {"tokenizer", &d.tokenizer},
-          {"synthetic", &d.synthetic}};
+          {"tokenizer_pattern", &d.tokenizer_pattern}, {"eod_token", &d.eod_token}, {"synthetic", &d.synthetic}};
 }
 std::vector<Field> fields(CheckpointConfig& k) {
   return {{"dir", &k.dir},   {"interval", &k.interval}, {"keep", &k.keep},

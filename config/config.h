@@ -75,7 +75,9 @@ struct DataConfig {
   std::vector<std::string> prefixes;  // indexed datasets (PREFIX.bin / PREFIX.idx)
   std::vector<double> weights;        // blending weights, one per prefix
   std::string split = "969,30,1";     // train, valid, test
-  std::string tokenizer;              // SentencePiece model, for eval/generate
+  std::string tokenizer;              // for eval/generate: a SentencePiece .model, vocab.json, *.tiktoken, tokenizer.json
+  std::string tokenizer_pattern;      // a tiktoken file's pattern (r50k, p50k, cl100k, o200k, a regex); "": its name's
+  std::string eod_token;              // the end-of-document token; "": the tokenizer's own
   bool synthetic = false;             // deterministic synthetic tokens instead of data
 
   // `reads_data`: data.prefixes (or data.synthetic) must be given.

@@ -109,7 +109,7 @@ class EncodePool {
   EncodePool(int workers, const PreprocessOptions& o, InputFormat fmt, const Tokenizer& tok) {
     for (int i = 0; i < workers; ++i)
       threads_.emplace_back([this, &o, fmt, &tok] {
-        WordCache cache;  // per thread: no locks
+        WordCache cache(size_t{1} << 20, o.word_cache);  // per thread: no locks
         while (true) {
           Job job;
           {
@@ -122,7 +122,7 @@ class EncodePool {
           Result r;
           if (!cancel_) {
             try {
-              encode_block(job, o, fmt, tok, o.word_cache ? &cache : nullptr, r);
+              encode_block(job, o, fmt, tok, &cache, r);
             } catch (...) {
               r.failure = std::current_exception();
             }
@@ -184,9 +184,10 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
   for (const std::string& out : {bin_path(o.output_prefix), idx_path(o.output_prefix)})
     TRIPOD_INPUT_CHECK(o.overwrite || !std::filesystem::exists(out, ec), "{} exists; pass --overwrite to replace it",
                        out);
-  Tokenizer tok(o.tokenizer_model, o.eod_piece);
+  Tokenizer tok(o.tokenizer_model, o.eod_piece, o.tokenizer_pattern);
+  const auto loaded = Clock::now();
   TRIPOD_INPUT_CHECK(!o.append_eod || tok.eod_id() >= 0,
-                     "{}: the model has no end-of-document token; name one with --eod-piece (or pass --no-eod)",
+                     "{}: the tokenizer names no end-of-document token; name one with --eod-piece (or pass --no-eod)",
                      o.tokenizer_model);
   const InputFormat fmt = resolve_input_format(o.format, o.input);
   BlockReader reader(o.input, o.block_bytes);
@@ -235,7 +236,8 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
                      st.bad_lines ? fmt::format("; {} bad lines skipped", st.bad_lines) : std::string());
   st.tokens = writer.num_tokens();
   writer.finish();
-  st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  st.load_seconds = std::chrono::duration<double>(loaded - t0).count();
+  st.seconds = std::chrono::duration<double>(Clock::now() - loaded).count();
   return st;
 }
 

@@ -12,6 +12,7 @@ namespace tripod {
 
 struct PreprocessOptions {
   std::string input, tokenizer_model, output_prefix;
+  std::string tokenizer_pattern;  // a tiktoken rank file's pattern (see Tokenizer); empty: from its name
   InputFormat format = InputFormat::Auto;
   std::string json_key = "text";
   std::string eod_piece;  // the end-of-document token; empty: the model's end-of-sentence token
@@ -20,13 +21,14 @@ struct PreprocessOptions {
   bool skip_bad_lines = false;
   bool overwrite = false;
   bool progress = true;  // a progress line on stderr, only when stderr is a terminal
-  bool word_cache = true;  // encode ASCII text word by word, each distinct word once (same ids)
+  bool word_cache = true;  // encode each distinct word / piece once (same ids)
   size_t block_bytes = 256 << 10;
 };
 
 struct PreprocessStats {
   int64_t documents = 0, tokens = 0, bad_lines = 0, blank_lines = 0, bytes = 0;
-  double seconds = 0;
+  double seconds = 0;       // reading, encoding and writing (after the tokenizer is loaded)
+  double load_seconds = 0;  // loading the tokenizer
   TokenDType dtype = TokenDType::U16;
   int vocab_size = 0;
 };

@@ -1,4 +1,5 @@
-// SentencePiece tokenizers through the library's C++ API.
+// Tokenizers: SentencePiece through the library's C++ API, byte-level BPE through data/bpe.h;
+// which one a path names, and the fingerprint of its files.
 #include "data/tokenizer.h"
 
 #include <sentencepiece_processor.h>
@@ -9,10 +10,14 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 
 #include "core/error.h"
+#include "data/bpe.h"
+#include "data/hash.h"
 
 // Exported by libsentencepiece but not declared in its installed headers: the level below which
 // the library's own log lines are dropped (0 info, 1 warning, 2 error).
@@ -50,11 +55,135 @@ void for_each_word(std::string_view s, Fn&& fn) {
 
 }  // namespace
 
-Tokenizer::Tokenizer(const std::string& model_path, const std::string& eod_piece)
-    : path_(model_path), sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+WordCache::WordCache(size_t max_words, bool enabled) : max_words_(max_words), enabled_(enabled) {}
+WordCache::~WordCache() = default;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string read_file(const std::string& path, const char* what) {
   std::error_code ec;
-  TRIPOD_INPUT_CHECK(std::filesystem::is_regular_file(model_path, ec), "{}: no such file (a SentencePiece .model)",
-                     model_path);
+  TRIPOD_INPUT_CHECK(fs::is_regular_file(path, ec), "{}: no such file ({})", path, what);
+  std::ifstream f(path, std::ios::binary);
+  TRIPOD_INPUT_CHECK(f.good(), "{}: cannot be read ({})", path, what);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+enum class TokenizerFiles { SentencePiece, Gpt2, Tiktoken, HuggingFace };
+
+// The merges.txt that goes with a vocab.json: NAME-vocab.json -> NAME-merges.txt, vocab.json ->
+// merges.txt, in the same folder.
+std::string merges_beside(const std::string& vocab) {
+  fs::path p(vocab);
+  std::string name = p.filename().string();
+  const size_t at = name.rfind("vocab.json");
+  name = name.substr(0, at) + "merges.txt";
+  return (p.parent_path() / name).string();
+}
+
+// Which reader a path needs: by folder content, by file name, then by the file's first bytes.
+TokenizerFiles detect(std::string& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    const fs::path d(path);
+    if (fs::is_regular_file(d / "tokenizer.json", ec)) {
+      path = (d / "tokenizer.json").string();
+      return TokenizerFiles::HuggingFace;
+    }
+    if (fs::is_regular_file(d / "vocab.json", ec)) {
+      path = (d / "vocab.json").string();
+      return TokenizerFiles::Gpt2;
+    }
+    if (fs::is_regular_file(d / "tokenizer.model", ec)) {
+      path = (d / "tokenizer.model").string();
+      return TokenizerFiles::SentencePiece;
+    }
+    throw InputError(fmt::format("{}: a folder without tokenizer.json, vocab.json + merges.txt or tokenizer.model",
+                                 path));
+  }
+  TRIPOD_INPUT_CHECK(fs::is_regular_file(path, ec), "{}: no such file (a tokenizer: SentencePiece .model, GPT-2 "
+                     "vocab.json + merges.txt, *.tiktoken, or tokenizer.json)", path);
+  const std::string name = fs::path(path).filename().string();
+  if (name.ends_with(".tiktoken")) return TokenizerFiles::Tiktoken;
+  if (name.ends_with("vocab.json")) return TokenizerFiles::Gpt2;
+  if (name.ends_with(".json")) return TokenizerFiles::HuggingFace;
+  if (name.ends_with(".model")) return TokenizerFiles::SentencePiece;
+  char head[256] = {};
+  std::ifstream f(path, std::ios::binary);
+  f.read(head, sizeof head);
+  const std::string_view h(head, static_cast<size_t>(f.gcount()));
+  const size_t first = h.find_first_not_of(" \t\r\n");
+  if (first != std::string_view::npos && h[first] == '{') return TokenizerFiles::HuggingFace;
+  // A rank file's first line: base64, one space, digits.
+  const size_t eol = h.find('\n'), sp = h.find(' ');
+  if (sp != std::string_view::npos && sp > 0 && (eol == std::string_view::npos || sp < eol) &&
+      h.substr(0, sp).find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") ==
+          std::string_view::npos &&
+      sp + 1 < h.size() && h[sp + 1] >= '0' && h[sp + 1] <= '9')
+    return TokenizerFiles::Tiktoken;
+  return TokenizerFiles::SentencePiece;
+}
+
+std::string hex64(uint64_t h) { return fmt::format("{:016x}", h); }
+
+// Where a UTF-8 text can be cut without splitting a character at its end: the length of its
+// longest prefix that does not end inside an incomplete character.
+size_t complete_prefix(std::string_view s) {
+  const size_t n = s.size();
+  for (size_t back = 1; back <= 4 && back <= n; ++back) {
+    const auto c = static_cast<unsigned char>(s[n - back]);
+    if ((c & 0xC0) == 0x80) continue;  // a continuation byte: look further back
+    const size_t need = c >= 0xF0 && c < 0xF8 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+    return need > back ? n - back : n;
+  }
+  return n;
+}
+
+// The files of a tokenizer, read, and their fingerprint.
+struct TokenizerBytes {
+  TokenizerFiles kind;
+  std::string file, text, merges_file, merges;
+  std::string fingerprint;
+};
+
+TokenizerBytes read_tokenizer(const std::string& path, const std::string& pattern) {
+  TokenizerBytes t;
+  t.file = path;
+  t.kind = detect(t.file);
+  TRIPOD_INPUT_CHECK(pattern.empty() || t.kind == TokenizerFiles::Tiktoken,
+                     "a pattern ('{}') is for tiktoken rank files; {} brings its own", pattern, path);
+  switch (t.kind) {
+    case TokenizerFiles::SentencePiece: t.text = read_file(t.file, "a SentencePiece .model"); break;
+    case TokenizerFiles::Gpt2:
+      t.text = read_file(t.file, "a GPT-2 vocab.json");
+      t.merges_file = merges_beside(t.file);
+      t.merges = read_file(t.merges_file, "the merges.txt beside vocab.json");
+      break;
+    case TokenizerFiles::Tiktoken: t.text = read_file(t.file, "a tiktoken rank file"); break;
+    case TokenizerFiles::HuggingFace: t.text = read_file(t.file, "a Hugging Face tokenizer.json"); break;
+  }
+  // The pattern (as given; empty: the file name decides) is part of a rank file's identity.
+  t.fingerprint = hex64(hash_string(t.merges, hash_string(t.text, hash_string(pattern))));
+  return t;
+}
+
+const char* kind_name(TokenizerFiles k) {
+  switch (k) {
+    case TokenizerFiles::SentencePiece: return "sentencepiece";
+    case TokenizerFiles::Gpt2: return BpeModel::kind_name(BpeModel::Kind::Gpt2Files);
+    case TokenizerFiles::Tiktoken: return BpeModel::kind_name(BpeModel::Kind::Tiktoken);
+    case TokenizerFiles::HuggingFace: return BpeModel::kind_name(BpeModel::Kind::HuggingFace);
+  }
+  return "?";
+}
+
+}  // namespace
+
+void Tokenizer::open_sentencepiece(const std::string& model_path) {
+  sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   sentencepiece::logging::SetMinLogLevel(2);
   auto status = sp_->Load(model_path);
   TRIPOD_INPUT_CHECK(status.ok(), "{}: not a SentencePiece model ({})", model_path, status.ToString());
@@ -76,26 +205,93 @@ Tokenizer::Tokenizer(const std::string& model_path, const std::string& eod_piece
     });
     word_splittable_ = whole == joined;
   }
-  if (eod_piece.empty()) {
-    eod_id_ = sp_->eos_id();
+}
+
+Tokenizer::Identity Tokenizer::identify(const std::string& path, const std::string& pattern) {
+  TokenizerBytes t = read_tokenizer(path, pattern);
+  return {kind_name(t.kind), t.fingerprint};
+}
+
+nlohmann::json tokenizer_record(const std::string& path, const std::string& pattern) {
+  if (path.empty()) return nullptr;
+  try {
+    Tokenizer::Identity id = Tokenizer::identify(path, pattern);
+    return {{"kind", id.kind}, {"fingerprint", id.fingerprint}, {"path", path}};
+  } catch (const InputError& e) {
+    return {{"path", path}, {"error", e.what()}};
+  }
+}
+
+void check_tokenizer_record(const nlohmann::json& record, const Tokenizer::Identity& id, const std::string& path,
+                            const std::string& checkpoint) {
+  if (!record.is_object() || !record.contains("kind") || !record.contains("fingerprint") ||
+      !record["kind"].is_string() || !record["fingerprint"].is_string())
+    return;
+  const std::string kind = record["kind"].get<std::string>(), fp = record["fingerprint"].get<std::string>();
+  const std::string was = record.contains("path") && record["path"].is_string() ? record["path"].get<std::string>() : "?";
+  TRIPOD_INPUT_CHECK(kind == id.kind && fp == id.fingerprint,
+                     "data.tokenizer is {} {} ({}), but the checkpoint {} was trained with {} {} ({}); give the "
+                     "tokenizer it was trained with (--set data.tokenizer=PATH)",
+                     id.kind, id.fingerprint, path, checkpoint, kind, fp, was);
+}
+
+Tokenizer::Tokenizer(const std::string& path, const std::string& eod_piece, const std::string& pattern)
+    : path_(path) {
+  TokenizerBytes t = read_tokenizer(path, pattern);
+  fingerprint_ = t.fingerprint;
+  switch (t.kind) {
+    case TokenizerFiles::SentencePiece: open_sentencepiece(t.file); break;
+    case TokenizerFiles::Gpt2:
+      bpe_ = std::make_unique<BpeModel>(BpeModel::from_gpt2(t.text, t.file, t.merges, t.merges_file));
+      break;
+    case TokenizerFiles::Tiktoken:
+      bpe_ = std::make_unique<BpeModel>(BpeModel::from_tiktoken(t.text, t.file, pattern));
+      break;
+    case TokenizerFiles::HuggingFace:
+      bpe_ = std::make_unique<BpeModel>(BpeModel::from_hf_json(t.text, t.file));
+      break;
+  }
+  if (sp_) {
+    if (eod_piece.empty()) {
+      eod_id_ = sp_->eos_id();
+    } else {
+      eod_id_ = sp_->PieceToId(eod_piece);
+      TRIPOD_INPUT_CHECK(eod_id_ >= 0 && sp_->IdToPiece(eod_id_) == eod_piece,
+                         "{}: the model has no piece \"{}\" for the end-of-document token", path, eod_piece);
+    }
   } else {
-    eod_id_ = sp_->PieceToId(eod_piece);
-    TRIPOD_INPUT_CHECK(eod_id_ >= 0 && sp_->IdToPiece(eod_id_) == eod_piece,
-                       "{}: the model has no piece \"{}\" for the end-of-document token", model_path, eod_piece);
+    eod_id_ = eod_piece.empty() ? bpe_->default_eod() : bpe_->find_token(eod_piece);
+    TRIPOD_INPUT_CHECK(eod_piece.empty() || eod_id_ >= 0,
+                       "{}: the tokenizer has no token \"{}\" for the end-of-document token", path, eod_piece);
   }
 }
 
 Tokenizer::~Tokenizer() = default;
 
-int Tokenizer::vocab_size() const { return sp_->GetPieceSize(); }
+std::string Tokenizer::kind() const { return sp_ ? "sentencepiece" : BpeModel::kind_name(bpe_->kind()); }
+
+std::string Tokenizer::describe() const { return fmt::format("{} {} ({})", kind(), fingerprint_, path_); }
+
+int Tokenizer::vocab_size() const { return sp_ ? sp_->GetPieceSize() : bpe_->vocab_size(); }
 
 std::string Tokenizer::piece(int id) const {
   TRIPOD_CHECK(id >= 0 && id < vocab_size(), "token id {} outside the vocabulary of {}", id, vocab_size());
-  return sp_->IdToPiece(id);
+  return sp_ ? sp_->IdToPiece(id) : bpe_->token_bytes(id);
 }
 
-void Tokenizer::encode(std::string_view text, std::vector<int>& ids, WordCache* cache) const {
-  if (!cache || !word_splittable_ || !is_ascii(text)) {
+void Tokenizer::encode(std::string_view text, std::vector<int>& ids, WordCache* cache, bool specials) const {
+  if (bpe_) {
+    ids.clear();
+    if (!cache) {
+      BpeScratch scratch(0, false);
+      bpe_->encode(text, ids, scratch, specials);
+      return;
+    }
+    if (!cache->bpe_) cache->bpe_ = std::make_unique<BpeScratch>(cache->max_words_, cache->enabled_);
+    bpe_->encode(text, ids, *cache->bpe_, specials);
+    return;
+  }
+  if (!cache || !cache->enabled_ || !word_splittable_ || !is_ascii(text)) {
     auto status = sp_->Encode(text, &ids);
     TRIPOD_CHECK(status.ok(), "sentencepiece encode failed: {}", status.ToString());
     return;
@@ -116,15 +312,49 @@ void Tokenizer::encode(std::string_view text, std::vector<int>& ids, WordCache* 
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids) const {
-  std::vector<int> v(ids.begin(), ids.end());
-  for (size_t i = 0; i < v.size(); ++i)
-    TRIPOD_INPUT_CHECK(v[i] >= 0 && v[i] < vocab_size(),
+  for (size_t i = 0; i < ids.size(); ++i)
+    TRIPOD_INPUT_CHECK(ids[i] >= 0 && ids[i] < vocab_size() && (sp_ || bpe_->has_token(ids[i])),
                        "token id {} (position {}) is outside the vocabulary of {} ({} ids): the data was made with "
-                       "another tokenizer?", v[i], i, path_, vocab_size());
+                       "another tokenizer?", ids[i], i, path_, vocab_size());
   std::string text;
+  if (bpe_) {
+    for (int32_t id : ids) bpe_->decode_append(id, text);
+    return text;
+  }
+  std::vector<int> v(ids.begin(), ids.end());
   auto status = sp_->Decode(v, &text);
   TRIPOD_CHECK(status.ok(), "sentencepiece decode failed: {}", status.ToString());
   return text;
+}
+
+DecodeStream::DecodeStream(const Tokenizer& tok, std::vector<int32_t> prompt) : tok_(tok), ids_(std::move(prompt)) {
+  decoded_ = tok_.decode(ids_);
+}
+
+std::string DecodeStream::take_complete() {
+  // SentencePiece may decode a longer id list to a text that does not extend the previous one
+  // (a leading space dropped): nothing new is printed then.
+  if (decoded_.size() <= printed_) return {};
+  const size_t end = complete_prefix(decoded_);
+  if (end <= printed_) return {};
+  std::string out = decoded_.substr(printed_, end - printed_);
+  printed_ = end;
+  return out;
+}
+
+std::string DecodeStream::start() { return take_complete(); }
+
+std::string DecodeStream::push(int32_t id) {
+  ids_.push_back(id);
+  decoded_ = tok_.decode(ids_);
+  return take_complete();
+}
+
+std::string DecodeStream::finish() {
+  if (decoded_.size() <= printed_) return {};
+  std::string out = decoded_.substr(printed_);
+  printed_ = decoded_.size();
+  return out;
 }
 
 // ---- training ------------------------------------------------------------------------------

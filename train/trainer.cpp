@@ -18,6 +18,7 @@
 #include "checkpoint/reshard.h"
 #include "core/version.h"
 #include "data/sampler.h"
+#include "data/tokenizer.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "train/evaluator.h"
@@ -355,6 +356,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       {"consumed_samples", step_ * tc.global_batch_size},
       {"global_batch_size", tc.global_batch_size},
       {"config_toml", config_to_toml(cfg_)},
+      {"tokenizer", tokenizer_record(cfg_.data.tokenizer, cfg_.data.tokenizer_pattern)},
       {"run_id", run_id_},
       {"model", model_to_json(cfg_.model)},
       {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"world_size", par_.grid.world_size()},

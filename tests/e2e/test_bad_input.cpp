@@ -421,5 +421,93 @@ TEST_F(BadInput, Battery) {
   EXPECT_GE(cases, 100);
 }
 
+// Tokenizer files people bring, damaged: the reader names the file and line or field.
+TEST_F(BadInput, TokenizerFiles) {
+  // A GPT-2 vocabulary of the 256 byte tokens (written in GPT-2's byte table) and one merge.
+  auto byte_char = [](int b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    int cp = b;
+    if (!printable) {
+      cp = 256;
+      for (int k = 0; k < b; ++k)
+        if (!((k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || (k >= 0xAE && k <= 0xFF))) ++cp;
+    }
+    std::string s;
+    if (cp < 0x80) s.push_back(static_cast<char>(cp));
+    else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    return s;
+  };
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  vocab["th"] = 256;
+  vocab["<|endoftext|>"] = 257;
+  const std::string merges = "#version: 0.2\nt h\n";
+  const fs::path text = fx / "base.toml";
+  auto put = [](const std::string& name, const std::string& bytes) {  // file(), with folders
+    fs::create_directories((fx / "cases" / name).parent_path());
+    write_file(fx / "cases" / name, bytes);
+    return fx / "cases" / name;
+  };
+  auto gpt2 = [&](const std::string& name, const std::string& v, const std::string& m) {
+    put(name + "/vocab.json", v);
+    put(name + "/merges.txt", m);
+    return fx / "cases" / name;
+  };
+  auto encode = [&](const fs::path& tok) {
+    return "data encode --tokenizer-model " + q(tok) + " --input " + q(text) + " --output " + q(dir / "ids.json");
+  };
+  const fs::path good = gpt2("gpt2_good", vocab.dump(), merges);
+
+  refused(encode(gpt2("vocab_array", "[1, 2, 3]", merges)), "vocab_array/vocab.json");
+  refused(encode(gpt2("vocab_string_id", R"({"a": "one"})", merges)), "vocab_string_id/vocab.json: token 'a'");
+  refused(encode(gpt2("vocab_float_id", R"({"a": 1.5})", merges)), "vocab_float_id/vocab.json: token 'a'");
+  refused(encode(gpt2("vocab_not_json", "{\"a\": ", merges)), "vocab_not_json/vocab.json: not JSON");
+  refused(encode(gpt2("merges_unknown", vocab.dump(), merges + "t zz\n")), "merges_unknown/merges.txt:3: token 'zz'");
+  refused(encode(gpt2("merges_three", vocab.dump(), merges + "t h e\n")), "merges_three/merges.txt:3");
+  refused("data preprocess --input " + q(text) + " --input-format text --tokenizer-model " +
+              q(gpt2("merges_pre", vocab.dump(), merges + "q zz\n")) + " --output-prefix " + q(dir / "pre_bad"),
+          "merges_pre/merges.txt:3");
+  put("merges_missing/vocab.json", vocab.dump());
+  refused(encode(fx / "cases" / "merges_missing"), "merges_missing/merges.txt: no such file");
+
+  std::string ranks;
+  for (int b = 0; b < 256; ++b) {
+    static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    ranks += std::string{t[b >> 2], t[(b & 3) << 4], '=', '='} + " " + std::to_string(b) + "\n";
+  }
+  refused(encode(put("bad_base64_cl100k.tiktoken", "Q!== 300\n" + ranks)), "bad_base64_cl100k.tiktoken:1: bad base64");
+  refused(encode(put("bad_rank_cl100k.tiktoken", ranks + "dGg= x\n")), "bad_rank_cl100k.tiktoken:257");
+  refused(encode(put("unnamed.tiktoken", ranks)), "unnamed.tiktoken");
+  refused(encode(put("p.tiktoken", ranks)) + " --tokenizer-pattern '(unclosed'", "p.tiktoken");
+  refused(encode(good) + " --tokenizer-pattern cl100k", "is for tiktoken rank files");
+
+  json hf = {{"model", {{"type", "WordPiece"}, {"vocab", {{"a", 0}}}}}, {"pre_tokenizer", {{"type", "ByteLevel"}}}};
+  refused(encode(put("wordpiece/tokenizer.json", hf.dump())), "model.type 'WordPiece'");
+  hf["model"] = {{"type", "Unigram"}, {"vocab", json::array()}};
+  refused(encode(put("unigram.json", hf.dump())), "unigram.json: model.type 'Unigram'");
+  hf["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"t h"}}};
+  hf["normalizer"] = {{"type", "NFC"}};
+  refused(encode(put("nfc/tokenizer.json", hf.dump())), "normalizer.type 'NFC'");
+  hf["normalizer"] = nullptr;
+  hf["pre_tokenizer"] = {{"type", "Metaspace"}};
+  refused(encode(put("metaspace/tokenizer.json", hf.dump())), "pre_tokenizer.type 'Metaspace'");
+  hf["pre_tokenizer"] = {{"type", "ByteLevel"}};
+  hf["model"]["merges"] = {"t zz"};
+  refused(encode(put("hf_merge/tokenizer.json", hf.dump())), "model.merges[0]: token 'zz'");
+  refused(encode(put("tokenizer_json_garbage/tokenizer.json", "{\"model\": ")), "not JSON");
+
+  // The checkpoint records its tokenizer; generate and eval refuse another one, naming both.
+  must(train("--set checkpoint.dir=" + q(dir / "tok_ck") + " --set checkpoint.interval=1 --set train.steps=1",
+             "data.toml"));
+  const std::string other = " --set data.tokenizer=" + q(good);
+  refused("generate " + cfg("--load " + q(dir / "tok_ck") + " --prompt hi" + other, "data.toml"), "gpt2-bpe");
+  refused("generate " + cfg("--load " + q(dir / "tok_ck") + " --prompt hi" + other, "data.toml"), "sentencepiece");
+  refused("eval " + cfg("--load " + q(dir / "tok_ck") + " --set data.split=4,4,0" + other, "data.toml"),
+          "was trained with sentencepiece");
+}
+
 }  // namespace
 }  // namespace tripod

@@ -1,9 +1,13 @@
-// `tripod data train-tokenizer | preprocess | inspect`: tokenizers and indexed datasets.
+// `tripod data train-tokenizer | preprocess | inspect | encode | decode`: tokenizers and indexed
+// datasets.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -24,10 +28,59 @@ struct DataOptions {
   PreprocessOptions pre;
   std::string pre_format = "auto";
   bool no_eod = false, no_progress = false, no_word_cache = false;
-  std::string inspect_prefix, inspect_tokenizer, inspect_eod;
+  std::string inspect_prefix, inspect_tokenizer, inspect_eod, inspect_pattern;
   std::optional<int64_t> show_document;
   bool json = false, verbose = false;
+  // encode / decode
+  std::string codec_tokenizer, codec_pattern, codec_input, codec_output;
+  bool codec_specials = false;
 };
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  TRIPOD_INPUT_CHECK(f.good(), "--input {}: no such file", path);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_all(const std::string& path, std::string_view bytes) {
+  if (path.empty() || path == "-") {
+    std::fwrite(bytes.data(), 1, bytes.size(), stdout);
+    std::fflush(stdout);
+    return;
+  }
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  TRIPOD_INPUT_CHECK(f.good(), "--output {}: cannot be written", path);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// The whole input file as one text -> a JSON array of ids.
+int run_encode(DataOptions& o) {
+  init_logging(0, 1, o.verbose);
+  Tokenizer tok(o.codec_tokenizer, "", o.codec_pattern);
+  const std::string text = read_all(o.codec_input);
+  std::vector<int> ids;
+  WordCache cache;
+  tok.encode(text, ids, &cache, o.codec_specials);
+  write_all(o.codec_output, nlohmann::json(ids).dump() + "\n");
+  return 0;
+}
+
+// A JSON array of ids -> the bytes they decode to, exactly.
+int run_decode(DataOptions& o) {
+  init_logging(0, 1, o.verbose);
+  Tokenizer tok(o.codec_tokenizer, "", o.codec_pattern);
+  const nlohmann::json j = nlohmann::json::parse(read_all(o.codec_input), nullptr, false);
+  TRIPOD_INPUT_CHECK(j.is_array(), "--input {}: not a JSON array of token ids", o.codec_input);
+  std::vector<int32_t> ids;
+  for (const auto& v : j) {
+    TRIPOD_INPUT_CHECK(v.is_number_integer(), "--input {}: {} is not a token id", o.codec_input, v.dump());
+    ids.push_back(v.get<int32_t>());
+  }
+  write_all(o.codec_output, tok.decode(ids));
+  return 0;
+}
 
 int run_train_tokenizer(DataOptions& o) {
   init_logging(0, 1, o.verbose);
@@ -50,10 +103,11 @@ int run_preprocess(DataOptions& o) {
   for (const char* ext : {".bin", ".idx"}) check_output_file(o.pre.output_prefix + ext, "--output-prefix");
   PreprocessStats st = preprocess(o.pre);
   spdlog::info("wrote {0}.bin and {0}.idx: {1} documents, {2} tokens ({3}, vocabulary {4}) from {5:.1f} MB in {6:.2f} "
-               "s ({7:.2f} MB/s){8}{9}", o.pre.output_prefix, st.documents, st.tokens, dtype_name(st.dtype),
-               st.vocab_size, st.bytes / 1e6, st.seconds, st.bytes / 1e6 / std::max(st.seconds, 1e-9),
+               "s ({7:.2f} MB/s; the tokenizer loaded in {10:.2f} s){8}{9}", o.pre.output_prefix, st.documents,
+               st.tokens, dtype_name(st.dtype), st.vocab_size, st.bytes / 1e6, st.seconds,
+               st.bytes / 1e6 / std::max(st.seconds, 1e-9),
                st.bad_lines ? fmt::format("; {} bad lines skipped", st.bad_lines) : "",
-               st.blank_lines ? fmt::format("; {} blank lines", st.blank_lines) : "");
+               st.blank_lines ? fmt::format("; {} blank lines", st.blank_lines) : "", st.load_seconds);
   return 0;
 }
 
@@ -84,7 +138,7 @@ int run_inspect(DataOptions& o) {
     std::vector<int32_t> ids = d.document(at);
     nlohmann::json doc = {{"index", at}, {"tokens", ids.size()}, {"ids", ids}};
     if (!o.inspect_tokenizer.empty()) {
-      Tokenizer tok(o.inspect_tokenizer, o.inspect_eod);
+      Tokenizer tok(o.inspect_tokenizer, o.inspect_eod, o.inspect_pattern);
       doc["text"] = tok.decode(ids);
     }
     j["document"] = doc;
@@ -136,7 +190,10 @@ CommandFn add_data_command(CLI::App& app) {
 
   CLI::App* pp = data->add_subcommand("preprocess", "Tokenize documents into PREFIX.bin + PREFIX.idx");
   pp->add_option("--input", o->pre.input, "Text (one document per line) or JSONL file")->required();
-  pp->add_option("--tokenizer-model", o->pre.tokenizer_model, "SentencePiece .model")->required();
+  pp->add_option("--tokenizer-model", o->pre.tokenizer_model,
+                 "SentencePiece .model, GPT-2 vocab.json (+ merges.txt), *.tiktoken or tokenizer.json")->required();
+  pp->add_option("--tokenizer-pattern", o->pre.tokenizer_pattern,
+                 "A tiktoken file's pattern: r50k, p50k, cl100k, o200k or a regex (default: from the file name)");
   pp->add_option("--output-prefix", o->pre.output_prefix, "Writes PREFIX.bin and PREFIX.idx")->required();
   pp->add_option("--json-key", o->pre.json_key, "JSONL key holding the document")->capture_default_str();
   pp->add_option("--input-format", o->pre_format, "auto (by extension), text or jsonl")->capture_default_str();
@@ -152,15 +209,30 @@ CommandFn add_data_command(CLI::App& app) {
   CLI::App* in = data->add_subcommand("inspect", "Describe an indexed dataset; decode one document");
   in->add_option("prefix", o->inspect_prefix, "PREFIX of PREFIX.bin + PREFIX.idx")->required();
   in->add_flag("--json", o->json, "One JSON object on stdout");
-  in->add_option("--tokenizer-model", o->inspect_tokenizer, "SentencePiece .model to decode with");
+  in->add_option("--tokenizer-model", o->inspect_tokenizer, "Tokenizer to decode with (as for preprocess)");
+  in->add_option("--tokenizer-pattern", o->inspect_pattern, "A tiktoken file's pattern (as for preprocess)");
   in->add_option("--eod-piece", o->inspect_eod, "End-of-document token of the tokenizer");
   in->add_option("--show-document", o->show_document, "Print document I (its ids; its text with a tokenizer)");
   in->add_flag("-v,--verbose", o->verbose, "Debug logging");
 
-  return [o, tt, pp, in] {
+  CLI::App* en = data->add_subcommand("encode", "Encode a text file (all of it, one text) to a JSON array of ids");
+  CLI::App* de = data->add_subcommand("decode", "Decode a JSON array of ids to the exact bytes of its text");
+  for (CLI::App* c : {en, de}) {
+    c->add_option("--tokenizer-model", o->codec_tokenizer, "Tokenizer (as for preprocess)")->required();
+    c->add_option("--tokenizer-pattern", o->codec_pattern, "A tiktoken file's pattern (as for preprocess)");
+    c->add_option("--input", o->codec_input, "The file to read")->required();
+    c->add_option("--output", o->codec_output, "The file to write (default: stdout)");
+    c->add_flag("-v,--verbose", o->verbose, "Debug logging");
+  }
+  en->add_flag("--special-tokens", o->codec_specials,
+               "Special tokens written in the text (<|endoftext|>) are their ids (default: plain text)");
+
+  return [o, tt, pp, in, en, de] {
     if (tt->parsed()) return run_train_tokenizer(*o);
     if (pp->parsed()) return run_preprocess(*o);
     if (in->parsed()) return run_inspect(*o);
+    if (en->parsed()) return run_encode(*o);
+    if (de->parsed()) return run_decode(*o);
     return 2;
   };
 }

@@ -107,6 +107,7 @@ int run_eval(const EvalOptions& o) {
     else
       fit_eval_grid(cfg, mpi.size());
     samples = o.samples.value_or(cfg.train.eval_steps * (batch > 0 ? batch : cfg.train.global_batch_size));
+    check_checkpoint_tokenizer(o.weights, cfg);
     rt = make_runtime(cfg);
   } catch (const InputError& e) {
     rethrow_agreed(e);

@@ -68,17 +68,19 @@ int run_generate(const GenerateOptions& o) {
     TRIPOD_INPUT_CHECK(std::isfinite(o.top_p) && o.top_p > 0 && o.top_p <= 1,
                        "--top-p {}: give a probability in (0, 1] (1 keeps every token)", o.top_p);
     TRIPOD_INPUT_CHECK(o.top_k >= 0, "--top-k {}: give a number of tokens >= 0 (0 keeps every token)", o.top_k);
-    TRIPOD_INPUT_CHECK(!cfg.data.tokenizer.empty(), "data.tokenizer is not set in {}; generate needs the SentencePiece "
-                       "model (--set data.tokenizer=F.model)", o.config.empty() ? o.weights.load : o.config);
+    TRIPOD_INPUT_CHECK(!cfg.data.tokenizer.empty(), "data.tokenizer is not set in {}; generate needs the tokenizer "
+                       "(--set data.tokenizer=PATH: a .model, vocab.json, *.tiktoken or tokenizer.json)",
+                       o.config.empty() ? o.weights.load : o.config);
     try {
-      tok = std::make_unique<Tokenizer>(cfg.data.tokenizer);
+      tok = std::make_unique<Tokenizer>(cfg.data.tokenizer, cfg.data.eod_token, cfg.data.tokenizer_pattern);
     } catch (const InputError& e) {
       throw InputError(fmt::format("data.tokenizer: {}", e.what()));
     }
+    check_checkpoint_tokenizer(o.weights, cfg);
     TRIPOD_INPUT_CHECK(tok->vocab_size() <= cfg.model.vocab_size,
                        "data.tokenizer {} has {} tokens but model.vocab_size = {}; give the tokenizer the model was "
                        "trained with", cfg.data.tokenizer, tok->vocab_size(), cfg.model.vocab_size);
-    tok->encode(o.prompt, prompt);
+    tok->encode(o.prompt, prompt, nullptr, /*specials=*/true);  // a prompt may write <|endoftext|> and the like
     TRIPOD_INPUT_CHECK(!prompt.empty(), "--prompt '{}' encodes to no tokens; give some text", o.prompt);
     const int64_t limit = cfg.model.positions(), len = static_cast<int64_t>(prompt.size());
     TRIPOD_INPUT_CHECK(len + o.max_tokens <= limit,
@@ -106,15 +108,16 @@ int run_generate(const GenerateOptions& o) {
   const SamplingOptions so{.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p};
   std::mt19937_64 rng(o.seed);
   std::vector<int32_t> ids(prompt.begin(), prompt.end());
-  // Text is printed as the suffix of decode(prompt + generated) beyond what is out already, so
-  // pieces that join (word boundaries, multi-byte characters) come out right.
-  // The prompt (as the tokenizer reads it back) comes first, then the continuation.
-  const std::string prompt_text = tok->decode(ids);
-  size_t printed = prompt_text.size();
-  if (mpi.rank() == 0) {
-    fmt::print("{}", prompt_text);
+  // The prompt (as the tokenizer reads it back) comes first, then the continuation; DecodeStream
+  // prints whole characters as they complete (a byte-level token may end inside one), and the
+  // bytes printed are exactly decode(prompt + generated).
+  DecodeStream stream(*tok, ids);
+  auto out = [&](const std::string& text) {
+    if (mpi.rank() != 0 || text.empty()) return;
+    std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);
-  }
+  };
+  out(stream.start());
   auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits = inf.forward(ids);
   const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -124,21 +127,12 @@ int run_generate(const GenerateOptions& o) {
     const int32_t next = sample_token(std::span(logits).first(tok->vocab_size()), so, rng);
     ids.push_back(next);
     ++generated;
-    if (mpi.rank() == 0) {
-      const std::string text = tok->decode(ids);
-      if (text.size() > printed) {
-        fmt::print("{}", text.substr(printed));
-        std::fflush(stdout);
-        printed = text.size();
-      }
-    }
+    if (mpi.rank() == 0) out(stream.push(next));
     if (next == tok->eod_id() || i + 1 == o.max_tokens) break;
     logits = inf.forward(std::span<const int32_t>(&ids.back(), 1));
   }
-  if (mpi.rank() == 0) {
-    fmt::print("\n");
-    std::fflush(stdout);
-  }
+  out(stream.finish());
+  out("\n");
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   spdlog::info("prompt {} tokens (prefill {:.3f} s); generated {} tokens in {:.3f} s ({:.1f} tokens/s) on tp={}", len,
                prefill_s, generated, total_s - prefill_s, generated / std::max(1e-9, total_s - prefill_s),

@@ -10,6 +10,7 @@
 #include "checkpoint/reader.h"
 #include "checkpoint/reshard.h"
 #include "core/error.h"
+#include "data/tokenizer.h"
 
 namespace tripod {
 
@@ -50,6 +51,22 @@ void check_weight_options(const WeightOptions& w) {
   TRIPOD_INPUT_CHECK(w.load.empty() != !w.init_seed.has_value(),
                      "give exactly one of --load DIR (a checkpoint) and --init-seed S (random weights){}",
                      w.load.empty() ? "" : "; both were given");
+}
+
+void check_checkpoint_tokenizer(const WeightOptions& w, const Config& cfg) {
+  if (w.load.empty() || cfg.data.tokenizer.empty()) return;
+  const std::string dir = resolve_checkpoint(w.load, cfg.checkpoint.dir);
+  const nlohmann::json meta = CheckpointReader(dir).metadata();
+  if (!meta.contains("tokenizer")) return;
+  Tokenizer::Identity id;
+  try {
+    id = Tokenizer::identify(cfg.data.tokenizer, cfg.data.tokenizer_pattern);
+  } catch (const InputError& e) {
+    // eval reads token ids, not the tokenizer: a tokenizer that is gone cannot be compared.
+    spdlog::warn("data.tokenizer not compared with the checkpoint's: {}", e.what());
+    return;
+  }
+  check_tokenizer_record(meta["tokenizer"], id, cfg.data.tokenizer, dir);
 }
 
 void load_weights(const WeightOptions& w, const Config& cfg, ParamRegistry& reg, Ops& ops, ParallelContext& par) {

@@ -39,6 +39,10 @@ Config load_command_config(const std::string& config, const WeightOptions& w, co
 void add_weight_options(CLI::App* sub, WeightOptions& w);
 // InputError unless exactly one of --load and --init-seed is given.
 void check_weight_options(const WeightOptions& w);
+// With --load: InputError when the checkpoint records another tokenizer than cfg's data.tokenizer
+// (its kind and the fingerprint of its files), naming both. Nothing to check without --load,
+// data.tokenizer (or its files: a warning) or a record.
+void check_checkpoint_tokenizer(const WeightOptions& w, const Config& cfg);
 // Fills every parameter of `reg` (allocated) from the chosen source. Collective over the world.
 void load_weights(const WeightOptions& w, const Config& cfg, ParamRegistry& reg, Ops& ops, ParallelContext& par);
 
