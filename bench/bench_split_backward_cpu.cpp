@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
       ModelConfig cfg{.n_layers = layers, .n_heads = 12, .d_model = 768, .ffn_hidden = 0, .seq_len = static_cast<int>(T),
                       .max_positions = 0, .vocab_size = vocab};
       if (llama) {
-        cfg.arch = "llama", cfg.norm = "rmsnorm", cfg.position = "rope", cfg.mlp = "swiglu";
+        cfg.arch = Arch::Llama, cfg.norm = NormKind::RmsNorm, cfg.position = PositionKind::Rope, cfg.mlp = MlpKind::SwiGlu;
         cfg.n_kv_heads = 4, cfg.bias = false, cfg.tie_embeddings = false;
       }
       const RecomputeConfig rc{.mode = mode, .num_layers = -1};

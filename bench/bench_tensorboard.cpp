@@ -21,7 +21,7 @@
 
 #include "core/log.h"
 #include "data/sample_source.h"
-#include "train/config.h"
+#include "config/config.h"
 #include "train/metrics.h"
 #include "train/straggler.h"
 #include "train/runtime.h"

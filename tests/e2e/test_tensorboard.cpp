@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "e2e/e2e_test.h"
-#include "train/report.h"
+#include "report/report.h"
 
 namespace tripod {
 namespace {

@@ -41,7 +41,7 @@ std::map<std::string, Shape> saved_shapes(const std::vector<ParamSpec>& specs) {
 // gives the same names and global shapes (vocabulary tables as saved, without padding).
 TEST(ModelParamSpecs, AreWhatEveryRankOfAGridRegisters) {
   for (const ModelConfig& m : {gpt2_model(), llama_model(2), llama_model(4, true)}) {
-    SCOPED_TRACE(m.arch + " kv " + std::to_string(m.kv_heads()));
+    SCOPED_TRACE(std::string(enum_name(m.arch)) + " kv " + std::to_string(m.kv_heads()));
     const std::vector<ParamSpec> specs = model_param_specs(m);
     const auto want = saved_shapes(specs);
     EXPECT_EQ(want.size(), specs.size());  // one rank holding everything registers no tied copy
