@@ -7,29 +7,13 @@
 #include "core/error.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/simulate.h"
+#include "schedule_test_util.h"
 
 namespace tripod {
 namespace {
 
-std::string join(const std::vector<Action>& list) {
-  std::string s;
-  for (const Action& a : list) {
-    if (!s.empty()) s += ' ';
-    s += a.str();
-  }
-  return s;
-}
-
-// The InputError message `fn` throws, or "" when it throws none.
-template <class Fn>
-std::string input_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::input_error;
+using test::join;
 
 TEST(Action, PrintsAndParses) {
   EXPECT_EQ(F(3, 1).str(), "F3.1");

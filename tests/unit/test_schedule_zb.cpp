@@ -11,28 +11,13 @@
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/simulate.h"
 #include "parallel/pipeline/zero_bubble.h"
+#include "schedule_test_util.h"
 
 namespace tripod {
 namespace {
 
-std::string join(const std::vector<Action>& list) {
-  std::string s;
-  for (const Action& a : list) {
-    if (!s.empty()) s += ' ';
-    s += a.str();
-  }
-  return s;
-}
-
-template <class Fn>
-std::string input_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::input_error;
+using test::join;
 
 // Unit costs F = I = W = 1 (B = 2), free communication.
 PipeCosts unit() { return PipeCosts{1, 2, 0}; }
