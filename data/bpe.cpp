@@ -576,6 +576,8 @@ BpeModel BpeModel::from_hf_json(std::string_view text, const std::string& origin
     const std::string t = type_of(*n, "normalizer");
     TRIPOD_INPUT_CHECK(t == "NFC", "{}: normalizer.type '{}' is not supported: tripod reads byte-level BPE with no "
                        "normalizer (normalizer: null) or Unicode NFC (\"type\": \"NFC\", as Qwen 2 ships)", origin, t);
+    TRIPOD_INPUT_CHECK(nfc_available(), "{}: normalizer.type 'NFC' needs ICU, which this build of tripod leaves out "
+                       "(CMake option TRIPOD_ICU=OFF, as in the GPU bundle); use a build with it", origin);
     m.nfc_ = true;
   }
   // Pre-tokenizers: Split (Isolated) stages, then ByteLevel last (it hands bytes to the model).

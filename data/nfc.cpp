@@ -1,8 +1,10 @@
 // NFC through ICU's Normalizer2 (UTF-8 in, UTF-8 out), with a fast path for text below U+0300.
 #include "data/nfc.h"
 
+#ifdef TRIPOD_HAVE_ICU
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
+#endif
 
 #include "core/error.h"
 
@@ -10,6 +12,7 @@ namespace tripod {
 
 namespace {
 
+#ifdef TRIPOD_HAVE_ICU
 const icu::Normalizer2& nfc() {
   static const icu::Normalizer2* n = [] {
     UErrorCode err = U_ZERO_ERROR;
@@ -19,6 +22,7 @@ const icu::Normalizer2& nfc() {
   }();
   return *n;
 }
+#endif
 
 // The length of the valid UTF-8 sequence at text[i] (1..4), or 0 when the bytes there are not
 // one (a stray continuation byte, an overlong form, a surrogate, past U+10FFFF, cut short).
@@ -43,6 +47,7 @@ size_t utf8_length(std::string_view text, size_t i) {
   return 0;
 }
 
+#ifdef TRIPOD_HAVE_ICU
 void normalize_valid(std::string_view run, std::string& out) {
   if (run.empty()) return;
   if (nfc_quick_yes(run)) {
@@ -54,8 +59,23 @@ void normalize_valid(std::string_view run, std::string& out) {
   nfc().normalizeUTF8(0, icu::StringPiece(run.data(), static_cast<int32_t>(run.size())), sink, nullptr, err);
   TRIPOD_CHECK(U_SUCCESS(err), "NFC normalization of {} bytes failed: {}", run.size(), u_errorName(err));
 }
+#else
+void normalize_valid(std::string_view run, std::string& out) {
+  if (run.empty()) return;
+  TRIPOD_CHECK(nfc_quick_yes(run), "NFC normalization without ICU (built with TRIPOD_ICU=OFF)");
+  out.append(run);
+}
+#endif
 
 }  // namespace
+
+bool nfc_available() {
+#ifdef TRIPOD_HAVE_ICU
+  return true;
+#else
+  return false;
+#endif
+}
 
 bool nfc_quick_yes(std::string_view text) {
   // Every byte below 0xCC: every character is below U+0300 (lead bytes 0xC2..0xCB), where each

@@ -7,6 +7,10 @@
 
 namespace tripod {
 
+// Whether this build has ICU (CMake option TRIPOD_ICU, on by default; the GPU bundle leaves it
+// out). Without it nfc_normalize must not be called: readers refuse an NFC normalizer first.
+bool nfc_available();
+
 // Whether `text` is certainly in NFC already (the common case: ASCII, or text whose every
 // character is NFC-stable). A cheap scan; false does not mean it changes.
 bool nfc_quick_yes(std::string_view text);
