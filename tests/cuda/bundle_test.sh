@@ -161,5 +161,10 @@ grep -qF -- "(--quick from $OUT/last/summary.txt)" <<< "$quick" || fail "--quick
 size=$(stat -c %s "$T/tripod-bundle.tar.gz")
 unpacked=$(du -sb "$OUT" | cut -f1)
 echo "bundle: $((unpacked / 1000000)) MB unpacked, archive $((size / 1000000)) MB, $n_libs libraries"
-[ "$size" -lt 45000000 ] || fail "archive is $size bytes (limit 45 MB)"
+# A build with ICU (TRIPOD_ICU=ON, ctest packs its own build) carries ICU's libraries, which
+# scripts/bundle.sh's own build leaves out: the limit is on the rest.
+icu=0
+for f in "$OUT"/lib/libicu*; do [ -e "$f" ] && icu=$((icu + $(gzip -c "$f" | wc -c))); done
+[ "$icu" = 0 ] || echo "bundle: ICU's libraries (not in scripts/bundle.sh's own build) $((icu / 1000000)) MB packed"
+[ $((size - icu)) -lt 45000000 ] || fail "archive is $((size - icu)) bytes without ICU (limit 45 MB)"
 echo "bundle_test: ok"
