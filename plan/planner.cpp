@@ -108,6 +108,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                 p.dp = dp;
                 p.schedule = vp > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
                 p.schedule_file.clear();
+                p.placement = Placement::Loop;
                 p.layers_per_stage.clear();
                 p.sequence_parallel = sp;
                 p.distributed_optimizer = dop;
