@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
   auto ops = make_ops(Device::CPU);
   Config cfg;
   cfg.model = {.n_layers = 8, .n_heads = 8, .d_model = 256, .ffn_hidden = 0, .seq_len = 128, .max_positions = 0,
-               .vocab_size = 2048};
+               .vocab_size = 256};
   cfg.train.micro_batch_size = 2;
   cfg.train.global_batch_size = 16;  // m = 8 per pipeline
   cfg.train.steps = steps;

@@ -435,18 +435,23 @@ void validate_layout(Config& cfg, int world_size) {
                          "\"v\" and parallel.vp = 2 (got placement \"{}\", vp = {})",
                          kind, enum_name(p.placement), p.vp);
     } else if (p.schedule == ScheduleKind::Interleaved) {
-      TRIPOD_INPUT_CHECK(p.vp > 1 && p.placement == Placement::Loop,
-                         "parallel.schedule = \"interleaved\" needs parallel.vp > 1 and parallel.placement = \"loop\" "
-                         "(got vp = {}, placement \"{}\"; with vp = 1 use \"1f1b\")", p.vp, enum_name(p.placement));
+      TRIPOD_INPUT_CHECK(p.placement == Placement::Loop,
+                         "parallel.placement = \"v\" with parallel.schedule = \"interleaved\": interleaving loops the "
+                         "stages round the ranks (use placement \"loop\", or schedule \"zbv\" or \"dualpipev\" for v)");
+      TRIPOD_INPUT_CHECK(p.vp > 1, "parallel.schedule = \"interleaved\" with parallel.vp = 1: the interleaved schedule "
+                         "needs vp > 1 (with vp = 1 use \"1f1b\")");
     } else if (p.schedule == ScheduleKind::Auto) {
       TRIPOD_INPUT_CHECK(p.placement == Placement::Loop || p.vp == 2,
                          "parallel.placement = \"v\" puts exactly 2 model chunks on each pipeline rank: set "
                          "parallel.vp = 2 (got {})", p.vp);
     } else {
-      TRIPOD_INPUT_CHECK(p.vp == 1 && p.placement == Placement::Loop,
-                         "parallel.schedule = \"{}\" runs one model chunk per rank on the loop placement (got vp = {}, "
-                         "placement \"{}\"): use vp = 1, or \"interleaved\" (vp > 1), \"zbv\" or \"dualpipev\" "
-                         "(placement \"v\", vp = 2)", kind, p.vp, enum_name(p.placement));
+      TRIPOD_INPUT_CHECK(p.placement == Placement::Loop,
+                         "parallel.placement = \"v\" with parallel.schedule = \"{}\": the V placement's schedules are "
+                         "\"zbv\", \"dualpipev\" and \"auto\" (each with vp = 2)", kind);
+      TRIPOD_INPUT_CHECK(p.vp == 1,
+                         "parallel.schedule = \"{}\" with parallel.vp = {}: it runs one model chunk per rank (use vp = 1, "
+                         "or \"interleaved\" with vp > 1, or \"zbv\"/\"dualpipev\" with placement \"v\" and vp = 2)",
+                         kind, p.vp);
     }
   }
   layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
