@@ -137,6 +137,8 @@ void validate_metadata(const json& meta, const std::string& path) {
   grid.integer("world_size", 1, 1 << 30, false);
   grid.boolean("distributed_optimizer");
   grid.string("schedule");
+  grid.string("placement");
+  top.string("schedule_csv");
   const Fields model = top.object("model", false);
   for (const auto& [k, v] : model.obj.items())
     if (!(v.is_string() || v.is_boolean() || (v.is_number() && std::isfinite(v.get<double>()))))

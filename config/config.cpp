@@ -171,6 +171,7 @@ std::vector<Field> fields(ParallelConfig& p) {
           {"vp", &p.vp},
           {"schedule", EnumRef(&p.schedule)},
           {"schedule_file", &p.schedule_file},
+          {"placement", EnumRef(&p.placement)},
           {"layers_per_stage", &p.layers_per_stage},
           {"sequence_parallel", &p.sequence_parallel},
           {"distributed_optimizer", &p.distributed_optimizer},
@@ -425,10 +426,34 @@ void validate_layout(Config& cfg, int world_size) {
         static_cast<int64_t>(t.micro_batch_size) * m.seq_len, p.tp);
   TRIPOD_INPUT_CHECK(p.vp == 1 || p.pp > 1, "parallel.vp = {} needs parallel.pp > 1 (virtual stages interleave across "
                      "pipeline ranks)", p.vp);
-  TRIPOD_INPUT_CHECK((p.vp > 1) == (p.schedule == ScheduleKind::Interleaved),
-                     "parallel.schedule = \"{}\" with parallel.vp = {}: the interleaved schedule is the one for vp > 1 "
-                     "(use schedule = \"interleaved\" with vp > 1, or \"gpipe\"/\"1f1b\" with vp = 1)",
-                     enum_name(p.schedule), p.vp);
+  if (p.schedule_file.empty()) {  // a schedule file brings its own chunks and placement (make_schedule checks them)
+    const std::string_view kind = enum_name(p.schedule);
+    const bool v_kind = p.schedule == ScheduleKind::Zbv || p.schedule == ScheduleKind::DualPipeV;
+    if (v_kind) {
+      TRIPOD_INPUT_CHECK(p.placement == Placement::V && p.vp == 2,
+                         "parallel.schedule = \"{}\" places 2 model chunks per rank in a V: set parallel.placement = "
+                         "\"v\" and parallel.vp = 2 (got placement \"{}\", vp = {})",
+                         kind, enum_name(p.placement), p.vp);
+    } else if (p.schedule == ScheduleKind::Interleaved) {
+      TRIPOD_INPUT_CHECK(p.placement == Placement::Loop,
+                         "parallel.placement = \"v\" with parallel.schedule = \"interleaved\": interleaving loops the "
+                         "stages round the ranks (use placement \"loop\", or schedule \"zbv\" or \"dualpipev\" for v)");
+      TRIPOD_INPUT_CHECK(p.vp > 1, "parallel.schedule = \"interleaved\" with parallel.vp = 1: the interleaved schedule "
+                         "needs vp > 1 (with vp = 1 use \"1f1b\")");
+    } else if (p.schedule == ScheduleKind::Auto) {
+      TRIPOD_INPUT_CHECK(p.placement == Placement::Loop || p.vp == 2,
+                         "parallel.placement = \"v\" puts exactly 2 model chunks on each pipeline rank: set "
+                         "parallel.vp = 2 (got {})", p.vp);
+    } else {
+      TRIPOD_INPUT_CHECK(p.placement == Placement::Loop,
+                         "parallel.placement = \"v\" with parallel.schedule = \"{}\": the V placement's schedules are "
+                         "\"zbv\", \"dualpipev\" and \"auto\" (each with vp = 2)", kind);
+      TRIPOD_INPUT_CHECK(p.vp == 1,
+                         "parallel.schedule = \"{}\" with parallel.vp = {}: it runs one model chunk per rank (use vp = 1, "
+                         "or \"interleaved\" with vp > 1, or \"zbv\"/\"dualpipev\" with placement \"v\" and vp = 2)",
+                         kind, p.vp);
+    }
+  }
   layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
 }
 

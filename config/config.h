@@ -32,6 +32,9 @@ struct ParallelConfig {
   int vp = 1;  // model chunks (virtual stages) per pipeline rank
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   std::string schedule_file;      // a custom schedule (CSV), overriding `schedule`
+  // Where virtual stages live (parallel/pipeline/placement.h): loop, or v (vp = 2; the zbv and
+  // dualpipev schedules).
+  Placement placement = Placement::Loop;
   std::vector<int> layers_per_stage;  // explicit layer counts per virtual stage
   bool sequence_parallel = false;
   bool distributed_optimizer = false;

@@ -22,15 +22,20 @@ int microbatches_per_rank(const Config& cfg) {
 Schedule make_schedule(const Config& cfg) {
   const ParallelConfig& pc = cfg.parallel;
   const int micro = microbatches_per_rank(cfg);
-  if (pc.schedule_file.empty()) return build_schedule(pc.schedule, pc.pp, pc.vp, micro);
+  if (pc.schedule_file.empty()) return build_schedule(pc.schedule, pc.pp, pc.vp, micro, pc.placement);
   Schedule s = load_schedule_csv(pc.schedule_file);
   check_schedule_shape(s, pc.pp, pc.vp, micro, "parallel.schedule_file");
+  TRIPOD_INPUT_CHECK(s.placement == pc.placement,
+                     "parallel.schedule_file {} places its stages on the {} placement but parallel.placement = \"{}\"; "
+                     "set parallel.placement = \"{}\"", pc.schedule_file, enum_name(s.placement),
+                     enum_name(pc.placement), enum_name(s.placement));
   return s;
 }
 
 std::vector<ChunkLayout> chunks_of(const Config& cfg, int pp_rank) {
   const ParallelConfig& pc = cfg.parallel;
-  return rank_chunks(layers_per_stage(cfg.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage), pc.pp, pc.vp, pp_rank);
+  return rank_chunks(layers_per_stage(cfg.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage), pc.pp, pc.vp, pp_rank,
+                     pc.placement);
 }
 
 std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb) {
@@ -53,7 +58,8 @@ RankLayout make_rank_layout(const Config& cfg, int rank) {
 }
 
 RankLayout make_eval_layout(const Config& cfg, int rank) {
-  Schedule schedule = forward_only_schedule(cfg.parallel.pp, cfg.parallel.vp, microbatches_per_rank(cfg));
+  Schedule schedule =
+      forward_only_schedule(cfg.parallel.pp, cfg.parallel.vp, microbatches_per_rank(cfg), cfg.parallel.placement);
   PipePlan plan = plan_pipeline(schedule);
   return make_rank_layout(cfg, rank, schedule, plan);
 }
@@ -71,7 +77,7 @@ RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedul
   l.schedule = schedule;
   l.plan = plan;
   l.stage_layers = layers_per_stage(cfg.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage);
-  l.chunks = rank_chunks(l.stage_layers, pc.pp, pc.vp, l.coords.pp);
+  l.chunks = rank_chunks(l.stage_layers, pc.pp, pc.vp, l.coords.pp, schedule.placement);
   for (const ChunkLayout& c : l.chunks) {
     l.has_embedding |= c.has_embedding;
     l.has_head |= c.has_head;

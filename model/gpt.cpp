@@ -31,12 +31,13 @@ std::vector<int> layers_per_stage(int n_layers, int pp, int vp, const std::vecto
   return std::vector<int>(stages, n_layers / stages);
 }
 
-std::vector<ChunkLayout> rank_chunks(const std::vector<int>& counts, int pp, int vp, int pp_rank) {
+std::vector<ChunkLayout> rank_chunks(const std::vector<int>& counts, int pp, int vp, int pp_rank, Placement placement) {
+  check_placement(placement, vp);
   std::vector<int> start(counts.size() + 1, 0);
   std::partial_sum(counts.begin(), counts.end(), start.begin() + 1);
   std::vector<ChunkLayout> out;
   for (int c = 0; c < vp; ++c) {
-    int g = c * pp + pp_rank;
+    const int g = placement_stage(placement, pp, pp_rank, c);
     out.push_back({.virtual_stage = g, .layer_begin = start[g], .layer_end = start[g + 1], .has_embedding = g == 0,
                    .has_head = g == pp * vp - 1});
   }

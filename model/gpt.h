@@ -1,10 +1,13 @@
 // The model (GPT-2 or a Llama-family decoder, as ModelConfig says) on one rank: its pipeline model chunks (virtual stages), each a run of blocks, the first
 // chunk of the model with the embedding, the last with the head and loss.
 //
-// Layers are split into pp*vp virtual stages in order; virtual stage g lives on pipeline rank
-// g % pp as its local chunk g / pp (Megatron's interleaving: rank r holds r, r+pp, r+2pp, ...).
-// Example: 8 layers, pp=2, vp=2: stages 0..3 hold layers {0,1} {2,3} {4,5} {6,7}; rank 0 holds
-// stages 0 and 2 (layers 0,1 and 4,5), rank 1 holds stages 1 and 3.
+// Layers are split into pp*vp virtual stages in order; the placement (parallel/pipeline/
+// placement.h) says which rank and local chunk hold stage g. Loop: rank g % pp, chunk g / pp
+// (Megatron's interleaving: rank r holds r, r+pp, r+2pp, ...). V (vp = 2): rank r holds r and
+// 2pp-1-r, so rank 0 holds the embedding and the head (a tied table is then one parameter).
+// Example: 8 layers, pp=2, vp=2: stages 0..3 hold layers {0,1} {2,3} {4,5} {6,7}; loop: rank 0
+// holds stages 0 and 2 (layers 0,1 and 4,5), rank 1 holds stages 1 and 3; V: rank 0 holds
+// stages 0 and 3, rank 1 stages 1 and 2.
 #pragma once
 
 #include <functional>
@@ -13,6 +16,7 @@
 
 #include "model/block.h"
 #include "model/embedding.h"
+#include "parallel/pipeline/placement.h"
 
 namespace tripod {
 
@@ -25,8 +29,10 @@ struct ChunkLayout {
 // Layers per virtual stage: `explicit_counts` when given (pp*vp entries), else an even split.
 // Throws InputError naming the numbers when the split is impossible.
 std::vector<int> layers_per_stage(int n_layers, int pp, int vp, const std::vector<int>& explicit_counts);
-// The chunks of pipeline rank `pp_rank`, in local order.
-std::vector<ChunkLayout> rank_chunks(const std::vector<int>& counts, int pp, int vp, int pp_rank);
+// The chunks of pipeline rank `pp_rank`, in local order, where `placement` puts them
+// (parallel/pipeline/placement.h).
+std::vector<ChunkLayout> rank_chunks(const std::vector<int>& counts, int pp, int vp, int pp_rank,
+                                     Placement placement = Placement::Loop);
 
 // One micro-batch as the model sees it.
 struct MicroBatch {

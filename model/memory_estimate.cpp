@@ -163,13 +163,16 @@ int64_t activation_peak(const Schedule& schedule, const PipePlan& plan, int pp_r
       peak = std::max(peak, base + c.forward_peak);
       live = base + c.input + c.held + c.output;
     } else if (a.kind == ActionKind::Input) {
-      // A split backward's I runs like a backward but keeps what W needs: each weight GEMM's
-      // input and output gradient, which in these blocks add up to what the forward kept
-      // (kWeightMemoryFraction in parallel/pipeline/simulate.h); its W frees them.
-      peak = std::max(peak, live - c.input - c.held + c.backward_peak);
-    } else {
-      int64_t base = live - c.input - c.held;
-      if (a.kind == ActionKind::Backward) peak = std::max(peak, base + c.backward_peak);
+      // A split backward's I frees the chunk's activations but keeps what its W needs.
+      const int64_t base = live - c.input - c.held;
+      peak = std::max(peak, base + c.input_backward_peak);
+      live = base + c.weight_pending;
+    } else if (a.kind == ActionKind::Weight) {
+      live -= c.weight_pending;
+      if (op.index == last_b[a.mb]) live -= token_bytes;
+    } else {  // B
+      const int64_t base = live - c.input - c.held;
+      peak = std::max(peak, base + c.backward_peak);
       live = base;
       if (op.index == last_b[a.mb]) live -= token_bytes;
     }

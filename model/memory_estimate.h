@@ -49,9 +49,9 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
 
 // The peak of MemCategory::Activations on pipeline rank `pp_rank` during one step, walking the
 // executor's plan op by op: received activations are held from their receive's posting, a chunk's
-// tensors from its forward to its backward, a sent output until its send completes, and a
-// micro-batch's tokens (`token_bytes`, this rank's share) from its first forward here to its last
-// backward here.
+// tensors from its forward to its backward (B, or I, which leaves weight_pending until its W), a
+// sent output until its send completes, and a micro-batch's tokens (`token_bytes`, this rank's
+// share) from its first forward here to its last B or W here.
 int64_t activation_peak(const Schedule& schedule, const PipePlan& plan, int pp_rank,
                         const std::vector<ChunkActivationBytes>& chunks, int64_t token_bytes);
 

@@ -67,6 +67,18 @@ LayoutFilter parse_layout_filter(const std::string& text) {
   return f;
 }
 
+std::vector<std::pair<ScheduleKind, Placement>> schedule_candidates(int pp, int vp) {
+  // The fixed schedules at 1F1B's activation memory: 1F1B or interleaved, and their zero-bubble
+  // counterparts (ZB-H1 for one chunk per rank, ZB-V for two in a V).
+  if (vp > 1) {
+    std::vector<std::pair<ScheduleKind, Placement>> out = {{ScheduleKind::Interleaved, Placement::Loop}};
+    if (vp == 2) out.push_back({ScheduleKind::Zbv, Placement::V});
+    return out;
+  }
+  if (pp == 1) return {{ScheduleKind::OneFOneB, Placement::Loop}};
+  return {{ScheduleKind::OneFOneB, Placement::Loop}, {ScheduleKind::ZbH1, Placement::Loop}};
+}
+
 PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const LayoutFilter& fixed,
                         int max_micro_batch) {
   const int g = hw.gpus_per_node;
@@ -92,6 +104,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
       for (int v = 2; pp > 1 && v * pp <= m.n_layers; ++v)
         if (m.n_layers % (v * pp) == 0) vps.push_back(v);
       for (int vp : pick(fixed.vp, vps))
+       for (const auto& [kind, placement] : schedule_candidates(pp, vp))
         for (int mbs : pick(fixed.micro_batch, divisors(B / dp, max_micro_batch)))
           for (RecomputeMode rc : pick(fixed.recompute, {RecomputeMode::None, RecomputeMode::Selective,
                                                          RecomputeMode::Full}))
@@ -106,8 +119,9 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                 p.pp = pp;
                 p.vp = vp;
                 p.dp = dp;
-                p.schedule = vp > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
+                p.schedule = kind;
                 p.schedule_file.clear();
+                p.placement = placement;
                 p.layers_per_stage.clear();
                 p.sequence_parallel = sp;
                 p.distributed_optimizer = dop;
@@ -147,10 +161,10 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
 std::string layout_toml(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   return fmt::format(
-      "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\nschedule = \"{}\"\nsequence_parallel = {}\n"
+      "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\nschedule = \"{}\"\nplacement = \"{}\"\nsequence_parallel = {}\n"
       "distributed_optimizer = {}\n\n[train]\nmicro_batch_size = {}\nglobal_batch_size = {}\n\n[recompute]\n"
       "mode = \"{}\"\n",
-      p.tp, p.pp, p.vp, p.dp, enum_name(p.schedule), p.sequence_parallel, p.distributed_optimizer, cfg.train.micro_batch_size,
+      p.tp, p.pp, p.vp, p.dp, enum_name(p.schedule), enum_name(p.placement), p.sequence_parallel, p.distributed_optimizer, cfg.train.micro_batch_size,
       cfg.train.global_batch_size, enum_name(cfg.recompute.mode));
 }
 

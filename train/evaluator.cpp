@@ -32,7 +32,7 @@ std::unique_ptr<SampleSource> make_split_source(const Config& cfg, Split split, 
 Evaluator::Evaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par, GptModel& model)
     : cfg_(cfg), layout_(layout), ops_(ops), par_(par), model_(model) {
   executor_ = std::make_unique<PipelineExecutor>(
-      forward_only_schedule(layout.grid.pp(), layout.schedule.vp, layout.microbatches), par.pp.get(), layout.coords.pp,
+      forward_only_schedule(layout.grid.pp(), layout.schedule.vp, layout.microbatches, layout.schedule.placement), par.pp.get(), layout.coords.pp,
       nullptr, par.flight.get());
 }
 

@@ -22,6 +22,7 @@
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "train/evaluator.h"
+#include "train/schedule_profile.h"
 #include "train/signals.h"
 
 namespace fs = std::filesystem;
@@ -40,20 +41,18 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
       ops_(ops), par_(par), data_(train_data), eval_data_(eval_data), faults_(debug.inject_nan) {
   const ParallelConfig& pc = cfg_.parallel;
   const TrainConfig& tc = cfg_.train;
-  if (tc.trace && !tc.output_dir.empty()) {
-    trace_ = std::make_unique<TraceRecorder>(tc.output_dir, par.rank, par.grid.world_size(), par.coords,
-                                             layout_.schedule);
-    trace_->start(par.world.get());
-  }
-  executor_ = std::make_unique<PipelineExecutor>(layout_.schedule, par.pp.get(), par.coords.pp, trace_.get(),
-                                                 par.flight.get());
-
   model_ = std::make_unique<GptModel>(ops, par, cfg_.model, layout_.chunks, cfg_.recompute, reg_);
   TRIPOD_CHECK(reg_.flat_size() == layout_.flat_elements, "rank {} registered {} parameter elements, its layout {}",
                par.rank, reg_.flat_size(), layout_.flat_elements);
   reg_.allocate(ops);
   reg_.initialize(ops, tc.seed);
   wte_ = model_->wte();
+  // The tied table's two copies sit on the first and last pipeline ranks under the loop
+  // placement and sum their gradients over the embedding group; under V both ends are on rank 0,
+  // one parameter, and the group is not used. Either way the table is reduced over DP after the
+  // step's last backward (under V two chunks write its gradient, in either order of their Ws).
+  if (layout_.schedule.placement == Placement::Loop) embedding_ = par.embedding.get();
+  defer_wte_ = wte_ && (embedding_ || layout_.chunks.size() > 1);
   TRIPOD_CHECK(!(layout_.has_embedding || layout_.has_head) || data_,
                "rank {} holds the embedding or head but has no data", par.rank);
 
@@ -74,6 +73,14 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
     stragglers_ = std::make_unique<StragglerMonitor>(tc.straggler_factor, par.grid.world_size());
 
   if (!cfg_.checkpoint.load.empty()) load_checkpoint_state();
+  if (pc.schedule == ScheduleKind::Auto && pc.schedule_file.empty()) choose_auto_schedule();
+  if (tc.trace && !tc.output_dir.empty()) {
+    trace_ = std::make_unique<TraceRecorder>(tc.output_dir, par.rank, par.grid.world_size(), par.coords,
+                                             layout_.schedule);
+    trace_->start(par.world.get());
+  }
+  executor_ = std::make_unique<PipelineExecutor>(layout_.schedule, par.pp.get(), par.coords.pp, trace_.get(),
+                                                 par.flight.get());
   if (!cfg_.checkpoint.dir.empty()) {
     check_checkpoint_dir();
     saver_ = std::make_unique<CheckpointSaver>(cfg_.checkpoint.dir, cfg_.checkpoint.keep, cfg_.checkpoint.async,
@@ -90,6 +97,7 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   if (par.rank == 0 && !tc.output_dir.empty()) {  // (library users may run without a run directory)
     std::filesystem::create_directories(tc.output_dir);
     std::ofstream(tc.output_dir + "/config.toml") << config_to_toml(cfg_);
+    std::ofstream(tc.output_dir + "/schedule.csv") << schedule_csv(layout_.schedule);
     metrics_ = std::make_unique<MetricsLog>(tc.output_dir, tc.tensorboard_dir);
   }
   int64_t n_params = cfg_.model.num_params(pc.tp);
@@ -98,9 +106,10 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                "{:.2f}M parameters",
                enum_name(mc.arch), enum_name(mc.norm), enum_name(mc.position), enum_name(mc.mlp), mc.n_layers, mc.d_model, mc.n_heads, mc.kv_heads(), mc.seq_len,
                mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6);
-  spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {} (vp {}); device {}",
-               par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
-               layout_.schedule.kind, pc.vp, enum_name(tc.device));
+  spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {}{} (vp {}, placement {}); "
+               "device {}", par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
+               layout_.schedule.kind, auto_chosen_.empty() ? "" : " (" + auto_chosen_ + ")", pc.vp,
+               enum_name(layout_.schedule.placement), enum_name(tc.device));
 }
 
 Trainer::~Trainer() = default;
@@ -151,7 +160,7 @@ void Trainer::on_grads_ready(const std::vector<Param*>& params) {
       if (p->spec.sp_partial_grad) par_.tp->all_reduce(p->grad);
   }
   for (Param* p : params) {
-    if (p == wte_ && par_.embedding) continue;  // waits for the embedding all-reduce
+    if (p == wte_ && defer_wte_) continue;  // reduced in finish_gradients
     reducer_->mark_ready(p->offset, p->offset + p->numel());
   }
 }
@@ -160,10 +169,12 @@ void Trainer::run_schedule(Tensor& losses) {
   const int M = layout_.microbatches, vp = model_->num_chunks();
   const int64_t N = layout_.micro_tokens, Ns = layout_.local_tokens;
   // Per micro-batch: its data (loaded at its first forward here, dropped after its last
-  // backward) and how many chunks still owe a backward; per (micro-batch, chunk): activations.
+  // weight-gradient action here: a split backward's W still reads the tokens) and how many chunks
+  // still owe one; per (micro-batch, chunk): activations, and between an I and its W what W needs.
   std::vector<MicroBatch> mbs(M);
   std::vector<int> pending(M, 0);
   std::vector<std::vector<ChunkActs>> acts(M, std::vector<ChunkActs>(vp));
+  std::vector<std::vector<ChunkPending>> weight_work(M, std::vector<ChunkPending>(vp));
   GradReadyFn ready = [this](const std::vector<Param*>& ps) { on_grads_ready(ps); };
   // The compute time of the step (straggler detection); TRIPOD_SLOW_RANK stretches it here.
   auto timed = [this](auto&& work) {
@@ -184,12 +195,26 @@ void Trainer::run_schedule(Tensor& losses) {
     }
     return timed([&] { return model_->forward(chunk, mbs[mb], input, acts[mb][chunk]); });
   };
+  // The last B or W of a chunk makes its gradients final: the model then reports each layer's as
+  // it finishes, which starts the DP bucket reduction (on_grads_ready).
   cb.backward = [&](int mb, int chunk, const Tensor& grad_output) {
-    bool last = executor_->is_last_backward(mb, chunk);
+    const bool last = executor_->is_last_backward(B(mb, chunk));
     Tensor dx = timed(
         [&] { return model_->backward(chunk, mbs[mb], grad_output, acts[mb][chunk], last ? ready : GradReadyFn{}); });
     if (--pending[mb] == 0) mbs[mb] = MicroBatch{};
     return dx;
+  };
+  cb.backward_input = [&](int mb, int chunk, const Tensor& grad_output) {
+    return timed(
+        [&] { return model_->backward_input(chunk, mbs[mb], grad_output, acts[mb][chunk], weight_work[mb][chunk]); });
+  };
+  cb.backward_weight = [&](int mb, int chunk) {
+    const bool last = executor_->is_last_backward(W(mb, chunk));
+    timed([&] {
+      model_->backward_weight(chunk, weight_work[mb][chunk], last ? ready : GradReadyFn{});
+      return Tensor{};
+    });
+    if (--pending[mb] == 0) mbs[mb] = MicroBatch{};
   };
   cb.recv_buffer = [&](int mb, int chunk, bool grad) {
     // A received activation is the chunk's input (kept for its backward); a gradient is transient.
@@ -199,13 +224,52 @@ void Trainer::run_schedule(Tensor& losses) {
   executor_->run(cb);
 }
 
+void Trainer::choose_auto_schedule() {
+  // A resumed run keeps the schedule it was trained with (bit-exact continuation); otherwise the
+  // profile measures this model here and auto_schedule builds for those times.
+  // A checkpoint of another pipeline shape (pp, vp, placement, micro-batches) is profiled anew.
+  if (!auto_csv_.empty()) {
+    Schedule s = parse_schedule_csv(auto_csv_, loaded_from_ + "/metadata.json (schedule_csv)");
+    const Schedule& now = layout_.schedule;
+    if (s.pp == now.pp && s.vp == now.vp && s.microbatches == now.microbatches && s.placement == now.placement) {
+      s.kind = "auto";
+      layout_.plan = plan_pipeline(s);
+      layout_.schedule = std::move(s);
+      auto_chosen_ = "as in " + loaded_from_;
+      return;
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  MicroBatch mb;
+  load_microbatch(step_, 0, mb);
+  const StageCosts costs = profile_stage_costs(*model_, ops_, par_, layout_, mb);
+  AutoSchedule a = auto_training_schedule(layout_, costs);
+  layout_.plan = plan_pipeline(a.schedule);
+  layout_.schedule = std::move(a.schedule);
+  auto_chosen_ = a.chosen;
+  std::string times;
+  for (size_t s = 0; s < costs.forward.size(); ++s)
+    times += fmt::format("{}{:.2f}/{:.2f}/{:.2f}", s ? ", " : "", 1e3 * costs.forward[s],
+                         1e3 * (costs.backward[s] - costs.weight[s]), 1e3 * costs.weight[s]);
+  double best_fixed = 0, chosen = 0;
+  for (const AutoCandidate& c : a.candidates) {
+    if (c.name == a.chosen) chosen = c.makespan;
+    const bool fixed = c.name.rfind("list", 0) != 0;
+    if (fixed && c.fits && (best_fixed == 0 || c.makespan < best_fixed)) best_fixed = c.makespan;
+  }
+  spdlog::info("schedule auto: profiled F/I/W per stage (ms) [{}] in {:.2f} s; chose {} of {} candidates, simulated "
+               "step {:.1f} ms (best fixed schedule {:.1f} ms)",
+               times, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), auto_chosen_,
+               a.candidates.size(), 1e3 * chosen, 1e3 * best_fixed);
+}
+
 void Trainer::finish_gradients() {
   // The tied table's two copies (first and last stage) sum their gradients, then DP-reduce.
   FlightPhase phase(par_.flight.get(), "dp-reduce");
-  if (par_.embedding && wte_) {
-    {
+  if (defer_wte_) {
+    if (embedding_) {
       FlightPhase sync(par_.flight.get(), "embedding-sync");
-      par_.embedding->all_reduce(wte_->grad);
+      embedding_->all_reduce(wte_->grad);
     }
     reducer_->mark_ready(wte_->offset, wte_->offset + wte_->numel());
   }
@@ -360,7 +424,10 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       {"run_id", run_id_},
       {"model", model_to_json(cfg_.model)},
       {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"world_size", par_.grid.world_size()},
-                {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", layout_.schedule.kind}}},
+                {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", layout_.schedule.kind},
+                {"placement", enum_name(layout_.schedule.placement)}}},
+      // The schedule itself when it was chosen at start-up, so that a resume runs the same one.
+      {"schedule_csv", layout_.schedule.kind == "auto" ? schedule_csv(layout_.schedule) : std::string()},
       {"has_optimizer", true},
       {"lr_schedule", {{"lr", lr_.lr}, {"min_lr", lr_.min_lr}, {"warmup_steps", lr_.warmup_steps},
                        {"total_steps", lr_.total_steps}, {"decay", enum_name(lr_.decay)}, {"next_step", step_},
@@ -435,6 +502,8 @@ void Trainer::load_checkpoint_state() {
   if (!r.optimizer_loaded) step_ = 0;  // parameters only (e.g. converted weights): a fresh run from them
   if (r.optimizer_loaded && r.metadata.value("run_id", "") != "") run_id_ = r.metadata["run_id"].get<std::string>();
   last_checkpoint_ = loaded_from_ = dir;
+  if (r.metadata.contains("schedule_csv") && r.metadata["schedule_csv"].is_string())
+    auto_csv_ = r.metadata["schedule_csv"].get<std::string>();
   const nlohmann::json& g = r.metadata["grid"];
   spdlog::info("loaded checkpoint {} (saved on grid dp={}, pp={}, tp={}): continuing at step {}, {:.2f} s", dir,
                g["dp"].get<int>(), g["pp"].get<int>(), g["tp"].get<int>(), step_ + 1,

@@ -72,6 +72,8 @@ class Trainer {
   const Config& config() const { return cfg_; }
   const Schedule& schedule() const { return layout_.schedule; }
   const RankLayout& layout() const { return layout_; }
+  // schedule = "auto": the candidate the start-up profile chose ("" for a fixed schedule).
+  const std::string& auto_chosen() const { return auto_chosen_; }
 
  private:
   // The tokens (first stage) and targets (last stage) of micro-batch `micro` of `step`.
@@ -80,6 +82,9 @@ class Trainer {
   // stage writes the per-token losses into `losses` (one row per micro-batch).
   void run_schedule(Tensor& losses);
   void finish_gradients();
+  // schedule = "auto": the schedule a start-up profile of this model's stages chooses (or, when
+  // resuming, the one the checkpoint recorded); replaces layout_'s schedule and plan.
+  void choose_auto_schedule();
   void on_grads_ready(const std::vector<Param*>& params);
   nlohmann::json checkpoint_metadata() const;
   void load_checkpoint_state();
@@ -116,6 +121,10 @@ class Trainer {
   int64_t skipped_total_ = 0, bad_in_a_row_ = 0;
   double peak_flops_ = 0;  // the whole world's
   Param* wte_ = nullptr;
+  Communicator* embedding_ = nullptr;  // the tied table's first/last-stage group, when it has two copies
+  bool defer_wte_ = false;             // the table's DP reduction waits for finish_gradients
+  std::string auto_chosen_;            // schedule = "auto": the candidate chosen, for the log
+  std::string auto_csv_;               // the auto schedule a loaded checkpoint recorded ("" when none)
 };
 
 }  // namespace tripod

@@ -16,18 +16,6 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, Communicator* pp, int pp_r
                  "pipeline communicator (size {}, rank {}) does not fit the schedule (pp = {}, rank {})",
                  pp_ ? pp_->size() : 0, pp_ ? pp_->rank() : -1, schedule_.pp, rank_);
   }
-  // Split backwards and the V placement are validated and simulated, but the model's I/W split
-  // and the V model build are not wired into this executor yet.
-  TRIPOD_INPUT_CHECK(schedule_.placement == Placement::Loop,
-                     "the {} schedule uses the v placement, which training does not run yet (use a loop-placement "
-                     "schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-h2 once split backwards run)",
-                     schedule_.kind);
-  for (int r = 0; r < schedule_.pp; ++r)
-    for (const Action& a : schedule_.ranks[r])
-      TRIPOD_INPUT_CHECK(a.kind == ActionKind::Forward || a.kind == ActionKind::Backward,
-                         "{}: {}: the {} schedule splits backwards into I and W, which training does not run yet "
-                         "(use B actions: gpipe, 1f1b or interleaved)",
-                         schedule_.where(r), a.str(), schedule_.kind);
   // Where each result goes when the next (or, backward, previous) stage is on this rank too.
   const auto& list = schedule_.ranks[rank_];
   const int S = schedule_.num_stages();
@@ -39,10 +27,13 @@ PipelineExecutor::PipelineExecutor(Schedule schedule, Communicator* pp, int pp_r
   local_next_.assign(list.size(), -1);
   for (int i = 0; i < static_cast<int>(list.size()); ++i) {
     const Action& a = list[i];
+    has_split_ |= !a.forward() && a.kind != ActionKind::Backward;
+    if (a.kind == ActionKind::Weight) continue;  // W neither takes nor gives a pipeline tensor
     const int to = schedule_.stage(rank_, a.chunk) + (a.forward() ? 1 : -1);
     if (to < 0 || to >= S || schedule_.rank_of_stage(to) != rank_) continue;
     const int c = schedule_.chunk_of_stage(to);
-    local_next_[i] = pos[key(a.forward() ? F(a.mb, c) : B(a.mb, c))];
+    // A gradient goes to the previous stage's B, or its I when that backward is split.
+    local_next_[i] = a.forward() ? pos[key(F(a.mb, c))] : std::max(pos[key(B(a.mb, c))], pos[key(I(a.mb, c))]);
   }
 }
 
@@ -53,6 +44,9 @@ void PipelineExecutor::hold(int delta) {
 
 void PipelineExecutor::run(const PipelineCallbacks& cb) {
   TRIPOD_CHECK(cb.forward && (cb.backward || schedule_.forward_only), "pipeline callbacks need forward and backward");
+  TRIPOD_CHECK(!has_split_ || (cb.backward_input && cb.backward_weight),
+               "the {} schedule splits backwards into I and W: pipeline callbacks need backward_input and "
+               "backward_weight", schedule_.kind);
   const auto& list = schedule_.ranks[rank_];
   recvs_.clear();
   sends_.clear();
@@ -107,8 +101,9 @@ void PipelineExecutor::compute(int i, const PipelineCallbacks& cb) {
   const int S = schedule_.num_stages();
   Tensor in = std::move(inputs_[i]);
   inputs_[i] = Tensor{};
-  const bool has_input = a.forward() ? st > 0 : st + 1 < S;
-  const bool has_output = a.forward() ? st + 1 < S : st > 0;
+  const bool w = a.kind == ActionKind::Weight;  // W neither takes nor gives a pipeline tensor
+  const bool has_input = !w && (a.forward() ? st > 0 : st + 1 < S);
+  const bool has_output = !w && (a.forward() ? st + 1 < S : st > 0);
   TRIPOD_CHECK(in.defined() == has_input, "{} on pipeline rank {}: input {}expected", a.str(), rank_,
                has_input ? "" : "not ");
   Tensor out;
@@ -117,7 +112,12 @@ void PipelineExecutor::compute(int i, const PipelineCallbacks& cb) {
     auto span = tracing() ? trace_->span(a.str(), a.forward() ? TraceCategory::Forward : TraceCategory::Backward, a.mb,
                                       a.chunk)
                        : TraceRecorder::Span{};
-    out = a.forward() ? cb.forward(a.mb, a.chunk, in) : cb.backward(a.mb, a.chunk, in);
+    switch (a.kind) {
+      case ActionKind::Forward: out = cb.forward(a.mb, a.chunk, in); break;
+      case ActionKind::Backward: out = cb.backward(a.mb, a.chunk, in); break;
+      case ActionKind::Input: out = cb.backward_input(a.mb, a.chunk, in); break;
+      case ActionKind::Weight: cb.backward_weight(a.mb, a.chunk); break;
+    }
   }
   if (has_input) hold(-1);
   in = Tensor{};

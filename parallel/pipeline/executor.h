@@ -22,15 +22,21 @@ struct PipelineCallbacks {
   // chunk's virtual stage (undefined on stage 0, which reads its own data). Returns the chunk's
   // output, which must be defined except on the last virtual stage.
   std::function<Tensor(int mb, int chunk, const Tensor& input)> forward;
-  // Runs it backward: `grad_output` is the gradient of the chunk's output (undefined on the last
-  // virtual stage, which starts from its loss). Returns the gradient of its input, which must be
-  // defined except on virtual stage 0.
+  // Runs it backward (B): `grad_output` is the gradient of the chunk's output (undefined on the
+  // last virtual stage, which starts from its loss). Returns the gradient of its input, which must
+  // be defined except on virtual stage 0.
   std::function<Tensor(int mb, int chunk, const Tensor& grad_output)> backward;
+  // A split backward (schedules with I and W actions): backward_input (I) takes and returns what
+  // backward does and keeps what the weight gradients need; backward_weight (W) computes them.
+  // Needed only when the schedule has I or W actions.
+  std::function<Tensor(int mb, int chunk, const Tensor& grad_output)> backward_input;
+  std::function<void(int mb, int chunk)> backward_weight;
   // An (uninitialised) tensor of the right shape, dtype and device to receive into: the
   // activation entering (mb, chunk) (grad = false) or the gradient of its output (grad = true).
   std::function<Tensor(int mb, int chunk, bool grad)> recv_buffer;
-  // Optional: called once per chunk right after its last backward of the step (and after that
-  // backward's gradient has been handed to the send), when the chunk's gradients are final.
+  // Optional: called once per chunk right after its last weight-gradient action (B or W) of the
+  // step (and after a B's gradient has been handed to the send), when the chunk's gradients are
+  // final.
   std::function<void(int chunk)> chunk_done;
 };
 
@@ -51,13 +57,13 @@ class PipelineExecutor {
   const Schedule& schedule() const { return schedule_; }
   const PipePlan& plan() const { return plan_; }
   int pp_rank() const { return rank_; }
-  // Position in this rank's list of the last backward of `chunk` (after which chunk_done runs).
+  // Position in this rank's list of the last weight-gradient action (B or W) of `chunk`, after
+  // which its gradients are final (and chunk_done runs).
   int last_backward(int chunk) const { return plan_.last_backward[rank_][chunk]; }
-  // Whether B<mb>.<chunk> is that last backward: a backward callback can hand the model its
+  // Whether `a` (a B or W) is that last action of its chunk: the callback can hand the model its
   // per-layer "gradients final" hook exactly then.
-  bool is_last_backward(int mb, int chunk) const {
-    return schedule_.ranks[rank_][last_backward(chunk)] == B(mb, chunk);
-  }
+  bool is_last_backward(const Action& a) const { return schedule_.ranks[rank_][last_backward(a.chunk)] == a; }
+  bool is_last_backward(int mb, int chunk) const { return is_last_backward(B(mb, chunk)); }
 
   // Tensors the executor holds now / held at most during the last run: receive buffers, inputs
   // handed over between chunks on this rank, results whose sends are not yet known complete.
@@ -81,6 +87,7 @@ class PipelineExecutor {
   TraceRecorder* trace_;
   FlightRecorder* flight_;
   std::vector<int> local_next_;  // per action: the action on this rank taking its result, or -1
+  bool has_split_ = false;       // the schedule has I and W actions on this rank
 
   // Per step state.
   struct InFlight {

@@ -13,11 +13,15 @@
 #include <optional>
 #include <string_view>
 
+#include "core/enum_names.h"
 #include "core/error.h"
 
 namespace tripod {
 
 enum class Placement : unsigned char { Loop, V };
+template <> struct EnumNames<Placement> {
+  static constexpr std::array<std::string_view, 2> names{"loop", "v"};
+};
 
 inline const char* placement_name(Placement p) { return p == Placement::V ? "v" : "loop"; }
 inline std::optional<Placement> parse_placement(std::string_view s) {

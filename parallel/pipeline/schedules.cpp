@@ -119,16 +119,18 @@ Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches,
   return s;
 }
 
-Schedule forward_only_schedule(int pp, int vp, int microbatches) {
+Schedule forward_only_schedule(int pp, int vp, int microbatches, Placement placement) {
   TRIPOD_INPUT_CHECK(pp >= 1 && vp >= 1 && microbatches >= 1,
                      "forward-only schedule: pp = {}, vp = {}, microbatches = {}: each must be at least 1", pp, vp,
                      microbatches);
   TRIPOD_INPUT_CHECK(static_cast<long long>(pp) * vp * microbatches <= kMaxSchedulePairs,
                      "pp = {} x vp = {} x microbatches = {} is too large (at most {} micro-batch/stage pairs)", pp,
                      vp, microbatches, kMaxSchedulePairs);
+  check_placement(placement, vp);
   Schedule s;
   s.kind = "forward";
   s.forward_only = true;
+  s.placement = placement;
   s.pp = pp;
   s.vp = vp;
   s.microbatches = microbatches;

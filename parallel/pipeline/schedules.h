@@ -45,7 +45,9 @@ std::vector<Action> interleaved_actions(int pp, int vp, int microbatches, int ra
 // then all of chunk 1, and so on, with the same point-to-point messages as training. Makespan
 // vp*m + pp - 1 forwards, bubble (pp-1)/(vp*m+pp-1); a rank holds at most m received inputs.
 // Worked example pp=2, vp=2, m=2, rank 1: F0.0 F1.0 F0.1 F1.1.
-Schedule forward_only_schedule(int pp, int vp, int microbatches);
+// Under the V placement (vp = 2) the same order runs down the ranks through chunk 0 and back up
+// through chunk 1.
+Schedule forward_only_schedule(int pp, int vp, int microbatches, Placement placement = Placement::Loop);
 
 // The schedule kinds build_schedule knows, for messages: "gpipe, 1f1b, ..., auto".
 inline constexpr const char* kScheduleKinds = "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, dualpipev, auto";

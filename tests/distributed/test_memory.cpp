@@ -1,7 +1,8 @@
 // Activation recomputation and memory accounting on 8 ranks: gradients are bit-identical for
 // none, selective and full on a (2,2,2) grid; every rank's measured peak bytes per category match
 // the analytic plan (parameters, gradients and optimizer exactly; activations within 5%) for every
-// recompute mode and schedule, on a tiny and a medium config, GPT-2 and Llama-family.
+// recompute mode and schedule (split backwards and the V placement included), on a tiny and a
+// medium config, GPT-2 and Llama-family.
 #include <fmt/format.h>
 
 #include "harness.h"
@@ -65,6 +66,10 @@ TEST_F(Memory, MeasuredPeaksMatchThePlan) {
     cases.push_back({"serial", 1, 1, 1, 1, "1f1b", mode});
   }
   cases.push_back({"1f1b first 2 layers full", 1, 2, 1, 1, "1f1b", RecomputeMode::Full, false, false, 2});
+  // Split backwards (state held between I and W) and the V placement (rank 0 holds both ends).
+  cases.push_back({"zb-h1", 2, 2, 2, 1, "zb-h1", RecomputeMode::None, true});
+  cases.push_back({"zb-h2", 1, 4, 2, 1, "zb-h2", RecomputeMode::Full});
+  cases.push_back({"zbv", 2, 2, 2, 2, "zbv", RecomputeMode::Selective, true, true});
   for (const Size& sz : {tiny, medium, tiny_llama, medium_llama}) {
     SyntheticSource data(sz.seq, sz.vocab, 3);
     for (const Case& c : cases) {
@@ -79,6 +84,7 @@ TEST_F(Memory, MeasuredPeaksMatchThePlan) {
       ParallelConfig& pc = cfg.parallel;
       pc.tp = c.tp, pc.pp = c.pp, pc.dp = c.dp, pc.vp = c.vp, pc.schedule = *parse_enum<ScheduleKind>(c.schedule);
       pc.sequence_parallel = c.sp, pc.distributed_optimizer = c.distopt, pc.bucket_mb = 0.05;
+      pc.placement = pc.schedule == ScheduleKind::Zbv ? Placement::V : Placement::Loop;
       cfg.train.micro_batch_size = sz.micro;
       cfg.train.global_batch_size = sz.micro * c.dp * 4;  // 4 micro-batches per pipeline
       cfg.recompute = {.mode = c.mode, .num_layers = c.num_layers};

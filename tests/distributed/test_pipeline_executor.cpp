@@ -1,4 +1,5 @@
-// The pipeline executor under mpirun: every schedule kind (and custom CSV ones) moves exact
+// The pipeline executor under mpirun: every schedule kind (split backwards and the V placement
+// included, and custom CSV ones) moves exact
 // small tensors through the stages, gets every gradient right, calls the per-chunk hook once,
 // holds exactly the buffers the plan predicts, and frees every activation by the end.
 //
@@ -22,6 +23,7 @@
 #include "parallel/pipeline/executor.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/simulate.h"
+#include "parallel/pipeline/zero_bubble.h"
 #include "report/trace_merge.h"
 
 namespace tripod {
@@ -72,6 +74,8 @@ void run_and_check(const Schedule& schedule, Communicator* pp, int pp_rank, int 
 
   for (int step = 0; step < steps; ++step) {
     std::map<std::pair<int, int>, Tensor> saved;  // (mb, chunk) -> the chunk's input, kept for backward
+    // (mb, chunk) -> what a split backward's I keeps for its W: the input and the output gradient
+    std::map<std::pair<int, int>, std::pair<Tensor, Tensor>> pending;
     size_t peak_saved = 0;
     std::vector<double> grad_a(vp, 0), grad_b(vp, 0);
     std::vector<int> backwards(vp, 0), done_calls(vp, 0), backwards_at_done(vp, -1);
@@ -88,7 +92,7 @@ void run_and_check(const Schedule& schedule, Communicator* pp, int pp_rank, int 
         for (int i = 0; i < kN; ++i) x.data<float>()[i] = static_cast<float>((mb + 1) * (i + 1));
       }
       EXPECT_TRUE(saved.emplace(std::make_pair(mb, chunk), x).second) << "F" << mb << "." << chunk << " twice";
-      peak_saved = std::max(peak_saved, saved.size());
+      peak_saved = std::max(peak_saved, saved.size() + pending.size());
       Tensor y = new_tensor();
       for (int i = 0; i < kN; ++i) y.data<float>()[i] = 2 * x.data<float>()[i] + static_cast<float>(s + 1);
       if (s == S - 1) {
@@ -97,12 +101,14 @@ void run_and_check(const Schedule& schedule, Communicator* pp, int pp_rank, int 
       }
       return y;
     };
-    cb.backward = [&](int mb, int chunk, const Tensor& grad) {
+    // The input gradient part of a backward: takes the chunk's input out of `saved`, returns the
+    // output gradient (the loss's on the last stage) and the gradient to send back.
+    auto input_grad = [&](int mb, int chunk, const Tensor& grad, const char* what) -> std::pair<Tensor, Tensor> {
       const int s = schedule.stage(pp_rank, chunk);
-      EXPECT_EQ(grad.defined(), s < S - 1) << "B" << mb << "." << chunk;
+      EXPECT_EQ(grad.defined(), s < S - 1) << what << mb << "." << chunk;
       auto it = saved.find({mb, chunk});
-      EXPECT_NE(it, saved.end()) << "B" << mb << "." << chunk << " without its forward";
-      if (it == saved.end()) return Tensor{};
+      EXPECT_NE(it, saved.end()) << what << mb << "." << chunk << " without its forward";
+      if (it == saved.end()) return {};
       Tensor x = it->second;
       saved.erase(it);
       Tensor g = grad;
@@ -110,17 +116,33 @@ void run_and_check(const Schedule& schedule, Communicator* pp, int pp_rank, int 
         g = new_tensor();
         for (int i = 0; i < kN; ++i) g.data<float>()[i] = static_cast<float>(mb + 1);
       }
+      pending[{mb, chunk}] = {x, g};
+      if (s == 0) return {g, Tensor{}};
+      Tensor gin = new_tensor();
+      for (int i = 0; i < kN; ++i) gin.data<float>()[i] = 2 * g.data<float>()[i];
+      return {g, gin};
+    };
+    // The weight gradient part: accumulates a and b from what the input part kept.
+    auto weight_grad = [&](int mb, int chunk, const Action& a) {
+      auto it = pending.find({mb, chunk});
+      EXPECT_NE(it, pending.end()) << a.str() << " without its input gradient";
+      if (it == pending.end()) return;
+      const auto& [x, g] = it->second;
       for (int i = 0; i < kN; ++i) {
         grad_a[chunk] += static_cast<double>(g.data<float>()[i]) * x.data<float>()[i];
         grad_b[chunk] += g.data<float>()[i];
       }
+      pending.erase(it);
       ++backwards[chunk];
-      EXPECT_EQ(ex.is_last_backward(mb, chunk), backwards[chunk] == m) << "B" << mb << "." << chunk;
-      if (s == 0) return Tensor{};
-      Tensor gin = new_tensor();
-      for (int i = 0; i < kN; ++i) gin.data<float>()[i] = 2 * g.data<float>()[i];
+      EXPECT_EQ(ex.is_last_backward(a), backwards[chunk] == m) << a.str();
+    };
+    cb.backward = [&](int mb, int chunk, const Tensor& grad) {
+      Tensor gin = input_grad(mb, chunk, grad, "B").second;
+      weight_grad(mb, chunk, B(mb, chunk));
       return gin;
     };
+    cb.backward_input = [&](int mb, int chunk, const Tensor& grad) { return input_grad(mb, chunk, grad, "I").second; };
+    cb.backward_weight = [&](int mb, int chunk) { weight_grad(mb, chunk, W(mb, chunk)); };
     cb.recv_buffer = [&](int, int, bool) { return new_tensor(); };
     cb.chunk_done = [&](int chunk) {
       ++done_calls[chunk];
@@ -142,6 +164,7 @@ void run_and_check(const Schedule& schedule, Communicator* pp, int pp_rank, int 
     }
     // Activations: the most held at once is what the simulator predicts; none are left.
     EXPECT_TRUE(saved.empty());
+    EXPECT_TRUE(pending.empty());
     EXPECT_EQ(static_cast<int>(peak_saved), simulate(schedule, {}).ranks[pp_rank].peak_inflight);
     EXPECT_EQ(ex.held(), 0);
     EXPECT_EQ(ex.peak_held(), plan_peak_buffers(ex.plan(), schedule, pp_rank));
@@ -163,6 +186,14 @@ TEST_F(PipelineExecutorTest, BuiltSchedulesOverTheWholeWorld) {
   }
   for (int v : {2, 3})
     for (int m : {p, 2 * p}) run_and_check(build_schedule("interleaved", p, v, m), world_.get(), r);
+  // Split backwards (I and W) and the V placement.
+  for (int m : {p, 2 * p + 1}) {
+    run_and_check(build_schedule("zb-h1", p, 1, m), world_.get(), r);
+    run_and_check(build_schedule("zb-h2", p, 1, m), world_.get(), r);
+    run_and_check(build_schedule("zbv", p, 2, m), world_.get(), r);
+  }
+  run_and_check(build_schedule("dualpipev", p, 2, 2 * p), world_.get(), r);
+  run_and_check(auto_schedule(p, 2, Placement::V, 2 * p, StageCosts{}, 0, 0).schedule, world_.get(), r);
 }
 
 TEST_F(PipelineExecutorTest, PipelinesOfTheParallelContext) {
@@ -203,7 +234,7 @@ TEST_F(PipelineExecutorTest, ForwardOnlyScheduleRuns) {
   const int p = world_->size(), r = world_->rank();
   for (int v : {1, 2})
     for (int m : {1, p, 2 * p + 1}) {
-      Schedule s = forward_only_schedule(p, v, m);
+      Schedule s = forward_only_schedule(p, v, m, v == 2 && m > 1 ? Placement::V : Placement::Loop);
       SCOPED_TRACE(fmt::format("forward-only pp={} vp={} m={}", p, v, m));
       const int S = s.num_stages();
       const Reference ref = serial_reference(S, m);

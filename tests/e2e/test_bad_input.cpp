@@ -299,7 +299,10 @@ TEST_F(BadInput, Battery) {
   refused("schedule --csv " + q(file("v_vp3.csv", "placement = v\nF0.0, F0.2, B0.2, B0.0\n")),
           "v_vp3.csv:2 (rank 0): F0.2: chunk 2");
   refused("schedule --csv " + q(file("letter.csv", "F0, B0\nF0, Q0, B0\n")), "letter.csv:2 (rank 1): 'Q0'");
-  refused(train("--set parallel.schedule_file=" + q(file("split.csv", "F0, F1, I0, I1, W0, W1\n"))), "split.csv:1): I0.0");
+  // The V placement in the config: the schedule and the placement must agree.
+  refused(train("--set parallel.placement='w'"), "parallel.placement");
+  refused(train("--set parallel.schedule='zbv'"), "parallel.placement");
+  refused(train("--set parallel.placement='v'"), "parallel.placement");
 
   // ---- checkpoints -----------------------------------------------------------------------------
   auto load = [&](const fs::path& p, const std::string& more = "") {
@@ -414,6 +417,9 @@ TEST_F(BadInput, Battery) {
   refused(train("--set train.lr=inf"), "train.lr", 2);
   refused(train("--set parallel.pp=2 --set parallel.schedule_file=" + q(file("cells2.csv", "F0, X9\nF0\n"))),
           "cells2.csv", 2);
+  refused(train("--set model.n_layers=4 --set parallel.pp=2 --set parallel.vp=2 --set parallel.schedule_file=" +
+                q(file("v.csv", "placement = v\nF0.0, F1.1\nF1.0, F0.1\n"))),
+          "parallel.placement", 2);
   refused(with_data(fx / "cases" / "absent"), "absent", 2);
   refused(load(ck_iter(), "--set model.n_heads=4"), "model.n_heads", 2);
   refused(load(edited_metadata("neg_iteration2", [](json& m) { m["iteration"] = -2; })), "iteration", 2);

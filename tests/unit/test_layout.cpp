@@ -54,6 +54,37 @@ TEST(RankLayout, TheEndsAreHeldByTheFirstAndLastStage) {
   }
 }
 
+// Under the V placement rank 0 holds stage 0 and the last stage (both ends, one tied table) and
+// the last rank the two middle stages; the layers follow the stages.
+TEST(RankLayout, VPlacementPutsBothEndsOnRankZero) {
+  Config c = test::tiny_config(/*n_layers=*/8);
+  c.parallel.pp = 2;
+  c.parallel.vp = 2;
+  c.parallel.placement = Placement::V;
+  c.parallel.schedule = ScheduleKind::Zbv;
+  c.train.micro_batch_size = 2;
+  c.train.global_batch_size = 16;
+  validate_layout(c, 2);
+  const RankLayout l0 = make_rank_layout(c, 0), l1 = make_rank_layout(c, 1);
+  EXPECT_EQ(l0.schedule.placement, Placement::V);
+  ASSERT_EQ(l0.chunks.size(), 2u);
+  EXPECT_EQ(l0.chunks[0].virtual_stage, 0);
+  EXPECT_EQ(l0.chunks[1].virtual_stage, 3);
+  EXPECT_EQ(l0.chunks[1].layer_begin, 6);
+  EXPECT_TRUE(l0.has_embedding && l0.has_head);
+  EXPECT_EQ(l1.chunks[0].virtual_stage, 1);
+  EXPECT_EQ(l1.chunks[1].virtual_stage, 2);
+  EXPECT_EQ(l1.chunks[1].layer_begin, 4);
+  EXPECT_FALSE(l1.has_embedding || l1.has_head);
+  // One tied table on rank 0 where the loop placement keeps a copy on the last rank: the V
+  // pipeline holds one table's worth (vocabulary x width) fewer elements.
+  const Config loop = grid_config(1, 1, 2, 2);
+  const int64_t v_total = l0.flat_elements + l1.flat_elements;
+  const int64_t loop_total = make_rank_layout(loop, 0).flat_elements + make_rank_layout(loop, 1).flat_elements;
+  EXPECT_NEAR(static_cast<double>(loop_total - v_total),
+              static_cast<double>(c.model.padded_vocab(1)) * c.model.d_model, 64.0);
+}
+
 TEST(RankLayout, DistributedOptimizerShardsCoverEveryBucketOnce) {
   for (bool distopt : {false, true}) {
     Config c = test::tiny_config(8);

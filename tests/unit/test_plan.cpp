@@ -184,11 +184,13 @@ TEST(CostModel, LlamaShapes) {
 struct Key {
   int tp, pp, vp, mbs, rc;
   bool sp, dopt;
+  int schedule;
   auto operator<=>(const Key&) const = default;
 };
 Key key_of(const Config& c) {
   return {c.parallel.tp, c.parallel.pp, c.parallel.vp, c.train.micro_batch_size,
-          static_cast<int>(c.recompute.mode), c.parallel.sequence_parallel, c.parallel.distributed_optimizer};
+          static_cast<int>(c.recompute.mode), c.parallel.sequence_parallel, c.parallel.distributed_optimizer,
+          static_cast<int>(c.parallel.schedule)};
 }
 
 TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
@@ -231,6 +233,7 @@ TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
   for (int tp = 1; tp <= gpus; ++tp)
     for (int pp = 1; pp <= gpus; ++pp)
       for (int vp = 1; vp <= 4; ++vp)
+       for (const auto& [kind, placement] : schedule_candidates(pp, vp))
         for (int mbs = 1; mbs <= 8; ++mbs)
           for (int rc = 0; rc < 3; ++rc)
             for (bool sp : {false, true})
@@ -242,7 +245,8 @@ TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
                 c.parallel.pp = pp;
                 c.parallel.vp = vp;
                 c.parallel.dp = gpus / (tp * pp);
-                c.parallel.schedule = vp > 1 ? ScheduleKind::Interleaved : ScheduleKind::OneFOneB;
+                c.parallel.schedule = kind;
+                c.parallel.placement = placement;
                 c.parallel.sequence_parallel = sp;
                 c.parallel.distributed_optimizer = dopt;
                 c.train.micro_batch_size = mbs;
@@ -258,6 +262,7 @@ TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
                 if (static_cast<double>(predict_step(c, hw).memory_bytes()) > hw.memory_capacity) continue;
                 ++fitting;
                 EXPECT_TRUE(emitted.count(key_of(c))) << "missed tp=" << tp << " pp=" << pp << " vp=" << vp
+                                                      << " schedule=" << enum_name(kind)
                                                       << " mbs=" << mbs << " rc=" << rc << " sp=" << sp
                                                       << " dopt=" << dopt;
               }

@@ -41,6 +41,7 @@ Config refit_grid(const Config& cfg, int world) {
       p.vp = 1;
       p.schedule = ScheduleKind::OneFOneB;
       p.schedule_file.clear();
+      p.placement = Placement::Loop;
       p.layers_per_stage.clear();
     }
     if (tp == 1) p.sequence_parallel = false;

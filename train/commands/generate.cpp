@@ -46,6 +46,7 @@ void force_inference_grid(Config& cfg, int world) {
   p.pp = p.dp = p.vp = 1;
   p.schedule = ScheduleKind::OneFOneB;
   p.schedule_file.clear();
+  p.placement = Placement::Loop;
   p.layers_per_stage.clear();
   p.sequence_parallel = false;
   cfg.train.global_batch_size = cfg.train.micro_batch_size;

@@ -44,6 +44,7 @@ int run_plan(const PlanOptions& o) {
       const Config& c = r.layouts[i].cfg;
       const StepPrediction& p = r.layouts[i].pred;
       list.push_back({{"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"vp", c.parallel.vp}, {"dp", c.parallel.dp},
+                      {"schedule", enum_name(c.parallel.schedule)}, {"placement", enum_name(c.parallel.placement)},
                       {"micro_batch", c.train.micro_batch_size}, {"recompute", enum_name(c.recompute.mode)},
                       {"sequence_parallel", c.parallel.sequence_parallel},
                       {"distributed_optimizer", c.parallel.distributed_optimizer}, {"step_time_s", p.step_time_s},
@@ -62,16 +63,17 @@ int run_plan(const PlanOptions& o) {
   fmt::print("{} layouts valid, {} fit {} x {} ({:.0f} GiB); global batch {} x {} tokens; fastest first:\n", r.valid,
              r.layouts.size(), o.gpus, hw.name, gib(hw.memory_capacity), base.train.global_batch_size,
              base.model.seq_len);
-  fmt::print("{:>3} {:>3} {:>3} {:>4} {:>4} {:>9} {:>3} {:>4} {:>9} {:>10} {:>8} {:>6} {:>7} {:>7} {:>7} {:>7} {:>7} "
-             "{:>7} {:>7}\n",
-             "tp", "pp", "vp", "dp", "mbs", "recompute", "sp", "dopt", "step(s)", "tokens/s", "TFLOP/s", "MFU",
+  fmt::print("{:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9} {:>10} {:>8} {:>6} {:>7} {:>7} {:>7} {:>7} "
+             "{:>7} {:>7} {:>7}\n",
+             "tp", "pp", "vp", "dp", "schedule", "mbs", "recompute", "sp", "dopt", "step(s)", "tokens/s", "TFLOP/s", "MFU",
              "params", "grads", "optim", "acts", "other", "total", "bubble");
   for (size_t i = 0; i < n; ++i) {
     const Config& c = r.layouts[i].cfg;
     const StepPrediction& p = r.layouts[i].pred;
-    fmt::print("{:>3} {:>3} {:>3} {:>4} {:>4} {:>9} {:>3} {:>4} {:>9.4g} {:>10.4g} {:>8.4g} {:>5.1f}% {:>7.2f} {:>7.2f} "
+    fmt::print("{:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9.4g} {:>10.4g} {:>8.4g} {:>5.1f}% {:>7.2f} {:>7.2f} "
                "{:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>6.1f}%  comm {:.1f}%\n",
-               c.parallel.tp, c.parallel.pp, c.parallel.vp, c.parallel.dp, c.train.micro_batch_size,
+               c.parallel.tp, c.parallel.pp, c.parallel.vp, c.parallel.dp, enum_name(c.parallel.schedule),
+               c.train.micro_batch_size,
                enum_name(c.recompute.mode), c.parallel.sequence_parallel ? "y" : "n",
                c.parallel.distributed_optimizer ? "y" : "n", p.step_time_s, p.tokens_per_s, p.model_tflops_per_gpu,
                100 * p.mfu, gib(p.memory.params), gib(p.memory.grads), gib(p.memory.optimizer),
