@@ -5,7 +5,9 @@
 # tokens/s (the median of its steps after the first WARMUP), the peak activation bytes of rank 0
 # as measured by the allocator (metrics.jsonl, the last step) and as planned by the memory plan
 # (tripod schedule --config --json), and their ratio to cp = 1. Runs alternate cp = 1 and cp = 2 so
-# a drifting machine load falls on both alike.
+# a drifting machine load falls on both alike. cp = 1 keeps the attention probabilities (the CPU
+# backend's default without recomputation; O(seq^2) per head); cp1_selective recomputes them, as
+# context parallelism always does, for the like-for-like activation ratio.
 #
 #   bench/bench_cp.sh [--steps S] [--warmup W] [--seq T] [--tripod build/bin/tripod]
 set -euo pipefail
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
     --warmup) warmup=$2; shift 2 ;;
     --seq) seq=$2; shift 2 ;;
     --tripod) tripod=$2; shift 2 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "error: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -78,17 +80,19 @@ out[cp1]=$(run cp1 1 parallel.cp=1)
 out[cp2_ring]=$(run cp2_ring 2 parallel.cp=2 parallel.cp_comm=ring)
 out[cp1_again]=$(run cp1_again 1 parallel.cp=1)
 out[cp2_allgather]=$(run cp2_allgather 2 parallel.cp=2 parallel.cp_comm=allgather)
+out[cp1_selective]=$(run cp1_selective 1 parallel.cp=1 recompute.mode=selective)
 
 read -r t1 a1 p1 <<<"${out[cp1]}"
+read -r _ asel _ <<<"${out[cp1_selective]}"
 read -r t1b _ _ <<<"${out[cp1_again]}"
 base=$(printf '%s\n%s\n' "$t1" "$t1b" | median)
 printf "context parallelism, %d layers d_model 128, seq %d, 1 sequence per step, 1 thread per rank, %d steps (median after %d)\n" \
   2 "$seq" "$steps" "$warmup"
-printf "%-16s %5s %12s %9s %16s %16s %10s %9s\n" run ranks tokens/s "x cp=1" "act. measured" "act. planned" "plan/meas" "act/cp=1"
-for name in cp1 cp1_again cp2_ring cp2_allgather; do
+printf "%-16s %5s %12s %9s %16s %16s %10s %9s %9s\n" run ranks tokens/s "x cp=1" "act. measured" "act. planned" "plan/meas" "act/cp=1" "act/sel."
+for name in cp1 cp1_again cp1_selective cp2_ring cp2_allgather; do
   read -r t a p <<<"${out[$name]}"
   np=1
   case $name in cp2*) np=2 ;; esac
-  awk -v n="$name" -v np="$np" -v t="$t" -v b="$base" -v a="$a" -v p="$p" -v a1="$a1" 'BEGIN {
-    printf "%-16s %5d %12.0f %8.2fx %16d %16d %10.4f %8.1f%%\n", n, np, t, t / b, a, p, p / a, 100 * a / a1 }'
+  awk -v n="$name" -v np="$np" -v t="$t" -v b="$base" -v a="$a" -v p="$p" -v a1="$a1" -v asl="$asel" 'BEGIN {
+    printf "%-16s %5d %12.0f %8.2fx %16d %16d %10.4f %8.1f%% %8.1f%%\n", n, np, t, t / b, a, p, p / a, 100 * a / a1, 100 * a / asl }'
 done

@@ -107,7 +107,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                                                          RecomputeMode::Full}))
             for (bool sp : pick(fixed.sequence_parallel, tp > 1 ? std::vector<bool>{false, true}
                                                                  : std::vector<bool>{false}))
-              for (bool dop : pick(fixed.distributed_optimizer, dp > 1 ? std::vector<bool>{false, true}
+              for (bool dop : pick(fixed.distributed_optimizer, dp * cp > 1 ? std::vector<bool>{false, true}
                                                                         : std::vector<bool>{false})) {
                 Config cfg = base;
                 cfg.train.device = hw.device;
