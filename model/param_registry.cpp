@@ -1,6 +1,8 @@
 // Parameter registration, flat buffers and grid-independent initialisation.
 #include "model/param_registry.h"
 
+#include <omp.h>
+
 #include "core/rng.h"
 
 namespace tripod {
@@ -82,19 +84,30 @@ void init_shard_values(const ParamSpec& spec, uint64_t seed, float* out) {
   std::vector<int64_t> gstride(nd, 1);
   for (int d = nd - 2; d >= 0; --d) gstride[d] = gstride[d + 1] * g[d + 1];
   const int64_t row_stride = nd > 1 ? gstride[0] : 1;  // elements per global row (dim 0)
-  CounterRng rng(seed, hash_name(spec.name));
-  std::vector<int64_t> idx(nd, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t flat = 0;
-    for (int d = 0; d < nd; ++d) {
-      int64_t gi = idx[d] + (d == spec.shard_dim ? spec.shard_offset : 0);
-      flat += gi * gstride[d];
+  const CounterRng rng(seed, hash_name(spec.name));
+  // Each value depends only on its global index, so threads take contiguous ranges (a billion
+  // values take minutes on one core).
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t begin = n * t / threads, end = n * (t + 1) / threads;
+    std::vector<int64_t> idx(nd, 0);  // the local multi-index of element `begin`
+    for (int64_t d = nd - 1, rest = begin; d >= 0; --d) {
+      idx[d] = rest % local[d];
+      rest /= local[d];
     }
-    bool padding = spec.vocab_rows >= 0 && flat / row_stride >= spec.vocab_rows;
-    out[i] = padding ? 0.f : static_cast<float>(rng.normal(static_cast<uint64_t>(flat)) * spec.stddev);
-    for (int d = nd - 1; d >= 0; --d) {  // advance the local multi-index
-      if (++idx[d] < local[d]) break;
-      idx[d] = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      int64_t flat = 0;
+      for (int d = 0; d < nd; ++d) {
+        int64_t gi = idx[d] + (d == spec.shard_dim ? spec.shard_offset : 0);
+        flat += gi * gstride[d];
+      }
+      bool padding = spec.vocab_rows >= 0 && flat / row_stride >= spec.vocab_rows;
+      out[i] = padding ? 0.f : static_cast<float>(rng.normal(static_cast<uint64_t>(flat)) * spec.stddev);
+      for (int d = nd - 1; d >= 0; --d) {  // advance the local multi-index
+        if (++idx[d] < local[d]) break;
+        idx[d] = 0;
+      }
     }
   }
 }

@@ -84,6 +84,9 @@ mtl = ^ofi
 osc = ^ucx,pt2pt
 # Containers often refuse cross-memory attach; plain copies work everywhere.
 btl_vader_single_copy_mechanism = none
+# GPU machines often have no ssh: Open MPI's rsh launcher refuses to start, even for local ranks,
+# when its agent is missing. One machine launches nothing remotely, so any agent found will do.
+plm_rsh_agent = false
 EOF
 : > "$OUT/etc/pmix-mca-params.conf"
 

@@ -67,7 +67,8 @@ def bench_table(tripod, torch_runs):
 
 def ncu_table(path, top=25):
     """Kernel time per kernel name from `ncu --csv --metrics gpu__time_duration.sum,...` output."""
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+    # to microseconds; ncu 2025 writes "ns" (older versions "nsecond")
+    scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
     rows = []
     with open(path, errors="replace") as f:
         lines = [ln for ln in f if ln.startswith('"')]
@@ -80,7 +81,9 @@ def ncu_table(path, top=25):
         v = float(r["Metric Value"].replace(",", "")) if r["Metric Value"] not in ("", "n/a") else 0.0
         count[k].add(r["ID"])
         if name == "gpu__time_duration.sum":
-            us[k] += v * scale.get(r["Metric Unit"], 1.0)
+            if r["Metric Unit"] not in scale:
+                raise SystemExit(f"error: {path}: unknown time unit {r['Metric Unit']!r} of {name}")
+            us[k] += v * scale[r["Metric Unit"]]
         elif name.startswith("sm__throughput"):
             sm[k].append(v)
         elif name.startswith("dram__throughput"):

@@ -10,8 +10,9 @@
 //   K^T      offset H*D: dims (B, Hkv, D, T), strides (W*T, D, 1, W); V at (H + Hkv)*D: (B, Hkv, T, D)
 //   O, dO    (B, T, H, D): dims (B, H, T, D), strides (HD*T, D, HD, 1)
 // With Hkv < H (grouped-query attention) K, V, dK and dV have Hkv heads: cuDNN's fused engines
-// take such graphs (query head h reads key/value head h / (H/Hkv), dK and dV summed over each
-// group); where an engine declines one, the reference kernels run it.
+// take such graphs (query head h reads key/value head h / (H/Hkv); the backward computes dK and dV
+// per query head and a reduction sums each group); where an engine declines one, the reference
+// kernels run it.
 //   Stats    lse (B, H, T) f32: dims (B, H, T, 1), natural-log log-sum-exp of the scaled scores,
 //            the same quantity the CPU backend and the reference kernels store.
 #include <spdlog/spdlog.h>
@@ -344,10 +345,20 @@ std::unique_ptr<AttentionRunner::Plan> build_backward(cudnnHandle_t h, int64_t B
   auto p = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
   g.pointwise(CUDNN_POINTWISE_EXP, CUDNN_DATA_FLOAT, masked, nullptr, nullptr, p);
 
+  // With grouped-query attention a matmul cannot write Hkv heads from H: dK and dV come out per
+  // query head (b, H, s_kv, d) and a reduction sums each group of H/Hkv adjacent heads into them
+  // (the pattern cuDNN's frontend emits for GQA).
+  auto per_query_head = [&](cudnnBackendDescriptor_t full_out, auto&& product) {
+    if (Hkv == H) return product(full_out);
+    auto full = g.virt(CUDNN_DATA_BFLOAT16, L.q_dims, {H * T * D, T * D, D, 1});
+    product(full);
+    g.reduction(CUDNN_REDUCE_TENSOR_ADD, full, full_out);
+  };
+
   // dV = P^T dO
   auto p_t = g.virt(CUDNN_DATA_BFLOAT16, L.st_dims, L.st_strides);
   g.reshape(p, p_t);
-  g.matmul(p_t, dout, dv);
+  per_query_head(dv, [&](cudnnBackendDescriptor_t y) { g.matmul(p_t, dout, y); });
 
   // dS = P (dO V^T - softmax_sum) scale
   auto dp = g.virt(CUDNN_DATA_FLOAT, L.s_dims, L.s_strides);
@@ -364,7 +375,7 @@ std::unique_ptr<AttentionRunner::Plan> build_backward(cudnnHandle_t h, int64_t B
   // dK = dS^T Q
   auto ds_t = g.virt(CUDNN_DATA_BFLOAT16, L.st_dims, L.st_strides);
   g.reshape(ds, ds_t);
-  g.matmul(ds_t, q, dk);
+  per_query_head(dk, [&](cudnnBackendDescriptor_t y) { g.matmul(ds_t, q, y); });
 
   // dQ = dS K, accumulated in f32 then converted
   auto k = g.virt(CUDNN_DATA_FLOAT, L.kv_dims, L.kv_strides);

@@ -63,20 +63,20 @@ for want in "libcudnn.so.9: /" "libnccl.so.2: /" "libcublasLt.so.13: /" "-- ops/
   grep -qF -- "$want" <<< "$dry" || fail "run.sh --dry-run does not show '$want':"$'\n'"$dry"
 done
 plan=$(grep '^plan: ' <<< "$dry")
-want_plan="plan: probe est=5 cap=30 start=0
-plan: ops est=30 cap=120 start=5
-plan: step est=30 cap=120 start=35
-plan: train est=60 cap=180 start=65
-plan: bench-124m est=60 cap=150 start=125
-plan: torch-eager est=45 cap=120 start=185
-plan: grid est=60 cap=150 start=230
-plan: torch-compile est=90 cap=180 start=290
-plan: comm est=45 cap=120 start=380
-plan: bench-350m est=50 cap=90 start=425
-plan: bench-1b no-time left=65 min=45
-plan: calibrate est=60 cap=40 start=475
-plan: sanitize no-time left=25 min=60
-plan: profile no-time left=25 min=60"
+want_plan="plan: probe est=7 cap=30 start=0
+plan: ops est=12 cap=120 start=7
+plan: step est=5 cap=120 start=19
+plan: train est=15 cap=180 start=24
+plan: bench-124m est=30 cap=150 start=39
+plan: torch-eager est=35 cap=120 start=69
+plan: grid est=10 cap=150 start=104
+plan: torch-compile est=90 cap=180 start=114
+plan: comm est=5 cap=120 start=204
+plan: bench-350m est=50 cap=120 start=209
+plan: bench-1b est=60 cap=150 start=259
+plan: calibrate est=30 cap=120 start=319
+plan: sanitize est=60 cap=166 start=349
+plan: profile est=90 cap=106 start=409"
 [ "$plan" = "$want_plan" ] || fail "the 540 s plan changed:"$'\n'"$plan"$'\n'"(expected)"$'\n'"$want_plan"
 # Every cap keeps 25 s back, and the issue's first six checks (through grid) end by 540 - 20 s.
 awk -v budget=540 '
@@ -86,14 +86,17 @@ awk -v budget=540 '
   END { exit bad }' <<< "$plan" || fail "caps"
 # A smaller budget: caps shrink and the later stages get no time.
 plan200=$("$OUT/run.sh" --dry-run --budget 200 --results "$T/dry" | grep '^plan: ')
-want200="plan: probe est=5 cap=30 start=0
-plan: ops est=30 cap=120 start=5
-plan: step est=30 cap=120 start=35
-plan: train est=60 cap=110 start=65
-plan: bench-124m est=60 cap=50 start=125
-plan: torch-eager no-time left=25 min=30"
-[ "$(head -6 <<< "$plan200")" = "$want200" ] || fail "the 200 s plan:"$'\n'"$plan200"
-[ "$(grep -c 'no-time' <<< "$plan200")" = 9 ] || fail "the 200 s plan should leave 9 stages without time:"$'\n'"$plan200"
+want200="plan: probe est=7 cap=30 start=0
+plan: ops est=12 cap=120 start=7
+plan: step est=5 cap=120 start=19
+plan: train est=15 cap=151 start=24
+plan: bench-124m est=30 cap=136 start=39
+plan: torch-eager est=35 cap=106 start=69
+plan: grid est=10 cap=71 start=104
+plan: torch-compile est=90 cap=61 start=114
+plan: comm no-time left=25 min=5"
+[ "$(head -9 <<< "$plan200")" = "$want200" ] || fail "the 200 s plan:"$'\n'"$plan200"
+[ "$(grep -c 'no-time' <<< "$plan200")" = 6 ] || fail "the 200 s plan should leave 6 stages without time:"$'\n'"$plan200"
 
 # --quick on a first run's summary: probe, then the stages that failed, timed out, had no time,
 # were pending (the run was cut off) or are absent; not those ok or skipped.

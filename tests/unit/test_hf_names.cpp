@@ -3,6 +3,9 @@
 // GPT-2 or Llama name, and Hugging Face tensors go to a checkpoint and come back unchanged.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -35,6 +38,33 @@ std::map<std::string, Shape> saved_shapes(const std::vector<ParamSpec>& specs) {
   for (const ParamSpec& s : specs)
     if (!s.tied_copy) out[s.name] = saved_geometry(s).global_shape;
   return out;
+}
+
+// Initial values depend on the element's global index only: the same bits on any number of
+// host threads, and a TP shard's values are its rows of the whole tensor (padding rows zero).
+TEST(ModelParamSpecs, InitialValuesDependOnNeitherThreadsNorSharding) {
+  ParamSpec whole;
+  whole.name = "wte";
+  whole.global_shape = {300, 24};
+  whole.vocab_rows = 250;
+  whole.init = Init::Normal;
+  whole.stddev = 0.02f;
+  ParamSpec shard = whole;
+  shard.shard_dim = 0;
+  shard.shard_offset = 100;
+  shard.shard_size = 200;
+  std::vector<float> all(300 * 24), one(200 * 24), three(200 * 24);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  init_shard_values(whole, 5, all.data());
+  init_shard_values(shard, 5, one.data());
+  omp_set_num_threads(3);
+  init_shard_values(shard, 5, three.data());
+  omp_set_num_threads(threads);
+  EXPECT_EQ(0, std::memcmp(one.data(), three.data(), one.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(one.data(), all.data() + 100 * 24, one.size() * sizeof(float)));
+  EXPECT_NE(all[0], 0.f);
+  EXPECT_EQ(all[250 * 24], 0.f);  // the first padding row
 }
 
 // The list is what the model registers on every rank of a grid: the union over (pp, tp) ranks
