@@ -94,5 +94,5 @@ for name in cp1 cp1_again cp1_selective cp2_ring cp2_allgather; do
   np=1
   case $name in cp2*) np=2 ;; esac
   awk -v n="$name" -v np="$np" -v t="$t" -v b="$base" -v a="$a" -v p="$p" -v a1="$a1" -v asl="$asel" 'BEGIN {
-    printf "%-16s %5d %12.0f %8.2fx %16d %16d %10.4f %8.1f%% %8.1f%%\n", n, np, t, t / b, a, p, p / a, 100 * a / a1, 100 * a / asl }'
+    printf "%-16s %5d %12.0f %8.2fx %16.0f %16.0f %10.4f %8.1f%% %8.1f%%\n", n, np, t, t / b, a, p, p / a, 100 * a / a1, 100 * a / asl }'
 done
