@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "data/hash.h"
+#include "data/nfc.h"
 
 namespace tripod {
 
@@ -368,9 +369,14 @@ void BpeModel::finish(const std::string& origin) {
     byte_id_[b] = index_.find(std::string_view(&c, 1), tokens_);
     byte_fallback_[b] = index_.find(fmt::format("<0x{:02X}>", b), tokens_);
   }
-  std::stable_sort(added_.begin(), added_.end(),
+  added_raw_.finish();
+  added_normalized_.finish();
+}
+
+void BpeModel::AddedTokens::finish() {
+  std::stable_sort(tokens.begin(), tokens.end(),
                    [](const auto& x, const auto& y) { return x.first.size() > y.first.size(); });
-  for (const auto& [content, id] : added_) added_first_[static_cast<unsigned char>(content[0])] = true;
+  for (const auto& [content, id] : tokens) first[static_cast<unsigned char>(content[0])] = true;
 }
 
 BpeModel BpeModel::from_gpt2(std::string_view vocab_json, const std::string& vocab_origin, std::string_view merges_txt,
@@ -413,7 +419,7 @@ BpeModel BpeModel::from_gpt2(std::string_view vocab_json, const std::string& voc
   m.stages_.push_back(std::move(st));
   m.pattern_desc_ = "gpt2";
   const int eot = m.index_.find("<|endoftext|>", m.tokens_);
-  if (eot >= 0) m.added_.emplace_back("<|endoftext|>", eot);
+  if (eot >= 0) m.added_raw_.tokens.emplace_back("<|endoftext|>", eot);
   m.finish(vocab_origin);
   return m;
 }
@@ -466,7 +472,7 @@ BpeModel BpeModel::from_tiktoken(std::string_view text, const std::string& origi
       }
       m.tokens_[static_cast<size_t>(id)] = content;
       m.present_[static_cast<size_t>(id)] = 2;
-      m.added_.emplace_back(content, id);
+      m.added_raw_.tokens.emplace_back(content, id);
     }
   } else {
     m.stages_.push_back(Stage{std::make_unique<RegexSplitter>(name, origin + " (the pattern given for it)"), false});
@@ -568,8 +574,11 @@ BpeModel BpeModel::from_hf_json(std::string_view text, const std::string& origin
 
   if (const json* n = field(j, "normalizer", "")) {
     const std::string t = type_of(*n, "normalizer");
-    throw InputError(fmt::format("{}: normalizer.type '{}' is not supported: tripod reads byte-level BPE without a "
-                                 "normalizer (normalizer: null)", origin, t));
+    TRIPOD_INPUT_CHECK(t == "NFC", "{}: normalizer.type '{}' is not supported: tripod reads byte-level BPE with no "
+                       "normalizer (normalizer: null) or Unicode NFC (\"type\": \"NFC\", as Qwen 2 ships)", origin, t);
+    TRIPOD_INPUT_CHECK(nfc_available(), "{}: normalizer.type 'NFC' needs ICU, which this build of tripod leaves out "
+                       "(CMake option TRIPOD_ICU=OFF, as in the GPU bundle); use a build with it", origin);
+    m.nfc_ = true;
   }
   // Pre-tokenizers: Split (Isolated) stages, then ByteLevel last (it hands bytes to the model).
   const json* pre = field(j, "pre_tokenizer", "");
@@ -619,7 +628,7 @@ BpeModel BpeModel::from_hf_json(std::string_view text, const std::string& origin
     }
   }
   TRIPOD_INPUT_CHECK(byte_level, "{}: pre_tokenizer has no ByteLevel; tripod reads byte-level BPE", origin);
-  m.pattern_desc_ = desc;
+  m.pattern_desc_ = (m.nfc_ ? "NFC + " : "") + desc;
   if (const json* d = field(j, "decoder", "")) {
     const std::string t = type_of(*d, "decoder");
     TRIPOD_INPUT_CHECK(t == "ByteLevel", "{}: decoder.type '{}' is not supported: byte-level BPE decodes with ByteLevel",
@@ -637,6 +646,8 @@ BpeModel BpeModel::from_hf_json(std::string_view text, const std::string& origin
                          a.dump().substr(0, 80));
       for (const char* flag : {"single_word", "lstrip", "rstrip"})
         TRIPOD_INPUT_CHECK(!want_bool(a, flag, where, false), "{}: {}.{} true is not supported", origin, where, flag);
+      // Hugging Face's default: special tokens are matched in the text as given, others after the normalizer.
+      const bool normalized = want_bool(a, "normalized", where, !want_bool(a, "special", where, false));
       const int64_t id = a["id"].get<int64_t>();
       const std::string content = a["content"].get<std::string>();
       TRIPOD_INPUT_CHECK(id >= 0 && id <= kMaxTokenId, "{}: {}.id {} is outside 0..{}", origin, where, id, kMaxTokenId);
@@ -650,7 +661,13 @@ BpeModel BpeModel::from_hf_json(std::string_view text, const std::string& origin
         m.tokens_[at] = content;
         m.present_[at] = 2;
       }
-      m.added_.emplace_back(content, static_cast<int>(id));
+      if (normalized && m.nfc_ && !nfc_quick_yes(content)) {
+        std::string n;
+        nfc_normalize(content, n);  // matched in normalized text, so normalized too (as Hugging Face does)
+        m.added_normalized_.tokens.emplace_back(std::move(n), static_cast<int>(id));
+      } else {
+        (normalized ? m.added_normalized_ : m.added_raw_).tokens.emplace_back(content, static_cast<int>(id));
+      }
     }
   }
   m.finish(origin);
@@ -658,8 +675,9 @@ BpeModel BpeModel::from_hf_json(std::string_view text, const std::string& origin
 }
 
 int BpeModel::find_token(std::string_view text) const {
-  for (const auto& [content, id] : added_)
-    if (content == text) return id;
+  for (const AddedTokens* set : {&added_raw_, &added_normalized_})
+    for (const auto& [content, id] : set->tokens)
+      if (content == text) return id;
   int id = index_.find(text, tokens_);
   if (id >= 0) return id;
   std::string b;
@@ -668,10 +686,10 @@ int BpeModel::find_token(std::string_view text) const {
 }
 
 int BpeModel::default_eod() const {
-  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>"}) {
-    for (const auto& [content, id] : added_)
-      if (content == name) return id;
-  }
+  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>"})
+    for (const AddedTokens* set : {&added_raw_, &added_normalized_})
+      for (const auto& [content, id] : set->tokens)
+        if (content == name) return id;
   return -1;
 }
 
@@ -686,21 +704,21 @@ void BpeModel::prepare(BpeScratch& s) const {
   s.owner_ = this;
 }
 
-void BpeModel::encode(std::string_view text, std::vector<int>& ids, BpeScratch& s, bool specials) const {
-  prepare(s);
-  if (!specials || added_.empty()) {
-    encode_ordinary(text, s, ids);
+template <typename Text, typename Token>
+void BpeModel::AddedTokens::split(std::string_view text, Text&& on_text, Token&& on_token) const {
+  if (tokens.empty()) {
+    on_text(text);
     return;
   }
   size_t start = 0, i = 0;
   while (i < text.size()) {
-    if (added_first_[static_cast<unsigned char>(text[i])]) {
+    if (first[static_cast<unsigned char>(text[i])]) {
       const std::string_view rest = text.substr(i);
       bool hit = false;
-      for (const auto& [content, id] : added_) {  // longest first: leftmost-longest
+      for (const auto& [content, id] : tokens) {  // longest first: leftmost-longest
         if (rest.starts_with(content)) {
-          encode_ordinary(text.substr(start, i - start), s, ids);
-          ids.push_back(id);
+          on_text(text.substr(start, i - start));
+          on_token(id);
           i += content.size();
           start = i;
           hit = true;
@@ -711,7 +729,32 @@ void BpeModel::encode(std::string_view text, std::vector<int>& ids, BpeScratch& 
     }
     ++i;
   }
-  encode_ordinary(text.substr(start), s, ids);
+  on_text(text.substr(start));
+}
+
+void BpeModel::encode(std::string_view text, std::vector<int>& ids, BpeScratch& s, bool specials) const {
+  prepare(s);
+  if (!specials) {
+    encode_normalized(text, s, ids, false);
+    return;
+  }
+  added_raw_.split(
+      text, [&](std::string_view segment) { encode_normalized(segment, s, ids, true); },
+      [&](int id) { ids.push_back(id); });
+}
+
+void BpeModel::encode_normalized(std::string_view text, BpeScratch& s, std::vector<int>& ids, bool specials) const {
+  if (text.empty()) return;
+  if (nfc_ && !nfc_quick_yes(text)) {
+    nfc_normalize(text, s.normalized_);
+    text = s.normalized_;
+  }
+  if (!specials) {
+    encode_ordinary(text, s, ids);
+    return;
+  }
+  added_normalized_.split(
+      text, [&](std::string_view segment) { encode_ordinary(segment, s, ids); }, [&](int id) { ids.push_back(id); });
 }
 
 template <typename Emit>

@@ -102,6 +102,7 @@ class BpeScratch {
   std::vector<uint32_t> rank_;
   std::vector<std::pair<uint64_t, int>> heap_;
   std::vector<int> out_;
+  std::string normalized_;  // a segment of text after the normalizer
 };
 
 class BpeModel {
@@ -116,7 +117,7 @@ class BpeModel {
   // A tiktoken rank file ("base64 rank" lines); `pattern` is a name (see tiktoken_pattern), which
   // brings that encoding's special tokens, or a regex; empty: inferred from the file name.
   static BpeModel from_tiktoken(std::string_view text, const std::string& origin, const std::string& pattern);
-  // A Hugging Face tokenizer.json with a BPE model.
+  // A Hugging Face tokenizer.json with a BPE model (and no normalizer, or NFC).
   static BpeModel from_hf_json(std::string_view json, const std::string& origin);
 
   Kind kind() const { return kind_; }
@@ -131,6 +132,9 @@ class BpeModel {
   // The end-of-document token the files name (<|endoftext|>, <|end_of_text|>, </s>), or -1.
   int default_eod() const;
   const std::string& pattern_description() const { return pattern_desc_; }
+  // Whether text is put in Unicode NFC before it is split (a tokenizer.json "NFC" normalizer):
+  // decoding then gives the normalized text back.
+  bool normalizes_nfc() const { return nfc_; }
   // Whether a ByteLevel stage puts a space before pieces (add_prefix_space): decoding then gives
   // those spaces back too.
   bool adds_prefix_space() const {
@@ -140,7 +144,9 @@ class BpeModel {
   }
   // Appends the ids of `text` to `ids`. `specials`: added/special tokens written in the text are
   // their ids (as Hugging Face's encode and tiktoken's allowed_special="all"); otherwise the text
-  // is all ordinary text (tiktoken's encode_ordinary).
+  // is all ordinary text (tiktoken's encode_ordinary). As Hugging Face does, the tokens that are
+  // not `normalized` are found in the text as given, the normalizer runs on the text between them,
+  // and the `normalized` ones are found in what it gives.
   void encode(std::string_view text, std::vector<int>& ids, BpeScratch& s, bool specials) const;
   // Appends the bytes of `id` (checked by the caller) to `out`.
   void decode_append(int id, std::string& out) const { out += tokens_[static_cast<size_t>(id)]; }
@@ -155,6 +161,15 @@ class BpeModel {
   };
   void finish(const std::string& origin);  // builds the indexes once tokens_ and merges are in
   void prepare(BpeScratch& s) const;
+  // Added tokens found in text: leftmost-longest matches, as Hugging Face and tiktoken find them.
+  struct AddedTokens {
+    std::vector<std::pair<std::string, int>> tokens;  // (content, id), longest first
+    bool first[256] = {};                              // bytes a content starts with
+    void finish();
+    // Calls text(segment) for the text between matches and token(id) for each match, in order.
+    template <typename Text, typename Token> void split(std::string_view text, Text&& on_text, Token&& on_token) const;
+  };
+  void encode_normalized(std::string_view text, BpeScratch& s, std::vector<int>& ids, bool specials) const;
   void encode_ordinary(std::string_view text, BpeScratch& s, std::vector<int>& ids) const;
   template <typename Emit> void split(std::string_view text, size_t stage, BpeScratch& s, Emit&& emit) const;
   void encode_piece(std::string_view piece, BpeScratch& s, std::vector<int>& ids) const;
@@ -175,9 +190,11 @@ class BpeModel {
   int unk_id_ = -1;
   std::vector<Stage> stages_;
   std::string pattern_desc_;
-  // Added and special tokens, matched in text when `specials`: (content, id), longest first.
-  std::vector<std::pair<std::string, int>> added_;
-  bool added_first_[256] = {};
+  bool nfc_ = false;
+  // Added and special tokens, matched in text when `specials`: those found in the text as given
+  // (every special token of GPT-2 and tiktoken files; a tokenizer.json's "normalized": false ones)
+  // and those found after the normalizer ("normalized": true, their content normalized too).
+  AddedTokens added_raw_, added_normalized_;
 };
 
 }  // namespace tripod

@@ -6,6 +6,7 @@
 #include "parallel/comm/device_comm.h"
 #include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/mpi_comm.h"
+#include "parallel/comm/mpi_deadline.h"
 
 namespace tripod {
 
@@ -16,7 +17,11 @@ std::unique_ptr<Communicator> split(const MpiComm& world, const std::vector<int>
   // Every rank calls MPI_Comm_split once per axis; color = the group's first rank.
   MPI_Comm comm;
   int key = static_cast<int>(std::find(group.begin(), group.end(), my_rank) - group.begin());
-  MPI_Comm_split(world.handle(), group.front(), key, &comm);
+  {
+    MpiDeadline deadline(std::string("MPI_Comm_split of the '") + name + "' communicators",
+                         MpiDeadline::limit_for(world.timeout_s()));
+    MPI_Comm_split(world.handle(), group.front(), key, &comm);
+  }
   auto mpi = std::make_unique<MpiComm>(comm, name, world.ops(), world.timeout_s(), group, world.probe());
   mpi->set_hooks(world.hooks());
   if (device) return device(std::move(mpi), group);
@@ -63,7 +68,10 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
   auto emb = grid.embedding_group(ctx.rank);
   bool member = grid.pp() > 1 && (ctx.first_stage() || ctx.last_stage());
   MPI_Comm comm;
-  MPI_Comm_split(world.handle(), member ? emb.front() : MPI_UNDEFINED, ctx.coords.pp, &comm);
+  {
+    MpiDeadline deadline("MPI_Comm_split of the 'embedding' communicators", MpiDeadline::limit_for(world.timeout_s()));
+    MPI_Comm_split(world.handle(), member ? emb.front() : MPI_UNDEFINED, ctx.coords.pp, &comm);
+  }
   if (member) {
     auto mpi = std::make_unique<MpiComm>(comm, "embedding", world.ops(), world.timeout_s(), emb, world.probe());
     mpi->set_hooks(world.hooks());

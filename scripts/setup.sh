@@ -12,7 +12,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   libhdf5-openmpi-dev
   libsentencepiece-dev sentencepiece
-  libpcre2-dev
+  libpcre2-dev libicu-dev
   libtomlplusplus-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libopenblas-openmp-dev
   libprotobuf-dev protobuf-compiler

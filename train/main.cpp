@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/version.h"
 #include "kernels/op.h"
+#include "parallel/comm/mpi_deadline.h"
 #include "train/commands/commands.h"
 
 namespace {
@@ -39,7 +40,10 @@ std::pair<int, int> world_rank_size() {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
-    if (initialized && !finalized) MPI_Finalize();
+    if (initialized && !finalized) {
+      tripod::MpiDeadline deadline("MPI_Finalize", tripod::MpiDeadline::kMinLimitS);
+      MPI_Finalize();
+    }
     std::exit(status);
   }
   if (size == 1 || (scope == Scope::Shared && rank == 0)) {

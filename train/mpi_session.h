@@ -1,5 +1,5 @@
 // MPI for the commands that run on many ranks: initialised once, finalised on a clean exit
-// (never while an error unwinds).
+// (never while an error unwinds), each within a deadline (a frozen peer would hang both).
 #pragma once
 
 #include <mpi.h>
@@ -8,13 +8,17 @@
 #include <memory>
 
 #include "core/error.h"
+#include "parallel/comm/mpi_deadline.h"
 
 namespace tripod {
 
 class MpiSession {
  public:
-  MpiSession() {
+  // `timeout_s`: the run's parallel.timeout_s (its default when the config is not read yet), which
+  // bounds MPI_Init and MPI_Finalize (see MpiDeadline).
+  explicit MpiSession(double timeout_s = 600) : limit_s_(MpiDeadline::limit_for(timeout_s)) {
     int provided = 0;
+    MpiDeadline deadline("MPI_Init", limit_s_);
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -25,7 +29,9 @@ class MpiSession {
     if (std::uncaught_exceptions() > 0) return;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+    if (finalized) return;
+    MpiDeadline deadline("MPI_Finalize", limit_s_);
+    MPI_Finalize();
   }
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
@@ -35,6 +41,7 @@ class MpiSession {
   static int local_rank();
 
  private:
+  double limit_s_;
   int rank_ = 0, size_ = 1;
 };
 

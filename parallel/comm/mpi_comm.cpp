@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "parallel/comm/mpi_deadline.h"
 
 namespace tripod {
 
@@ -249,6 +250,7 @@ std::unique_ptr<MpiComm> mpi_world(Ops* ops, double timeout_s) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::vector<int> ranks(size);
   for (int i = 0; i < size; ++i) ranks[i] = i;
+  MpiDeadline deadline("MPI_Comm_dup of the world", MpiDeadline::limit_for(timeout_s));
   MPI_Comm dup;
   MPI_Comm_dup(MPI_COMM_WORLD, &dup);
   // The probe: another duplicate, shared by every communicator split from this one.
@@ -270,7 +272,10 @@ std::unique_ptr<MpiComm> mpi_subgroup(const MpiComm& world, const std::vector<in
   MPI_Comm_group(world.handle(), &world_group);
   MPI_Group_incl(world_group, static_cast<int>(ranks.size()), ranks.data(), &group);
   MPI_Comm comm;
-  MPI_Comm_create_group(world.handle(), group, /*tag=*/0, &comm);
+  {
+    MpiDeadline deadline("MPI_Comm_create_group of '" + name + "'", MpiDeadline::limit_for(world.timeout_s()));
+    MPI_Comm_create_group(world.handle(), group, /*tag=*/0, &comm);
+  }
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
   auto out = std::make_unique<MpiComm>(comm, std::move(name), world.ops(), world.timeout_s(), ranks, world.probe());

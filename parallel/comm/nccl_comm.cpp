@@ -1,6 +1,7 @@
 // NCCL communicator: transfers on the communicator's own stream joined to the compute stream with
 // events, grouped sends/receives, host tensors through MPI, a watchdog for timeouts and errors.
 #include "parallel/comm/nccl_comm.h"
+#include "parallel/comm/mpi_deadline.h"
 
 #include <mpi.h>
 #include <spdlog/spdlog.h>
@@ -92,10 +93,14 @@ NcclComm::NcclComm(std::unique_ptr<MpiComm> twin, cuda::CudaOps& ops, std::vecto
   TRIPOD_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "'{}' communicator", name());
   ncclUniqueId id{};
   if (twin_->rank() == 0) TRIPOD_NCCL_CHECK(ncclGetUniqueId(&id), "'{}' communicator", name());
-  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, twin_->handle());
   ncclComm_t comm = nullptr;
-  TRIPOD_NCCL_CHECK(ncclCommInitRank(&comm, twin_->size(), id, twin_->rank()),
-                    "creating the NCCL '{}' communicator (world ranks {})", name(), fmt::join(world_ranks_, ","));
+  {
+    // Both wait for every member, with no timeout of their own.
+    MpiDeadline deadline("creating the NCCL '" + name() + "' communicator", MpiDeadline::limit_for(twin_->timeout_s()));
+    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, twin_->handle());
+    TRIPOD_NCCL_CHECK(ncclCommInitRank(&comm, twin_->size(), id, twin_->rank()),
+                      "creating the NCCL '{}' communicator (world ranks {})", name(), fmt::join(world_ranks_, ","));
+  }
   comm_ = comm;
   watchdog_ = std::thread([this] { watchdog_loop(); });
 }
@@ -369,6 +374,8 @@ DeviceCommFactory device_comm_factory(const MpiComm& world, bool force_mpi) {
   auto* ops = dynamic_cast<cuda::CudaOps*>(world.ops());
   int ok = ops != nullptr && !force_mpi;
   int node_ranks = 1;
+  MpiDeadline deadline("choosing the device communicators (MPI_Comm_split_type, MPI_Allreduce)",
+                       MpiDeadline::limit_for(world.timeout_s()));
   if (ok) {
     MPI_Comm node;
     MPI_Comm_split_type(world.handle(), MPI_COMM_TYPE_SHARED, world.rank(), MPI_INFO_NULL, &node);

@@ -5,6 +5,10 @@
 //   gpt2/tokenizer.json            the same vocabulary as a Hugging Face tokenizer.json
 //   {r50k,cl100k,o200k}_base.tiktoken   tiktoken's rank tables, as tiktoken's rank files
 //   llama3/tokenizer.json          llama3-tokenizer-js's vocabulary and merges as Llama 3's tokenizer.json
+//   qwen2/tokenizer.json           Qwen 2's tokenizer.json settings (NFC normalizer, its Split pattern,
+//                                  ByteLevel, merges not ignored, its special tokens) over that vocabulary
+// A tokenizer with a normalizer gives back the normalized text: decode(encode(x)) == NFC(x), which
+// must also be what Hugging Face's decode gives and what JavaScript's String.normalize("NFC") gives.
 // Usage: node compare.mjs NODE_DIR TRIPOD WORK_DIR TEXT...   (exit 0: all agree, 1: a difference)
 import { createRequire } from "node:module";
 import { execFileSync } from "node:child_process";
@@ -90,9 +94,31 @@ fs.writeFileSync(llamaJson, JSON.stringify({
            fuse_unk: false, byte_fallback: false, ignore_merges: true, vocab: llamaVocab, merges: llamaMerges },
 }));
 
+// Qwen 2 (Qwen/Qwen2-7B's tokenizer.json): an NFC normalizer, a Split pattern that differs from Llama 3's
+// in taking numbers one digit at a time, ByteLevel without a prefix space, BPE that always merges
+// (ignore_merges false) and three special tokens right after the vocabulary, matched before
+// normalization. Qwen's own 151643-token vocabulary is in no npm package; Llama 3's (both grew from
+// tiktoken's cl100k) stands in for it.
+const qwenPattern = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+const qwenAdded = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"].map((content, i) => (
+  { id: 128000 + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+const qwenJson = path.join(work, "qwen2", "tokenizer.json");
+fs.mkdirSync(path.dirname(qwenJson), { recursive: true });
+fs.writeFileSync(qwenJson, JSON.stringify({
+  version: "1.0", truncation: null, padding: null, added_tokens: qwenAdded, normalizer: { type: "NFC" },
+  pre_tokenizer: { type: "Sequence", pretokenizers: [
+    { type: "Split", pattern: { Regex: qwenPattern }, behavior: "Isolated", invert: false },
+    { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false }] },
+  post_processor: { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false },
+  decoder: { type: "ByteLevel", add_prefix_space: false, trim_offsets: false, use_regex: false },
+  model: { type: "BPE", dropout: null, unk_token: null, continuing_subword_prefix: "", end_of_word_suffix: "",
+           fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab: llamaVocab, merges: llamaMerges },
+}));
+
 // ---- the references -----------------------------------------------------------------------
 const hfGpt2 = hf.Tokenizer.fromFile(gpt2Json);
 const hfLlama = hf.Tokenizer.fromFile(llamaJson);
+const hfQwen = hf.Tokenizer.fromFile(qwenJson);
 const hfIds = async (tok, text) => Array.from((await tok.encode(text, null, { addSpecialTokens: false })).getIds());
 const tk = Object.fromEntries(["gpt2", "cl100k_base", "o200k_base"].map((n) => [n, tiktoken.get_encoding(n)]));
 const jtk = Object.fromEntries(["gpt2", "cl100k_base", "o200k_base"].map((n) => [n, jsTiktoken.getEncoding(n)]));
@@ -119,6 +145,8 @@ const cases = [
   { name: "llama3 tokenizer.json", tok: llamaJson, specials: true, refs: {
     "HF tokenizers": (t) => hfIds(hfLlama, t),
     "llama3-tokenizer-js": (t) => llama3.encode(t, { bos: false, eos: false }) } },
+  { name: "qwen2-style tokenizer.json (NFC)", tok: qwenJson, specials: true, nfc: hfQwen, refs: {
+    "HF tokenizers": (t) => hfIds(hfQwen, t) } },
 ];
 
 // gpt-3-encoder joins its output with Array.concat once per piece, quadratic on a long text (a
@@ -179,7 +207,20 @@ for (const file of texts) {
     const ids = tripodEncode(c, file);
     const seconds = (Date.now() - t0) / 1000;
     const back = tripodDecode(c, ids);
-    if (Buffer.compare(back, bytes) !== 0) {
+    if (c.nfc) {
+      // The normalized text, twice over: JavaScript's NFC, and Hugging Face's decode of its own ids.
+      const nfc = Buffer.from(text.normalize("NFC"), "utf8");
+      const hfBack = Buffer.from(await c.nfc.decode(await c.refs["HF tokenizers"](text), false), "utf8");
+      if (Buffer.compare(nfc, bytes) === 0) console.log(`  note ${c.name}: the text is NFC already`);
+      if (Buffer.compare(back, nfc) !== 0 || Buffer.compare(hfBack, nfc) !== 0) {
+        ++failures;
+        console.log(`  FAIL ${c.name}: decode(encode(x)) != NFC(x) (${back.length} bytes back, HF's decode ` +
+                    `${hfBack.length}, NFC(x) ${nfc.length} of ${bytes.length})`);
+      } else {
+        console.log(`  ok   ${c.name}: ${ids.length} ids, decode(encode(x)) == NFC(x) == HF's decode byte for byte` +
+                    ` (${bytes.length - nfc.length} bytes shorter than x)`);
+      }
+    } else if (Buffer.compare(back, bytes) !== 0) {
       ++failures;
       console.log(`  FAIL ${c.name}: decode(encode(x)) != x (${back.length} bytes back for ${bytes.length})`);
     } else {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Compares tripod's tokenizers with the reference implementations on the King James Bible and on
 # stress.txt (see compare.mjs): GPT-2 (vocab.json + merges.txt, tokenizer.json, r50k rank file),
-# cl100k, o200k and Llama 3, ids and decode(encode(x)) == x.
+# cl100k, o200k, Llama 3 and a Qwen 2-style tokenizer.json (NFC normalizer), ids and
+# decode(encode(x)) == x (NFC(x) for Qwen 2).
 #   tests/tokenizer/compare.sh [BUILD_DIR]     (default build; uses BUILD_DIR/bin/tripod)
 # The npm packages are installed once into BUILD_DIR/tokenizer-refs (test references only; tripod
 # never runs them). Exit 77 (ctest's "skipped") with the reason when node or the npm registry is

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "data/bpe.h"
+#include "data/nfc.h"
 #include "data/regex_splitter.h"
 #include "data/tokenizer.h"
 #include "test_data_helpers.h"
@@ -283,6 +284,63 @@ TEST(BpeModel, HuggingFaceByteFallbackAndUnk) {
   EXPECT_EQ(encode(BpeModel::from_hf_json(j.dump(), "t.json"), "a\xC3\xA9"), std::vector<int>({'a', 2000}));
 }
 
+TEST(Nfc, ComposesReordersAndKeepsWhatIsNotUtf8) {
+  if (!nfc_available()) GTEST_SKIP() << "built without ICU (TRIPOD_ICU=OFF)";
+  std::string out;
+  nfc_normalize("plain ASCII", out);
+  EXPECT_EQ(out, "plain ASCII");
+  // e + COMBINING ACUTE ACCENT -> U+00E9; Hangul jamo L V T -> one syllable (U+D55C).
+  nfc_normalize("cafe\u0301 \u1112\u1161\u11ab", out);
+  EXPECT_EQ(out, "caf\u00e9 \ud55c");
+  // Canonical order: dot below (ccc 220) before dot above (ccc 230); q has no precomposed form
+  // with either, so the marks are only reordered.
+  nfc_normalize("q\u0307\u0323", out);
+  EXPECT_EQ(out, "q\u0323\u0307");
+  // Singletons go to their canonical forms: OHM SIGN -> GREEK CAPITAL OMEGA, ANGSTROM -> A-ring.
+  nfc_normalize("\u2126 \u212b", out);
+  EXPECT_EQ(out, "\u03a9 \u00c5");
+  // Already NFC (precomposed, CJK, emoji): unchanged.
+  const std::string stable = "\u00e9t\u00e9 \u4e2d\u6587 \U0001F44D\U0001F3FD";
+  nfc_normalize(stable, out);
+  EXPECT_EQ(out, stable);
+  // Bytes that are not UTF-8 pass through; the text around them is normalized.
+  nfc_normalize("e\u0301\xff e\u0301\xc3", out);
+  EXPECT_EQ(out, "\u00e9\xff \u00e9\xc3");
+  EXPECT_TRUE(nfc_quick_yes("abc \u00e9\u00ff\u02ff"));
+  EXPECT_FALSE(nfc_quick_yes("e\u0301"));
+}
+
+// A tokenizer.json "NFC" normalizer (Qwen 2's): text is composed before it is split, so a
+// decomposed and a precomposed spelling give the same ids; added tokens that are not
+// "normalized" are found in the text as given, the "normalized" ones after normalization.
+TEST(BpeModel, HuggingFaceNfcNormalizer) {
+  if (!nfc_available()) GTEST_SKIP() << "built without ICU (TRIPOD_ICU=OFF)";
+  SmallVocab v({{"\xc3", "\xa9"}, {"t", "\xc3\xa9"}});
+  json j = hf_json(v);
+  j["normalizer"] = {{"type", "NFC"}};
+  const BpeModel m = BpeModel::from_hf_json(j.dump(), "qwen/tokenizer.json");
+  EXPECT_TRUE(m.normalizes_nfc());
+  EXPECT_NE(m.pattern_description().find("NFC"), std::string::npos) << m.pattern_description();
+  const std::vector<int> composed = encode(m, "t\u00e9");
+  EXPECT_EQ(composed, std::vector<int>({v.id("t\xc3\xa9")}));
+  EXPECT_EQ(encode(m, "te\u0301"), composed);
+  // Without the normalizer the decomposed spelling is other bytes, other ids.
+  EXPECT_NE(encode(BpeModel::from_hf_json(hf_json(v).dump(), "t.json"), "te\u0301"), composed);
+  // Special tokens: "<|endoftext|>" is normalized (true in hf_json); add one that is not, whose
+  // content is not NFC: it is found only where the text spells it exactly so.
+  j["added_tokens"].push_back({{"id", 600}, {"content", "<e\u0301>"}, {"normalized", false}, {"special", true}});
+  j["added_tokens"].push_back({{"id", 601}, {"content", "[\u212b]"}, {"normalized", true}, {"special", false}});
+  const BpeModel s = BpeModel::from_hf_json(j.dump(), "qwen/tokenizer.json");
+  EXPECT_EQ(encode(s, "<e\u0301>", true), std::vector<int>({600}));
+  EXPECT_NE(encode(s, "<\u00e9>", true), std::vector<int>({600}));
+  // A normalized token's content is normalized too: "[\u212b]" and "[\u00c5]" both find it.
+  EXPECT_EQ(encode(s, "[\u212b]", true), std::vector<int>({601}));
+  EXPECT_EQ(encode(s, "[\u00c5]", true), std::vector<int>({601}));
+  EXPECT_EQ(encode(s, "<|endoftext|>t\u00e9", true), std::vector<int>({v.id("<|endoftext|>"), v.id("t\xc3\xa9")}));
+  // NFC runs on the text between raw-matched tokens: a mark after one stays a lone mark.
+  EXPECT_EQ(encode(s, "<e\u0301>\u0301", true), std::vector<int>({600, 0xCC, 0x81}));
+}
+
 TEST(BpeModel, HuggingFaceRefusalsNameTheField) {
   SmallVocab v(kPairs);
   const json j = hf_json(v);
@@ -294,6 +352,10 @@ TEST(BpeModel, HuggingFaceRefusalsNameTheField) {
   refused([](json& e) { e["model"]["type"] = "WordPiece"; }, {"tok/tokenizer.json", "model.type", "WordPiece"});
   refused([](json& e) { e["model"]["type"] = "Unigram"; }, {"model.type", "Unigram"});
   refused([](json& e) { e["normalizer"] = {{"type", "NFKC"}}; }, {"normalizer.type", "NFKC"});
+  refused([](json& e) { e["normalizer"] = {{"type", "NFD"}}; }, {"normalizer.type", "NFD", "NFC"});
+  refused([](json& e) {
+    e["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
+  }, {"normalizer.type", "Sequence"});
   refused([](json& e) { e["pre_tokenizer"] = {{"type", "Whitespace"}}; }, {"pre_tokenizer.type", "Whitespace"});
   refused([](json& e) { e["pre_tokenizer"] = nullptr; }, {"pre_tokenizer"});
   refused([](json& e) {

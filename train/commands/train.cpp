@@ -82,7 +82,14 @@ void log_restart(const DebugOptions& debug, const Config& cfg, int64_t resumed_f
 }
 
 int run_train(const TrainOptions& o) {
-  MpiSession mpi;
+  // parallel.timeout_s bounds MPI's start-up too; a config that does not load is reported below,
+  // once, after MPI_Init.
+  double timeout_s = ParallelConfig{}.timeout_s;
+  try {
+    timeout_s = load_config(o.config, o.sets).parallel.timeout_s;
+  } catch (const std::exception&) {
+  }
+  MpiSession mpi(timeout_s);
   init_logging(mpi.rank(), mpi.size(), o.verbose);
   Config cfg;
   Runtime rt;
