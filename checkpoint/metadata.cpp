@@ -134,6 +134,7 @@ void validate_metadata(const json& meta, const std::string& path) {
   const Fields grid = top.object("grid", true);
   for (const char* k : {"dp", "pp", "tp"}) grid.integer(k, 1, 1 << 20);
   grid.integer("vp", 1, 1 << 20, false);
+  grid.integer("cp", 1, 1 << 20, false);
   grid.integer("world_size", 1, 1 << 30, false);
   grid.boolean("distributed_optimizer");
   grid.string("schedule");

@@ -33,6 +33,13 @@ int64_t Snapshot::bytes() const {
 
 std::string shard_file_name(const Coords& c) { return fmt::format("pp{:02d}_tp{:02d}_dp{:02d}.h5", c.pp, c.tp, c.dp); }
 
+Coords checkpoint_coords(const RankGrid& grid, const Coords& c) {
+  Coords out = c;
+  out.dp = grid.dpcp_rank(c);
+  out.cp = 0;
+  return out;
+}
+
 bool rank_writes_file(const Coords& c, bool distributed_optimizer, bool with_optimizer) {
   return c.dp == 0 || (distributed_optimizer && with_optimizer);
 }

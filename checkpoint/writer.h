@@ -53,6 +53,10 @@ struct Snapshot {
 
 // The file of the rank at `c`: "pp00_tp01_dp00.h5".
 std::string shard_file_name(const Coords& c);
+// The coordinates a rank saves under: its DP x CP index as the data-parallel one (the ranks of a
+// DP x CP group hold the same parameters, and the distributed optimizer shards over that group),
+// so the files and pieces do not depend on how the sequence was split.
+Coords checkpoint_coords(const RankGrid& grid, const Coords& c);
 // Whether the rank at `c` writes a file.
 bool rank_writes_file(const Coords& c, bool distributed_optimizer, bool with_optimizer);
 

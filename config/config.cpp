@@ -169,6 +169,8 @@ std::vector<Field> fields(ParallelConfig& p) {
           {"pp", &p.pp},
           {"dp", &p.dp},
           {"vp", &p.vp},
+          {"cp", &p.cp},
+          {"cp_comm", EnumRef(&p.cp_comm)},
           {"schedule", EnumRef(&p.schedule)},
           {"schedule_file", &p.schedule_file},
           {"placement", EnumRef(&p.placement)},
@@ -291,6 +293,7 @@ void ParallelConfig::validate(const std::string& origin) const {
   require(pp >= 1, origin, "parallel.pp", fmt::format("must be >= 1, got {}", pp));
   require(dp >= 0, origin, "parallel.dp", fmt::format("must be >= 1 (or absent to derive it), got {}", dp));
   require(vp >= 1, origin, "parallel.vp", fmt::format("must be >= 1, got {}", vp));
+  require(cp >= 1 && cp <= 4096, origin, "parallel.cp", fmt::format("must be in [1, 4096], got {}", cp));
   require(bucket_mb > 0 && bucket_mb <= 1e6, origin, "parallel.bucket_mb",
           fmt::format("must be in (0, 1e6] (MB), got {}", bucket_mb));
   require(timeout_s > 0 && timeout_s <= 1e8, origin, "parallel.timeout_s",
@@ -396,16 +399,33 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 void validate_layout(Config& cfg, int world_size) {
   ParallelConfig& p = cfg.parallel;
   const ModelConfig& m = cfg.model;
-  const int mp = p.tp * p.pp;
+  const int mp = p.tp * p.pp * p.cp;
   if (p.dp == 0) {
-    TRIPOD_INPUT_CHECK(world_size % mp == 0,
-                       "the world size {} is not a multiple of parallel.tp * parallel.pp = {} * {} = {}", world_size,
-                       p.tp, p.pp, mp);
+    if (p.cp > 1)
+      TRIPOD_INPUT_CHECK(world_size % mp == 0,
+                         "the world size {} is not a multiple of parallel.tp * parallel.pp * parallel.cp = {} * {} * {} "
+                         "= {}", world_size, p.tp, p.pp, p.cp, mp);
+    else
+      TRIPOD_INPUT_CHECK(world_size % mp == 0,
+                         "the world size {} is not a multiple of parallel.tp * parallel.pp = {} * {} = {}", world_size,
+                         p.tp, p.pp, mp);
     p.dp = world_size / mp;
   }
-  TRIPOD_INPUT_CHECK(p.tp * p.pp * p.dp == world_size,
-                     "parallel.tp * parallel.pp * parallel.dp = {} * {} * {} = {} but the world size is {} ranks",
-                     p.tp, p.pp, p.dp, p.tp * p.pp * p.dp, world_size);
+  if (p.cp > 1)
+    TRIPOD_INPUT_CHECK(mp * p.dp == world_size,
+                       "parallel.tp * parallel.pp * parallel.cp * parallel.dp = {} * {} * {} * {} = {} but the world "
+                       "size is {} ranks", p.tp, p.pp, p.cp, p.dp, mp * p.dp, world_size);
+  else
+    TRIPOD_INPUT_CHECK(p.tp * p.pp * p.dp == world_size,
+                       "parallel.tp * parallel.pp * parallel.dp = {} * {} * {} = {} but the world size is {} ranks",
+                       p.tp, p.pp, p.dp, p.tp * p.pp * p.dp, world_size);
+  // Context parallelism: every sequence in 2 * cp chunks, rank i of a CP group holding chunks i
+  // and 2cp-1-i (equal causal attention work on every rank).
+  if (p.cp > 1)
+    TRIPOD_INPUT_CHECK(m.seq_len % (2 * p.cp) == 0,
+                       "model.seq_len = {} is not divisible by 2 * parallel.cp = {}: context parallelism splits every "
+                       "sequence into 2 * cp equal chunks (use a seq_len that is a multiple of {}, or another cp)",
+                       m.seq_len, 2 * p.cp, 2 * p.cp);
   TRIPOD_INPUT_CHECK(m.n_heads % p.tp == 0, "parallel.tp = {} must divide model.n_heads = {}", p.tp, m.n_heads);
   TRIPOD_INPUT_CHECK(m.kv_heads() % p.tp == 0,
                      "parallel.tp = {} must divide model.n_kv_heads = {} (each TP rank holds whole key/value heads)",
@@ -420,10 +440,10 @@ void validate_layout(Config& cfg, int world_size) {
                      t.global_batch_size, t.micro_batch_size, p.dp, t.micro_batch_size * p.dp);
   if (p.sequence_parallel && p.tp > 1)
     TRIPOD_INPUT_CHECK(
-        (static_cast<int64_t>(t.micro_batch_size) * m.seq_len) % p.tp == 0,
-        "parallel.sequence_parallel splits the micro_batch_size * seq_len = {} tokens across tp = {} ranks; make it "
-        "divisible",
-        static_cast<int64_t>(t.micro_batch_size) * m.seq_len, p.tp);
+        (static_cast<int64_t>(t.micro_batch_size) * m.seq_len / p.cp) % p.tp == 0,
+        "parallel.sequence_parallel splits the micro_batch_size * seq_len / parallel.cp = {} tokens across tp = {} "
+        "ranks; make it divisible",
+        static_cast<int64_t>(t.micro_batch_size) * m.seq_len / p.cp, p.tp);
   TRIPOD_INPUT_CHECK(p.vp == 1 || p.pp > 1, "parallel.vp = {} needs parallel.pp > 1 (virtual stages interleave across "
                      "pipeline ranks)", p.vp);
   if (p.schedule_file.empty()) {  // a schedule file brings its own chunks and placement (make_schedule checks them)

@@ -14,6 +14,7 @@
 
 #include "core/device.h"
 #include "model/config.h"
+#include "parallel/grid.h"
 #include "parallel/pipeline/schedules.h"
 
 namespace tripod {
@@ -30,6 +31,8 @@ struct ParallelConfig {
   int tp = 1, pp = 1;
   int dp = 0;  // 0: derived from the world size
   int vp = 1;  // model chunks (virtual stages) per pipeline rank
+  int cp = 1;  // context parallelism: ranks splitting every sequence (2 load-balanced chunks each)
+  CpComm cp_comm = CpComm::Ring;  // how attention reaches the other chunks' keys and values
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   std::string schedule_file;      // a custom schedule (CSV), overriding `schedule`
   // Where virtual stages live (parallel/pipeline/placement.h): loop, or v (vp = 2; the zbv and

@@ -67,13 +67,13 @@ RankLayout make_eval_layout(const Config& cfg, int rank) {
 RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedule, const PipePlan& plan) {
   const ParallelConfig& pc = cfg.parallel;
   RankLayout l;
-  l.grid = RankGrid(pc.tp, pc.dp, pc.pp);
+  l.grid = RankGrid(pc.tp, pc.dp, pc.pp, pc.cp);
   l.rank = rank;
   l.coords = l.grid.coords(rank);
   l.sequence_parallel = pc.sequence_parallel;
   l.micro_batch_size = cfg.train.micro_batch_size;
   l.microbatches = microbatches_per_rank(cfg);
-  l.micro_tokens = static_cast<int64_t>(l.micro_batch_size) * cfg.model.seq_len;
+  l.micro_tokens = static_cast<int64_t>(l.micro_batch_size) * cfg.model.seq_len / pc.cp;
   l.schedule = schedule;
   l.plan = plan;
   l.stage_layers = layers_per_stage(cfg.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage);
@@ -95,8 +95,11 @@ RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedul
   GptModel model(*cpu, par, cfg.model, l.chunks, cfg.recompute, reg);
   l.flat_elements = reg.flat_size();
   l.buckets = make_grad_buckets(reg, model.wte(), pc.bucket_mb);
-  const bool shard = pc.distributed_optimizer && pc.dp > 1;
-  for (const GradBucket& b : l.buckets) l.owned.push_back(shard ? dp_shard(b.span, pc.dp, l.coords.dp) : b.span);
+  // Gradients are reduced over DP x CP; the distributed optimizer shards over that group too.
+  const int reducers = pc.dp * pc.cp;
+  const bool shard = pc.distributed_optimizer && reducers > 1;
+  for (const GradBucket& b : l.buckets)
+    l.owned.push_back(shard ? dp_shard(b.span, reducers, l.grid.dpcp_rank(l.coords)) : b.span);
   return l;
 }
 

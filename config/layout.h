@@ -31,7 +31,7 @@ struct RankLayout {
   // Batch: micro-batches of `micro_batch_size` samples, `microbatches` of them per rank and step.
   int micro_batch_size = 1;
   int microbatches = 1;         // train.global_batch_size / (micro_batch_size * dp)
-  int64_t micro_tokens = 0;     // N = micro_batch_size * seq_len
+  int64_t micro_tokens = 0;     // N = micro_batch_size * seq_len / cp: this rank's tokens of a micro-batch
   int64_t local_tokens = 0;     // Ns: this rank's slice of N between TP regions (N / tp under SP)
 
   // Pipeline: the training schedule (validated) and its plan; the layers of every virtual stage
@@ -44,8 +44,8 @@ struct RankLayout {
   bool has_embedding = false, has_head = false;
 
   // Gradients: the rank's parameter elements (the flat buffers' size, alignment included), the
-  // DP buckets over them, and the ranges this rank's optimizer updates (every bucket, or its DP
-  // slice of each under the distributed optimizer).
+  // DP buckets over them, and the ranges this rank's optimizer updates (every bucket, or its slice
+  // of each over DP x CP under the distributed optimizer).
   int64_t flat_elements = 0;
   std::vector<GradBucket> buckets;
   std::vector<FlatSpan> owned;

@@ -22,8 +22,12 @@ RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   // Adam's two moments (and an f32 master copy when computing in bf16) over the owned ranges.
   m.optimizer = l.owned_elements() * (cuda ? 12 : 8);
 
-  ActivationShape shape{.B = l.micro_batch_size, .T = cfg.model.seq_len, .tp = l.grid.tp(),
-                        .sequence_parallel = l.sequence_parallel, .act_bytes = act_bytes, .keeps_probs = !cuda};
+  // Under context parallelism a rank holds seq_len / cp tokens of every sequence, and attention
+  // merges blocks from their log-sum-exp: no probabilities are kept.
+  const int cp = l.grid.cp();
+  ActivationShape shape{.B = l.micro_batch_size, .T = cfg.model.seq_len / cp, .tp = l.grid.tp(),
+                        .sequence_parallel = l.sequence_parallel, .act_bytes = act_bytes,
+                        .keeps_probs = !cuda && cp == 1};
   std::vector<ChunkActivationBytes> bytes;
   for (const ChunkLayout& c : l.chunks) bytes.push_back(chunk_activation_bytes(cfg.model, c, cfg.recompute, shape));
   const int64_t token_bytes = (l.has_embedding ? l.micro_tokens * 4 : 0) + (l.has_head ? l.micro_tokens * 4 : 0);
@@ -35,23 +39,26 @@ std::vector<RankMemory> plan_memory(const Config& cfg) {
   Schedule schedule = make_schedule(cfg);
   PipePlan plan = plan_pipeline(schedule);
   std::vector<RankMemory> out;
-  RankGrid grid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp);
+  RankGrid grid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.cp);
   for (int r = 0; r < grid.world_size(); ++r) out.push_back(plan_rank_memory(cfg, make_rank_layout(cfg, r, schedule, plan)));
   return out;
 }
 
 std::string memory_table(const Config& cfg, const std::vector<RankMemory>& ranks) {
   auto gib = [](int64_t b) { return static_cast<double>(b) / (1 << 30); };
-  std::map<std::pair<int, int>, RankMemory> rows;  // (pp, tp) -> the largest DP replica
+  std::map<std::pair<int, int>, RankMemory> rows;  // (pp, tp) -> the largest DP (x CP) replica
   for (const RankMemory& m : ranks) {
     auto key = std::make_pair(m.coords.pp, m.coords.tp);
     if (!rows.count(key) || m.total() > rows[key].total()) rows[key] = m;
   }
   std::string out = fmt::format(
-      "memory estimate per rank (GiB), recompute {}, schedule {}, micro-batch {} x {} tokens, {}:\n",
+      "memory estimate per rank (GiB), recompute {}, schedule {}, micro-batch {} x {} tokens{}, {}:\n",
       enum_name(cfg.recompute.mode),
       cfg.parallel.schedule_file.empty() ? std::string(enum_name(cfg.parallel.schedule)) : cfg.parallel.schedule_file,
-      cfg.train.micro_batch_size, cfg.model.seq_len, cfg.train.device == Device::CUDA ? "bf16" : "f32");
+      cfg.train.micro_batch_size, cfg.model.seq_len,
+      cfg.parallel.cp > 1 ? fmt::format(" ({} per rank, cp = {})", cfg.model.seq_len / cfg.parallel.cp, cfg.parallel.cp)
+                          : std::string(),
+      cfg.train.device == Device::CUDA ? "bf16" : "f32");
   out += fmt::format("{:>4} {:>4} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "pp", "tp", "params", "grads", "optimizer",
                      "activations", "total");
   for (auto& [key, m] : rows)

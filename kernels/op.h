@@ -150,6 +150,26 @@ class Ops {
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   const Tensor& probs, Tensor& dqkv) = 0;
 
+  // ---- attention of one block of queries against one block of keys (context parallelism) ------
+  // The attention of a sequence split into chunks is a sum over (query chunk, key chunk) blocks,
+  // merged by their log-sum-exp (parallel/context_parallel.h).
+  // q (B, Tq, Wq, D): per token the H query heads first (Wq >= H, so a qkv tensor's rows serve);
+  // kv (B, Tk, 2 Hkv, D): per token the Hkv key heads, then the Hkv value heads; query head h reads
+  // pair h / (H / Hkv). causal: a diagonal block (Tq == Tk, query i sees keys j <= i); else every
+  // key. out (B, Tq, H, D) f32 and lse (B, H, Tq) f32 hold the normalised attention over the
+  // blocks merged so far (lse = -inf: none) and receive it over this block too.
+  virtual void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) = 0;
+  // The block's share of the backward, from the merged result: out (B, Tq, H, D) (compute dtype)
+  // and lse as attention_block_forward left them after the last block, dout like out.
+  // dq (B, Tq, Wq, D) f32 += on its query heads (the other heads untouched); dkv (B, Tk, 2 Hkv, D)
+  // f32 += (a key/value head's gradient sums over its query group).
+  virtual void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                        const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) = 0;
+  // kv (N, 2 Hkv, D) = heads [H, H + 2 Hkv) of qkv (N, H + 2 Hkv, D), converting dtype.
+  virtual void attention_kv_pack(const Tensor& qkv, int64_t H, Tensor& kv) = 0;
+  // The inverse: heads [H, H + 2 Hkv) of qkv = kv, converting dtype; the query heads untouched.
+  virtual void attention_kv_unpack(const Tensor& kv, int64_t H, Tensor& qkv) = 0;
+
   // ---- attention against a KV cache (inference) --------------------------------------------
   // qkv (B, n, H + 2 Hkv, D): n new tokens at positions [pos, pos + n) of each sequence. Their k
   // and v are written into k_cache, v_cache (B, Hkv, T_max, D) at positions [pos, pos + n); then

@@ -3,11 +3,23 @@
 
 #include <cmath>
 
+#include "parallel/context_parallel/attention.h"
+
 namespace tripod {
 
 namespace {
 // GPT-2's fused (3, C, C) QKV when every query head has its own key/value head.
 bool fused_qkv(const ModelConfig& cfg) { return cfg.kv_heads() == cfg.n_heads; }
+
+// Rotates (or un-rotates) q and k of every slot by their positions in the sequence.
+void rope_slots(Ops& ops, Tensor& qkv, const MicroShape& ms, int64_t heads, int64_t rot_heads, int64_t D, double theta,
+                bool inverse) {
+  const int64_t rows = ms.B * ms.slot_tokens();
+  for (int s = 0; s < ms.slots(); ++s) {
+    Tensor x = qkv.slice(s * rows, (s + 1) * rows).view({rows, heads, D});
+    ops.rope(x, rot_heads, ms.slot_tokens(), ms.slot_position(s), theta, inverse);
+  }
+}
 }  // namespace
 
 AttentionParams AttentionParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix) {
@@ -74,11 +86,19 @@ void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_pr
   const int64_t N = ms.N(), heads = H_local_ + 2 * KV_local_;
   a.qkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), MemCategory::Activations);
   ops_.linear_forward(h_full, p_.qkv.weight(), p_.qkv.bias(), a.qkv);
-  if (cfg_.rope()) {
-    Tensor rows = a.qkv.view({N, heads, D_});
-    ops_.rope(rows, H_local_ + KV_local_, ms.T, 0, cfg_.rope_theta, /*inverse=*/false);
-  }
+  if (cfg_.rope()) rope_slots(ops_, a.qkv, ms, heads, H_local_ + KV_local_, D_, cfg_.rope_theta, /*inverse=*/false);
   a.att = ops_.empty({N, H_local_ * D_}, ops_.compute_dtype(), MemCategory::Activations);
+  if (ms.cp > 1) {
+    a.lse = ops_.empty({2, ms.B, H_local_, ms.T / 2}, DType::F32, MemCategory::Activations);
+    a.probs = Tensor{};
+    // The blocks merge into an f32 result: att itself where that is the compute dtype.
+    const bool direct = a.att.dtype() == DType::F32;
+    Tensor o = direct ? a.att : ops_.empty({N, H_local_ * D_}, DType::F32, MemCategory::Workspace);
+    cp_attention_forward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), a.qkv, o, a.lse);
+    if (!direct) ops_.copy(o, a.att);
+    ops_.linear_forward(a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
+    return;
+  }
   a.lse = ops_.empty({ms.B, H_local_, ms.T}, DType::F32, MemCategory::Activations);
   a.probs = keep_probs ? ops_.empty({ms.B, H_local_, ms.T, ms.T}, ops_.compute_dtype(), MemCategory::Activations)
                        : Tensor{};
@@ -86,6 +106,12 @@ void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_pr
   ops_.attention_forward(a.qkv.view({ms.B, ms.T, heads, D_}), att4, a.lse, a.probs);
   // The replicated bias joins the partial sums once, on TP rank 0.
   ops_.linear_forward(a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
+}
+
+CpAttentionShape Attention::cp_shape(const MicroShape& ms) const {
+  TRIPOD_CHECK(par_.cp && par_.grid.cp() == ms.cp, "a micro-batch split over cp = {} on a grid with cp = {}", ms.cp,
+               par_.grid.cp());
+  return {.B = ms.B, .c = ms.T / 2, .H = H_local_, .Hkv = KV_local_, .D = D_};
 }
 
 void Attention::backward(const Tensor& dout_full, const Tensor& h_full, const MicroShape& ms,
@@ -101,13 +127,14 @@ Tensor Attention::backward_input(const Tensor& dout_full, const MicroShape& ms, 
   ops_.linear_backward_input(dout_full, p_.proj.weight(), datt);
   Tensor dqkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), dqkv_category);
   Tensor dqkv4 = dqkv.view({ms.B, ms.T, heads, D_});
-  ops_.attention_backward(datt.view({ms.B, ms.T, H_local_, D_}), a.qkv.view({ms.B, ms.T, heads, D_}),
-                          a.att.view({ms.B, ms.T, H_local_, D_}), a.lse, a.probs, dqkv4);
+  if (ms.cp > 1)
+    cp_attention_backward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), datt, a.qkv, a.att, a.lse, dqkv);
+  else
+    ops_.attention_backward(datt.view({ms.B, ms.T, H_local_, D_}), a.qkv.view({ms.B, ms.T, heads, D_}),
+                            a.att.view({ms.B, ms.T, H_local_, D_}), a.lse, a.probs, dqkv4);
   datt = Tensor{};
-  if (cfg_.rope()) {  // back through the rotation of q and k
-    Tensor rows = dqkv.view({N, heads, D_});
-    ops_.rope(rows, H_local_ + KV_local_, ms.T, 0, cfg_.rope_theta, /*inverse=*/true);
-  }
+  // Back through the rotation of q and k.
+  if (cfg_.rope()) rope_slots(ops_, dqkv, ms, heads, H_local_ + KV_local_, D_, cfg_.rope_theta, /*inverse=*/true);
   ops_.linear_backward_input(dqkv, p_.qkv.weight(), dh_full);
   return dqkv;
 }

@@ -15,17 +15,28 @@
 
 namespace tripod {
 
-// Shape of a micro-batch: B sequences of T tokens, N = B*T.
+struct CpAttentionShape;
+
+// Shape of a micro-batch: B sequences of T tokens on this rank, N = B*T. Under context
+// parallelism (cp > 1) T is seq_len / cp: the rank's two chunks of every sequence, chunks cp_rank
+// and 2cp-1-cp_rank of c = T/2 tokens, stored slot-major (parallel/context_parallel/attention.h).
 struct MicroShape {
   int64_t B = 0, T = 0;
+  int cp = 1, cp_rank = 0;
   int64_t N() const { return B * T; }
+  int slots() const { return cp > 1 ? 2 : 1; }
+  // Tokens per sequence of one slot, and its first position in the sequence.
+  int64_t slot_tokens() const { return T / slots(); }
+  int64_t slot_position(int slot) const {
+    return cp > 1 ? static_cast<int64_t>(slot == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * slot_tokens() : 0;
+  }
 };
 
 struct AttentionActs {
   Tensor qkv;    // (N, (H + 2 Hkv) D / tp) = (B, T, (H + 2 Hkv)/tp, D), q and k rotated
   Tensor att;    // (N, H D/tp) attention output, input of the output projection
-  Tensor lse;    // (B, H/tp, T) f32 softmax statistics
-  Tensor probs;  // (B, H/tp, T, T) softmax, only when kept (no recomputation, CPU)
+  Tensor lse;    // (B, H/tp, T) f32 softmax statistics ((2, B, H/tp, T/2) under context parallelism)
+  Tensor probs;  // (B, H/tp, T, T) softmax, only when kept (no recomputation, CPU, cp = 1)
 };
 
 // One weight GEMM's deferred gradient (a split backward's W: dw += dy^T x, db += sum of dy): its
@@ -60,6 +71,7 @@ class Attention {
   void backward_weight(const Tensor& dout_full, const Tensor& att, const Tensor& dqkv, const Tensor& h_full);
 
  private:
+  CpAttentionShape cp_shape(const MicroShape& ms) const;
   Ops& ops_;
   const ParallelContext& par_;
   const ModelConfig cfg_;

@@ -43,17 +43,29 @@ Tensor Embedding::forward(const Tensor& tokens, const MicroShape& ms) {
   const bool sp = par_.sequence_parallel && par_.grid.tp() > 1;
   // Without SP the summed table lookup is the first block's input itself.
   Tensor e = ops_.empty({N, C}, ops_.compute_dtype(), sp ? MemCategory::Workspace : MemCategory::Activations);
-  // Positions are replicated: TP rank 0 adds them before the partial lookups are summed.
-  ops_.embedding_forward(tokens, wte_->value, shard_.start, par_.coords.tp == 0 && wpe_ ? wpe_->value : Tensor{},
-                         ms.T, e);
+  // Positions are replicated: TP rank 0 adds them before the partial lookups are summed. Each slot
+  // (context parallelism: a chunk of every sequence) reads the positions of its chunk.
+  const bool positions = par_.coords.tp == 0 && wpe_;
+  const int64_t rows = ms.B * ms.slot_tokens(), len = ms.slot_tokens();
+  for (int s = 0; s < ms.slots(); ++s) {
+    const int64_t p0 = ms.slot_position(s);
+    Tensor es = e.slice(s * rows, (s + 1) * rows);
+    ops_.embedding_forward(tokens.slice(s * rows, (s + 1) * rows), wte_->value, shard_.start,
+                           positions ? wpe_->value.slice(p0, p0 + len) : Tensor{}, len, es);
+  }
   return exit_tp_forward(ops_, par_, e, MemCategory::Activations);
 }
 
 void Embedding::backward(const Tensor& tokens, const Tensor& dx, const MicroShape& ms) {
   Tensor d_full = exit_tp_backward(ops_, par_, dx);
   // Every TP rank sees the whole gradient, so all of them update wpe identically.
-  Tensor no_positions;
-  ops_.embedding_backward(tokens, d_full, shard_.start, wte_->grad, wpe_ ? wpe_->grad : no_positions, ms.T);
+  const int64_t rows = ms.B * ms.slot_tokens(), len = ms.slot_tokens();
+  for (int s = 0; s < ms.slots(); ++s) {
+    const int64_t p0 = ms.slot_position(s);
+    Tensor dwpe = wpe_ ? wpe_->grad.slice(p0, p0 + len) : Tensor{};
+    ops_.embedding_backward(tokens.slice(s * rows, (s + 1) * rows), d_full.slice(s * rows, (s + 1) * rows),
+                            shard_.start, wte_->grad, dwpe, len);
+  }
 }
 
 LmHead::LmHead(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, Param& table,

@@ -45,6 +45,7 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
   ctx.rank = world.rank();
   ctx.coords = grid.coords(ctx.rank);
   ctx.sequence_parallel = options.sequence_parallel;
+  ctx.cp_comm = options.cp_comm;
   const DeviceCommFactory device = device_comm_factory(world, options.force_mpi);
   std::vector<int> all(world.size());
   for (int i = 0; i < world.size(); ++i) all[i] = i;
@@ -56,6 +57,13 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
   ctx.tp = axis(grid.group(Axis::TP, ctx.rank), "tp");
   ctx.dp = axis(grid.group(Axis::DP, ctx.rank), "dp");
   ctx.pp = axis(grid.group(Axis::PP, ctx.rank), "pp");
+  if (grid.cp() > 1) {
+    ctx.cp = axis(grid.group(Axis::CP, ctx.rank), "cp");
+    ctx.dpcp_owned = axis(grid.group(Axis::DPCP, ctx.rank), "dpcp");
+    ctx.dpcp = ctx.dpcp_owned.get();
+  } else {
+    ctx.dpcp = ctx.dp.get();
+  }
   // Embedding group: first and last stage; the middle stages split with MPI_UNDEFINED.
   auto emb = grid.embedding_group(ctx.rank);
   bool member = grid.pp() > 1 && (ctx.first_stage() || ctx.last_stage());

@@ -18,7 +18,11 @@ struct ParallelContext {
   int rank = 0;
   Coords coords;
   bool sequence_parallel = false;
-  std::unique_ptr<Communicator> world, tp, dp, pp;
+  CpComm cp_comm = CpComm::Ring;
+  // cp: the ranks holding the other chunks of this rank's sequences (null when cp == 1);
+  // dpcp: DP x CP, the ranks that reduce gradients together (the dp communicator when cp == 1).
+  std::unique_ptr<Communicator> world, tp, dp, pp, cp, dpcp_owned;
+  Communicator* dpcp = nullptr;
   // First and last pipeline stage of this (tp, dp), which both hold the tied embedding; null on
   // the stages in between and when pp == 1.
   std::unique_ptr<Communicator> embedding;
@@ -33,6 +37,7 @@ struct ParallelContext {
 struct ContextOptions {
   // Activations between the TP regions sharded along the sequence (parallel.sequence_parallel).
   bool sequence_parallel = false;
+  CpComm cp_comm = CpComm::Ring;  // parallel.cp_comm (read when the grid has cp > 1)
   // Device tensors travel through MPI, staged in host memory, even where NCCL could carry them
   // (DebugOptions::force_mpi, TRIPOD_COMM=mpi).
   bool force_mpi = false;

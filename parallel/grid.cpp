@@ -7,13 +7,30 @@
 
 namespace tripod {
 
-RankGrid::RankGrid(int tp, int dp, int pp) : tp_(tp), dp_(dp), pp_(pp) {
-  TRIPOD_CHECK(tp >= 1 && dp >= 1 && pp >= 1, "grid sizes must be positive, got tp={} dp={} pp={}", tp, dp, pp);
+RankGrid::RankGrid(int tp, int dp, int pp, int cp) : tp_(tp), dp_(dp), pp_(pp), cp_(cp) {
+  TRIPOD_CHECK(tp >= 1 && dp >= 1 && pp >= 1 && cp >= 1, "grid sizes must be positive, got tp={} dp={} pp={} cp={}",
+               tp, dp, pp, cp);
+}
+
+int RankGrid::size(Axis a) const {
+  switch (a) {
+    case Axis::TP: return tp_;
+    case Axis::DP: return dp_;
+    case Axis::PP: return pp_;
+    case Axis::CP: return cp_;
+    case Axis::DPCP: return dp_ * cp_;
+  }
+  return 1;
 }
 
 Coords RankGrid::coords(int rank) const {
   TRIPOD_CHECK(rank >= 0 && rank < world_size(), "rank {} outside a grid of {} ranks", rank, world_size());
-  return {rank % tp_, (rank / tp_) % dp_, rank / (tp_ * dp_)};
+  Coords c;
+  c.tp = rank % tp_;
+  c.cp = (rank / tp_) % cp_;
+  c.dp = (rank / (tp_ * cp_)) % dp_;
+  c.pp = rank / (tp_ * cp_ * dp_);
+  return c;
 }
 
 std::vector<int> RankGrid::group(Axis axis, int rank) const {
@@ -21,7 +38,13 @@ std::vector<int> RankGrid::group(Axis axis, int rank) const {
   std::vector<int> ranks;
   for (int i = 0; i < size(axis); ++i) {
     Coords o = c;
-    (axis == Axis::TP ? o.tp : axis == Axis::DP ? o.dp : o.pp) = i;
+    switch (axis) {
+      case Axis::TP: o.tp = i; break;
+      case Axis::DP: o.dp = i; break;
+      case Axis::PP: o.pp = i; break;
+      case Axis::CP: o.cp = i; break;
+      case Axis::DPCP: o.cp = i % cp_, o.dp = i / cp_; break;
+    }
     ranks.push_back(this->rank(o));
   }
   return ranks;
@@ -39,9 +62,15 @@ std::vector<std::vector<int>> RankGrid::groups(Axis axis) const {
 std::vector<int> RankGrid::embedding_group(int rank) const {
   Coords c = coords(rank);
   if (pp_ == 1) return {rank};
-  return {this->rank({c.tp, c.dp, 0}), this->rank({c.tp, c.dp, pp_ - 1})};
+  Coords first = c, last = c;
+  first.pp = 0;
+  last.pp = pp_ - 1;
+  return {this->rank(first), this->rank(last)};
 }
 
-std::string RankGrid::str() const { return fmt::format("(dp={}, pp={}, tp={})", dp_, pp_, tp_); }
+std::string RankGrid::str() const {
+  return cp_ > 1 ? fmt::format("(dp={}, pp={}, cp={}, tp={})", dp_, pp_, cp_, tp_)
+                 : fmt::format("(dp={}, pp={}, tp={})", dp_, pp_, tp_);
+}
 
 }  // namespace tripod

@@ -1,41 +1,58 @@
-// The (DP, PP, TP) rank grid as a value: sizes, coordinates and axis groups, as pure functions.
+// The (DP, PP, CP, TP) rank grid as a value: sizes, coordinates and axis groups, as pure functions.
 //
-// Order: tp fastest, then dp, then pp, so a TP group is a run of consecutive ranks (one node),
-// and pipeline stages are the slowest axis (they span nodes). Worked example, 8 ranks,
-// tp=2 dp=2 pp=2:
+// Order: tp fastest, then cp (context parallelism: the sequence split over ranks), then dp, then
+// pp, so a TP group is a run of consecutive ranks (one node), a CP group the next-closest, and
+// pipeline stages are the slowest axis (they span nodes). Worked example, 8 ranks, tp=2 dp=2 pp=2
+// (cp=1):
 //   rank:   0 1 2 3 4 5 6 7
 //   tp:     0 1 0 1 0 1 0 1
 //   dp:     0 0 1 1 0 0 1 1
 //   pp:     0 0 0 0 1 1 1 1
 //   TP groups {0,1} {2,3} {4,5} {6,7}; DP groups {0,2} {1,3} {4,6} {5,7};
 //   PP groups {0,4} {1,5} {2,6} {3,7}.
+// With tp=2 cp=2 dp=2 (8 ranks): rank = tp + 2 (cp + 2 dp); CP groups {0,2} {1,3} {4,6} {5,7};
+// DP groups {0,4} {1,5} {2,6} {3,7}; the gradients are reduced over DP x CP: {0,2,4,6} {1,3,5,7}.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "core/enum_names.h"
+
 namespace tripod {
 
-enum class Axis { TP, DP, PP };
+// How context-parallel attention reaches the other chunks' keys and values (parallel.cp_comm):
+// passed around the CP ring point to point, one block per step (Ring), or all-gathered at once
+// (AllGather). Both compute the same blocks in the same order (parallel/context_parallel).
+enum class CpComm { Ring, AllGather };
+template <> struct EnumNames<CpComm> { static constexpr std::array<std::string_view, 2> names{"ring", "allgather"}; };
+
+
+// DPCP: the ranks sharing (tp, pp), over which gradients are reduced (DP x CP), in rank order.
+enum class Axis { TP, DP, PP, CP, DPCP };
 
 struct Coords {
-  int tp = 0, dp = 0, pp = 0;
+  int tp = 0, dp = 0, pp = 0, cp = 0;
   bool operator==(const Coords&) const = default;
 };
 
 class RankGrid {
  public:
   RankGrid() = default;
-  RankGrid(int tp, int dp, int pp);
+  RankGrid(int tp, int dp, int pp, int cp = 1);
 
   int tp() const { return tp_; }
   int dp() const { return dp_; }
   int pp() const { return pp_; }
-  int world_size() const { return tp_ * dp_ * pp_; }
-  int size(Axis a) const { return a == Axis::TP ? tp_ : a == Axis::DP ? dp_ : pp_; }
+  int cp() const { return cp_; }
+  int world_size() const { return tp_ * cp_ * dp_ * pp_; }
+  int size(Axis a) const;
+  // This rank's index in its DP x CP group (cp fastest): the "data-parallel" rank of the
+  // gradient reduction and the distributed optimizer.
+  int dpcp_rank(const Coords& c) const { return c.cp + cp_ * c.dp; }
 
   Coords coords(int rank) const;
-  int rank(Coords c) const { return c.tp + tp_ * (c.dp + dp_ * c.pp); }
+  int rank(Coords c) const { return c.tp + tp_ * (c.cp + cp_ * (c.dp + dp_ * c.pp)); }
   // The ranks of `rank`'s group along `axis`, in order of their coordinate on that axis.
   std::vector<int> group(Axis axis, int rank) const;
   // All groups along an axis, each in coordinate order (what MPI_Comm_split is driven by).
@@ -43,11 +60,11 @@ class RankGrid {
   // The ranks holding the tied embedding (first and last pipeline stage) for rank's (tp, dp).
   std::vector<int> embedding_group(int rank) const;
 
-  std::string str() const;  // "(dp=2, pp=2, tp=2)"
+  std::string str() const;  // "(dp=2, pp=2, tp=2)", with ", cp=2" when cp > 1
   bool operator==(const RankGrid&) const = default;
 
  private:
-  int tp_ = 1, dp_ = 1, pp_ = 1;
+  int tp_ = 1, dp_ = 1, pp_ = 1, cp_ = 1;
 };
 
 }  // namespace tripod

@@ -13,16 +13,18 @@ namespace tripod {
 
 namespace {
 
-// Where the ranks of each axis sit: tp fastest, then dp, then pp; nodes of g consecutive ranks.
+// Where the ranks of each axis sit: tp fastest, then cp, then dp, then pp; nodes of g consecutive
+// ranks. The gradients reduce over DP x CP (dp_intra: that group within a node).
 struct GpuPlacement {
-  bool tp_intra, dp_intra, pp_intra;
+  bool tp_intra, cp_intra, dp_intra, pp_intra;
 };
 GpuPlacement place(const ParallelConfig& p, int g) {
-  return {p.tp <= g, p.tp * p.dp <= g, p.tp * p.dp * p.pp <= g};
+  return {p.tp <= g, p.tp * p.cp <= g, p.tp * p.cp * p.dp <= g, p.tp * p.cp * p.dp * p.pp <= g};
 }
 
+// T and N are this rank's tokens (seq_len / cp per sequence under context parallelism).
 struct LayerShape {
-  int64_t B, T, N, Ns, C, F, H, KV, D, t, V, a;
+  int64_t B, T, N, Ns, C, F, H, KV, D, t, V, a, cp;
   bool sp, swiglu;
 };
 
@@ -32,7 +34,8 @@ LayerShape shape_of(const Config& cfg, const Hardware& hw) {
   const bool sp = cfg.parallel.sequence_parallel && t > 1;
   LayerShape s{};
   s.B = cfg.train.micro_batch_size;
-  s.T = m.seq_len;
+  s.cp = cfg.parallel.cp;
+  s.T = m.seq_len / s.cp;
   s.N = s.B * s.T;
   s.Ns = sp ? s.N / t : s.N;
   s.C = m.d_model;
@@ -61,10 +64,11 @@ double tp_region(const LayerShape& s, const Hardware& hw, bool intra) {
 }
 
 struct LayerTimes {
-  double fwd = 0, bwd = 0, comm = 0, attn_fwd = 0;  // comm: per direction
+  double fwd = 0, bwd = 0, comm = 0, attn_fwd = 0;  // comm: per direction (TP, and CP's exposed part)
+  double cp_fwd = 0, cp_bwd = 0;                   // context parallelism's exposed exchanges
 };
 
-LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra) {
+LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool cp_intra, CpComm cp_comm) {
   LayerTimes l;
   // Per TP rank: query and key/value heads (grouped-query attention for Llama), the MLP's first
   // GEMM (fc, or the packed gate and up of SwiGLU) and its second.
@@ -74,10 +78,29 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra) {
     l.fwd += hw.gemm_time(g[0], g[1], g[2], false);
     l.bwd += hw.gemm_time(g[0], g[1], g[2], true);
   }
-  const int64_t pairs = s.B * (s.H / s.t);
+  // Under context parallelism a rank computes 1/cp of a sequence's causal (query, key) pairs: as
+  // many as cp causal sequences of its T = seq_len / cp tokens.
+  const int64_t pairs = s.B * (s.H / s.t) * s.cp;
   l.attn_fwd = hw.attention_time(pairs, s.T, s.D, false);
+  const double attn_bwd = hw.attention_time(pairs, s.T, s.D, true);
   l.fwd += l.attn_fwd;
-  l.bwd += hw.attention_time(pairs, s.T, s.D, true);
+  l.bwd += attn_bwd;
+  if (s.cp > 1) {
+    // Keys and values of this rank's tokens (this TP rank's key/value heads); their gradients in
+    // f32. All-gather: a gather forward, a gather and a reduce-scatter backward, all exposed.
+    // Ring: cp - 1 block sends forward, cp - 1 blocks and cp gradient sums backward, hidden
+    // behind the attention they overlap except what outlasts it.
+    const int64_t kv = s.N * 2 * (s.KV / s.t) * s.D * s.a, dkv = kv / s.a * 4;
+    if (cp_comm == CpComm::AllGather) {
+      l.cp_fwd = hw.collective_time(Collective::AllGather, static_cast<int>(s.cp), kv, cp_intra);
+      l.cp_bwd = l.cp_fwd + hw.collective_time(Collective::ReduceScatter, static_cast<int>(s.cp), dkv * s.cp, cp_intra);
+    } else {
+      const double hop = hw.collective_time(Collective::SendRecv, 2, kv, cp_intra);
+      const double hop_grad = hw.collective_time(Collective::SendRecv, 2, dkv, cp_intra);
+      l.cp_fwd = std::max(0.0, (s.cp - 1) * hop - l.attn_fwd * (s.cp - 1) / s.cp);
+      l.cp_bwd = std::max(0.0, (s.cp - 1) * hop + s.cp * hop_grad - attn_bwd * (s.cp - 1) / s.cp);
+    }
+  }
   for (bool b : {false, true}) {
     double e = 2 * hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
                2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b) +
@@ -95,7 +118,7 @@ std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
   const ParallelConfig& p = cfg.parallel;
   const LayerShape s = shape_of(cfg, hw);
   const GpuPlacement pl = place(p, hw.gpus_per_node);
-  const LayerTimes layer = layer_times(s, hw, pl.tp_intra);
+  const LayerTimes layer = layer_times(s, hw, pl.tp_intra, pl.cp_intra, p.cp_comm);
   const std::vector<int> counts = layers_per_stage(cfg.model.n_layers, p.pp, p.vp, p.layers_per_stage);
   const int stages = static_cast<int>(counts.size());
   std::vector<ChunkTimes> out(stages);
@@ -105,13 +128,13 @@ std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
       const RecomputeMode mode =
           cfg.recompute.mode != RecomputeMode::None && cfg.recompute.applies_to(i) ? cfg.recompute.mode
                                                                                       : RecomputeMode::None;
-      c.forward += layer.fwd + layer.comm;
-      c.forward_comm += layer.comm;
-      c.backward += layer.bwd + layer.comm;
-      c.backward_comm += layer.comm;
+      c.forward += layer.fwd + layer.comm + layer.cp_fwd;
+      c.forward_comm += layer.comm + layer.cp_fwd;
+      c.backward += layer.bwd + layer.comm + layer.cp_bwd;
+      c.backward_comm += layer.comm + layer.cp_bwd;
       if (mode == RecomputeMode::Full) {  // the layer's whole forward again, collectives included
-        c.backward += layer.fwd + layer.comm;
-        c.backward_comm += layer.comm;
+        c.backward += layer.fwd + layer.comm + layer.cp_fwd;
+        c.backward_comm += layer.comm + layer.cp_fwd;
       } else if (mode == RecomputeMode::Selective) {
         c.backward += layer.attn_fwd;
       }
@@ -176,7 +199,8 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
 
   // Memory, and the gradient bytes each stage reduces: the first and last pipeline stage hold the
   // embedding and the head, the others fewer parameters; stage 0 holds the most activations.
-  RankGrid grid(p.tp, p.dp, p.pp);
+  RankGrid grid(p.tp, p.dp, p.pp, p.cp);
+  const int reducers = p.dp * p.cp;  // the gradients reduce over DP x CP
   std::vector<int> pp_ranks = {0};
   if (p.pp > 1) pp_ranks.push_back(p.pp - 1);
   if (p.pp > 2) pp_ranks.push_back(1);
@@ -190,12 +214,13 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
     const RankSimulation& rs = sim.ranks[q];
     const double end = rs.timeline.back().end;
     double reduce = 0, last_bucket = 0;
-    if (p.dp > 1) {
+    if (reducers > 1) {
       const double grads = static_cast<double>(m.grads);
       const int nb = static_cast<int>(std::ceil(grads / bucket));
       const int64_t per = static_cast<int64_t>(grads / nb);
-      last_bucket = p.distributed_optimizer ? hw.collective_time(Collective::ReduceScatter, p.dp, per, pl.dp_intra)
-                                            : hw.collective_time(Collective::AllReduce, p.dp, per, pl.dp_intra);
+      last_bucket = p.distributed_optimizer
+                        ? hw.collective_time(Collective::ReduceScatter, reducers, per, pl.dp_intra)
+                        : hw.collective_time(Collective::AllReduce, reducers, per, pl.dp_intra);
       reduce = nb * last_bucket;
     }
     double window_start = end;
@@ -223,8 +248,8 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
                     hw.collective_time(Collective::AllReduce, grid.world_size(), 16, grid.world_size() <= hw.gpus_per_node) +
                     hw.elementwise_time(Elementwise::AdamW, owned, false);
   double gather = 0;
-  if (p.distributed_optimizer && p.dp > 1)
-    gather = hw.collective_time(Collective::AllGather, p.dp, out.memory.params, pl.dp_intra);
+  if (p.distributed_optimizer && reducers > 1)
+    gather = hw.collective_time(Collective::AllGather, reducers, out.memory.params, pl.dp_intra);
   out.optimizer_s += gather;
   out.step_time_s = step_end + out.optimizer_s;
 
@@ -253,7 +278,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
   // hardware's reserved memory.
   const int64_t Cl = s.C / s.t, Fl = s.F / s.t;
   out.workspace_bytes = (s.N * (3 * Cl + Cl + (s.swiglu ? 3 : 2) * Fl) + 3 * s.Ns * s.C) * s.a;
-  out.comm_bytes = p.dp > 1 ? static_cast<int64_t>(2 * bucket) : 0;
+  out.comm_bytes = reducers > 1 ? static_cast<int64_t>(2 * bucket) : 0;
   out.reserved_bytes = static_cast<int64_t>(hw.reserved_memory);
   return out;
 }

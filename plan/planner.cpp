@@ -48,10 +48,11 @@ LayoutFilter parse_layout_filter(const std::string& text) {
   };
   while (std::getline(ss, item, ',')) {
     auto eq = item.find('=');
-    TRIPOD_INPUT_CHECK(eq != std::string::npos, "--layout '{}': expected key=value (keys: tp, pp, vp, mbs, recompute, "
-                       "sp, distopt)", item);
+    TRIPOD_INPUT_CHECK(eq != std::string::npos, "--layout '{}': expected key=value (keys: tp, pp, vp, cp, mbs, "
+                       "recompute, sp, distopt)", item);
     std::string k = item.substr(0, eq), v = item.substr(eq + 1);
     if (k == "tp") f.tp = integer(k, v);
+    else if (k == "cp") f.cp = integer(k, v);
     else if (k == "pp") f.pp = integer(k, v);
     else if (k == "vp") f.vp = integer(k, v);
     else if (k == "mbs") f.micro_batch = integer(k, v);
@@ -61,7 +62,8 @@ LayoutFilter parse_layout_filter(const std::string& text) {
       f.recompute = parse_enum<RecomputeMode>(v);
       TRIPOD_INPUT_CHECK(f.recompute, "--layout recompute={}: must be none, selective or full", v);
     } else {
-      throw InputError(fmt::format("--layout: unknown knob '{}' (valid: tp, pp, vp, mbs, recompute, sp, distopt)", k));
+      throw InputError(
+          fmt::format("--layout: unknown knob '{}' (valid: tp, pp, vp, cp, mbs, recompute, sp, distopt)", k));
     }
   }
   return f;
@@ -93,11 +95,19 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
 
   PlanResult result;
   bool batch_divides = false;
+  // Context parallelism only for long sequences: cp = 2, 4, ... while every rank keeps at least
+  // kMinCpTokens tokens of a sequence (below that, attention is not what runs out of memory).
+  constexpr int64_t kMinCpTokens = 2048;
+  std::vector<int> cps = {1};
+  for (int c = 2; c <= gpus && m.seq_len / c >= kMinCpTokens; c *= 2)
+    if (m.seq_len % (2 * c) == 0) cps.push_back(c);
   for (int tp : pick(fixed.tp, divisors(std::min(gpus, g), g))) {
     if (m.n_heads % tp != 0 || gpus % tp != 0) continue;
-    for (int pp : pick(fixed.pp, divisors(gpus / tp, m.n_layers))) {
-      if ((gpus / tp) % pp != 0) continue;
-      const int dp = gpus / (tp * pp);
+    for (int cp : pick(fixed.cp, cps)) {
+    if ((gpus / tp) % cp != 0) continue;
+    for (int pp : pick(fixed.pp, divisors(gpus / (tp * cp), m.n_layers))) {
+      if ((gpus / (tp * cp)) % pp != 0) continue;
+      const int dp = gpus / (tp * pp * cp);
       if (B % dp != 0) continue;
       batch_divides = true;
       std::vector<int> vps = {1};
@@ -110,12 +120,13 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                                                          RecomputeMode::Full}))
             for (bool sp : pick(fixed.sequence_parallel, tp > 1 ? std::vector<bool>{false, true}
                                                                  : std::vector<bool>{false}))
-              for (bool dop : pick(fixed.distributed_optimizer, dp > 1 ? std::vector<bool>{false, true}
+              for (bool dop : pick(fixed.distributed_optimizer, dp * cp > 1 ? std::vector<bool>{false, true}
                                                                         : std::vector<bool>{false})) {
                 Config cfg = base;
                 cfg.train.device = hw.device;
                 ParallelConfig& p = cfg.parallel;
                 p.tp = tp;
+                p.cp = cp;
                 p.pp = pp;
                 p.vp = vp;
                 p.dp = dp;
@@ -142,6 +153,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                   result.layouts.push_back(std::move(l));
               }
     }
+    }
   }
   TRIPOD_INPUT_CHECK(batch_divides,
                      "global batch {}: no layout on {} GPUs divides it (it must be a multiple of dp = GPUs / (tp * "
@@ -161,10 +173,11 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
 std::string layout_toml(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   return fmt::format(
-      "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\nschedule = \"{}\"\nplacement = \"{}\"\nsequence_parallel = {}\n"
+      "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\n{}schedule = \"{}\"\nplacement = \"{}\"\nsequence_parallel = {}\n"
       "distributed_optimizer = {}\n\n[train]\nmicro_batch_size = {}\nglobal_batch_size = {}\n\n[recompute]\n"
       "mode = \"{}\"\n",
-      p.tp, p.pp, p.vp, p.dp, enum_name(p.schedule), enum_name(p.placement), p.sequence_parallel, p.distributed_optimizer, cfg.train.micro_batch_size,
+      p.tp, p.pp, p.vp, p.dp, p.cp > 1 ? fmt::format("cp = {}\n", p.cp) : std::string(), enum_name(p.schedule),
+      enum_name(p.placement), p.sequence_parallel, p.distributed_optimizer, cfg.train.micro_batch_size,
       cfg.train.global_batch_size, enum_name(cfg.recompute.mode));
 }
 

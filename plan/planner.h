@@ -1,4 +1,4 @@
-// The layout search of `tripod plan`: every (tp, pp, vp, dp, micro-batch, recompute, sequence
+// The layout search of `tripod plan`: every (tp, pp, vp, cp, dp, micro-batch, recompute, sequence
 // parallelism, distributed optimizer) that tripod accepts for a model on a number of GPUs, the
 // ones whose memory fits the device, ranked by the cost model's predicted step time.
 #pragma once
@@ -15,11 +15,11 @@ namespace tripod {
 
 // Knobs fixed by `--layout` (the rest are searched).
 struct LayoutFilter {
-  std::optional<int> tp, pp, vp, micro_batch;
+  std::optional<int> tp, pp, vp, cp, micro_batch;
   std::optional<RecomputeMode> recompute;
   std::optional<bool> sequence_parallel, distributed_optimizer;
 };
-// "tp=8,pp=4,vp=2,mbs=1,recompute=full,sp=true,distopt=false"; InputError naming the bad item.
+// "tp=8,pp=4,vp=2,cp=2,mbs=1,recompute=full,sp=true,distopt=false"; InputError naming the bad item.
 LayoutFilter parse_layout_filter(const std::string& text);
 
 struct PlannedLayout {

@@ -627,14 +627,20 @@ std::string cards_html(const ConfigView& cfg, const RunMetrics& m) {
   std::string cards;
   if (cfg.present) {
     const int64_t tp = cfg.i("parallel", "tp"), pp = cfg.i("parallel", "pp"), dp = cfg.i("parallel", "dp"),
-                  vp = cfg.i("parallel", "vp", 1);
-    cards += card("Grid", fmt::format("dp {} \u00d7 pp {} \u00d7 tp {}", maybe(dp), maybe(pp), maybe(tp)),
-                  fmt::format("{} ranks; vp {}, {} schedule; sequence parallel {}, distributed optimizer {}; "
+                  vp = cfg.i("parallel", "vp", 1), cp = cfg.i("parallel", "cp", 1);
+    // Context parallelism shows as a fourth axis only when the run used it.
+    const std::string cp_axis = cp > 1 ? fmt::format(" \u00d7 cp {}", cp) : std::string();
+    const std::string cp_comm = cp > 1 ? fmt::format("; context parallel over {} ranks ({})", cp,
+                                                     cfg.s("parallel", "cp_comm").empty() ? "ring"
+                                                                                          : cfg.s("parallel", "cp_comm"))
+                                       : std::string();
+    cards += card("Grid", fmt::format("dp {} \u00d7 pp {}{} \u00d7 tp {}", maybe(dp), maybe(pp), cp_axis, maybe(tp)),
+                  fmt::format("{} ranks; vp {}, {} schedule; sequence parallel {}, distributed optimizer {}{}; "
                               "recompute {}",
-                              tp > 0 && pp > 0 && dp > 0 ? std::to_string(tp * pp * dp) : "?", maybe(vp), cfg.s("parallel", "schedule_file").empty() ? cfg.s("parallel", "schedule")
+                              tp > 0 && pp > 0 && dp > 0 && cp > 0 ? std::to_string(tp * pp * dp * cp) : "?", maybe(vp), cfg.s("parallel", "schedule_file").empty() ? cfg.s("parallel", "schedule")
                                                                                      : "custom",
                               cfg.b("parallel", "sequence_parallel") ? "on" : "off",
-                              cfg.b("parallel", "distributed_optimizer") ? "on" : "off",
+                              cfg.b("parallel", "distributed_optimizer") ? "on" : "off", cp_comm,
                               cfg.s("recompute", "mode").empty() ? "none" : cfg.s("recompute", "mode")),
                   "card-grid");
     ModelConfig mc;

@@ -60,7 +60,7 @@ std::map<std::string, std::vector<float>> gather_global_params(ParamRegistry& re
   for (auto& [name, g] : global) {
     std::vector<float> buf(shape_numel(g), 0.f);
     Param* p = reg.find(name);
-    if (p && !p->spec.tied_copy && par.coords.dp == 0 && (p->spec.shard_dim >= 0 || par.coords.tp == 0)) {
+    if (p && !p->spec.tied_copy && par.coords.dp == 0 && par.coords.cp == 0 && (p->spec.shard_dim >= 0 || par.coords.tp == 0)) {
       Tensor local = Tensor::empty(ops.allocator(), p->spec.local_shape(), DType::F32, MemCategory::Workspace);
       ops.copy(grads ? p->grad : p->value, local);
       const Shape L = p->spec.local_shape();

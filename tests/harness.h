@@ -54,7 +54,8 @@ struct SubWorld {
   std::unique_ptr<ParallelContext> par;
 };
 
-inline SubWorld make_subworld(Ops& ops, const RankGrid& grid, bool sequence_parallel = false) {
+inline SubWorld make_subworld(Ops& ops, const RankGrid& grid, bool sequence_parallel = false,
+                              CpComm cp_comm = CpComm::Ring) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   bool member = rank < grid.world_size();
@@ -65,8 +66,10 @@ inline SubWorld make_subworld(Ops& ops, const RankGrid& grid, bool sequence_para
   std::vector<int> ranks(grid.world_size());
   for (int i = 0; i < grid.world_size(); ++i) ranks[i] = i;
   w.comm = std::make_unique<MpiComm>(comm, "test", &ops, 120.0, ranks);
-  w.par = std::make_unique<ParallelContext>(
-      make_parallel_context(*w.comm, grid, {.sequence_parallel = sequence_parallel}));
+  ContextOptions options;
+  options.sequence_parallel = sequence_parallel;
+  options.cp_comm = cp_comm;
+  w.par = std::make_unique<ParallelContext>(make_parallel_context(*w.comm, grid, options));
   return w;
 }
 

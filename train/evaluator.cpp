@@ -66,10 +66,14 @@ EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_
       if (model_.layout(chunk).has_head && rl.coords.tp == 0) {
         ops_.copy(mbs[mb].losses, host_losses);
         const float* l = host_losses.data<float>();
+        // This rank's tokens of sample b: T / cp of them, in slots of c (context parallelism).
+        const MicroShape& ms = mbs[mb].shape;
+        const int64_t c = ms.slot_tokens();
         for (int64_t b = 0; b < B; ++b) {
           if (order.index(consumed, mb, rl.coords.dp, b) >= end) continue;  // padding of the last batch
           double s = 0;
-          for (int64_t t = 0; t < T; ++t) s += l[b * T + t];
+          for (int slot = 0; slot < ms.slots(); ++slot)
+            for (int64_t t = 0; t < c; ++t) s += l[(slot * B + b) * c + t];
           loss_sum += s;
         }
       }

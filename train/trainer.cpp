@@ -58,7 +58,8 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
 
   evaluator_ = std::make_unique<Evaluator>(cfg_, layout_, ops, par, *model_);
 
-  reducer_ = std::make_unique<GradReducer>(ops, par.dp.get(), reg_.flat_grads(), reg_.flat_values(), layout_.buckets,
+  // Gradients are summed over DP x CP (every rank of it holds the same parameters).
+  reducer_ = std::make_unique<GradReducer>(ops, par.dpcp, reg_.flat_grads(), reg_.flat_values(), layout_.buckets,
                                            pc.distributed_optimizer);
   optimizer_ = std::make_unique<AdamW>(
       ops, reg_, reducer_->owned(),
@@ -118,15 +119,18 @@ void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayo
                      int64_t consumed, int micro, MicroBatch& mb) {
   const int64_t B = layout.micro_batch_size, T = cfg.model.seq_len;
   const bool tokens = layout.has_embedding, targets = layout.has_head;
-  mb.shape = {B, T};
+  // Under context parallelism this rank holds two chunks of c tokens of every sequence, slot-major.
+  const int cp = layout.grid.cp(), cp_rank = layout.coords.cp;
+  const int64_t Tl = T / cp, c = Tl / (cp > 1 ? 2 : 1);
+  mb.shape = {.B = B, .T = Tl, .cp = cp, .cp_rank = cp_rank};
   if (!tokens && !targets) return;
   TRIPOD_CHECK(data, "rank {} holds the embedding or head but has no data", layout.rank);
   // The samples depend on (step, micro, DP rank) only through the global index (data/sampler.h).
   const SampleOrder order{.global_batch = cfg.train.global_batch_size, .micro_batch = B, .dp = layout.grid.dp()};
   const int64_t base = order.index(consumed, micro, layout.coords.dp, 0);
   CpuAllocator host;
-  Tensor in = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
-  Tensor tg = Tensor::empty(host, {B * T}, DType::I32, MemCategory::Workspace);
+  Tensor in = Tensor::empty(host, {B * Tl}, DType::I32, MemCategory::Workspace);
+  Tensor tg = Tensor::empty(host, {B * Tl}, DType::I32, MemCategory::Workspace);
   std::vector<int32_t> sample(T + 1);
   for (int64_t b = 0; b < B; ++b) {
     data->get(base + b, sample);
@@ -134,15 +138,18 @@ void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayo
       TRIPOD_INPUT_CHECK(t >= 0 && t < cfg.model.vocab_size,
                          "sample {} holds token id {} but model.vocab_size = {} (the data was made with another "
                          "tokenizer?)", base + b, t, cfg.model.vocab_size);
-    std::copy(sample.begin(), sample.end() - 1, in.data<int32_t>() + b * T);
-    std::copy(sample.begin() + 1, sample.end(), tg.data<int32_t>() + b * T);
+    for (int s = 0; s < mb.shape.slots(); ++s) {
+      const int64_t p0 = mb.shape.slot_position(s), at = (s * B + b) * c;
+      std::copy(sample.begin() + p0, sample.begin() + p0 + c, in.data<int32_t>() + at);
+      std::copy(sample.begin() + p0 + 1, sample.begin() + p0 + c + 1, tg.data<int32_t>() + at);
+    }
   }
   if (tokens) {
-    mb.tokens = ops.empty({B * T}, DType::I32, MemCategory::Activations);
+    mb.tokens = ops.empty({B * Tl}, DType::I32, MemCategory::Activations);
     ops.copy(in, mb.tokens);
   }
   if (targets) {
-    mb.targets = ops.empty({B * T}, DType::I32, MemCategory::Activations);
+    mb.targets = ops.empty({B * Tl}, DType::I32, MemCategory::Activations);
     ops.copy(tg, mb.targets);
   }
 }
@@ -300,9 +307,9 @@ StepMetrics Trainer::step() {
 
   // One world all-reduce gives the grad norm and the loss: replicated copies count once (TP rank
   // 0, DP rank 0 unless the optimizer is sharded), the loss from the last stage's TP rank 0.
-  const bool sharded = cfg_.parallel.distributed_optimizer && par_.grid.dp() > 1;
+  const bool sharded = cfg_.parallel.distributed_optimizer && par_.grid.size(Axis::DPCP) > 1;
   double sq = 0;
-  if (sharded || par_.coords.dp == 0)
+  if (sharded || par_.grid.dpcp_rank(par_.coords) == 0)
     sq = optimizer_->grad_sq_sum([this](const ParamSpec& s) { return s.counts_in_norm(par_.coords.tp); });
   double loss_sum = (layout_.has_head && par_.coords.tp == 0) ? ops_.sum(losses) : 0.0;
   if (par_.rank == 0) {  // fault injection (tests): the world's sums become non-finite
@@ -413,7 +420,8 @@ nlohmann::json Trainer::checkpoint_metadata() const {
     // Initialisation draws from a counter-based stream keyed by (seed, tensor name, element) and
     // data order is a pure function of (seed, step); there is no dropout: no rank has RNG state
     // beyond the seed.
-    ranks.push_back({{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"tp", c.tp}, {"seed", tc.seed}, {"state", "stateless"}});
+    ranks.push_back({{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"cp", c.cp}, {"tp", c.tp}, {"seed", tc.seed},
+                     {"state", "stateless"}});
   }
   return {
       {"iteration", step_},
@@ -423,7 +431,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       {"tokenizer", tokenizer_record(cfg_.data.tokenizer, cfg_.data.tokenizer_pattern)},
       {"run_id", run_id_},
       {"model", model_to_json(cfg_.model)},
-      {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"world_size", par_.grid.world_size()},
+      {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"cp", pc.cp}, {"world_size", par_.grid.world_size()},
                 {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", layout_.schedule.kind},
                 {"placement", enum_name(layout_.schedule.placement)}}},
       // The schedule itself when it was chosen at start-up, so that a resume runs the same one.
@@ -448,7 +456,7 @@ void Trainer::save_checkpoint() {
   FlightPhase phase(par_.flight.get(), "checkpoint");
   auto t0 = std::chrono::steady_clock::now();
   saver_->finish();  // commits the previous asynchronous save, if any
-  Snapshot snap = take_snapshot(reg_, ops_, optimizer_state(), par_.coords, cfg_.parallel.distributed_optimizer);
+  Snapshot snap = take_snapshot(reg_, ops_, optimizer_state(), checkpoint_coords(par_.grid, par_.coords), cfg_.parallel.distributed_optimizer);
   const int64_t bytes = snap.bytes();
   saver_->save(step_, std::move(snap), checkpoint_metadata());
   last_checkpoint_ = (std::filesystem::path(cfg_.checkpoint.dir) / iter_dir_name(step_)).string();

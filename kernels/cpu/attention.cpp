@@ -214,3 +214,177 @@ void CpuOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cach
 }
 
 }  // namespace tripod::cpu
+
+// ---- one block of context-parallel attention -------------------------------------------------
+// q (B, Tq, Wq, D) rows Wq*D floats apart (query head h at h*D), kv (B, Tk, 2 Hkv, D) rows 2 Hkv D
+// apart (key head j at j*D, value head j at (Hkv + j)*D), out (B, Tq, H, D), lse (B, H, Tq).
+
+namespace tripod::cpu {
+
+namespace {
+
+struct BlockDims {
+  int64_t B, Tq, Tk, Wq, H, Hkv, D;
+  int64_t group() const { return H / Hkv; }
+};
+
+BlockDims block_dims(const Tensor& q, const Tensor& kv, const Tensor& out, const Tensor& lse, bool causal,
+                     const char* op) {
+  TRIPOD_CHECK(q.dim() == 4 && kv.dim() == 4 && out.dim() == 4, "{}: q {}, kv {} and out {} must be 4-d", op, q.str(),
+               kv.str(), out.str());
+  BlockDims d{q.size(0), q.size(1), kv.size(1), q.size(2), out.size(2), kv.size(2) / 2, q.size(3)};
+  TRIPOD_CHECK(kv.size(0) == d.B && kv.size(3) == d.D && kv.size(2) % 2 == 0 && d.Hkv >= 1 && d.H % d.Hkv == 0 &&
+                   d.Wq >= d.H && out.size(0) == d.B && out.size(1) == d.Tq && out.size(3) == d.D &&
+                   lse.numel() == d.B * d.H * d.Tq && (!causal || d.Tq == d.Tk),
+               "{}: q {}, kv {}, out {}, lse {}{}: not (B, Tq, >=H, D), (B, Tk, 2 Hkv, D), (B, Tq, H, D), (B, H, Tq)",
+               op, q.str(), kv.str(), out.str(), lse.str(), causal ? " (causal: Tq = Tk)" : "");
+  return d;
+}
+
+}  // namespace
+
+void CpuOps::attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  const BlockDims d = block_dims(q, kv, out, lse, causal, "attention_block_forward");
+  const int64_t B = d.B, Tq = d.Tq, Tk = d.Tk, H = d.H, Hkv = d.Hkv, D = d.D, g = d.group();
+  const int64_t ldq = d.Wq * D, ldkv = 2 * Hkv * D, ldo = H * D, per = Tq * Tk + Tq * D + Tq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float* pq = q.data<float>();
+  const float* pkv = kv.data<float>();
+  float* pout = out.data<float>();
+  float* plse = lse.data<float>();
+  Tensor scratch = empty({omp_get_max_threads(), per}, DType::F32, MemCategory::Workspace);
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    const float* qh = pq + b * Tq * ldq + h * D;
+    const float* k = pkv + b * Tk * ldkv + (h / g) * D;
+    const float* v = pkv + b * Tk * ldkv + (Hkv + h / g) * D;
+    float* S = scratch.data<float>() + omp_get_thread_num() * per;
+    float* O = S + Tq * Tk;
+    float* L = O + Tq * D;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, D, scale, qh, ldq, k, ldkv, 0.f, S, Tk);
+    for (int64_t t = 0; t < Tq; ++t) {
+      float* row = S + t * Tk;
+      const int64_t n = causal ? t + 1 : Tk;
+      float m = -INFINITY;
+#pragma omp simd reduction(max : m)
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, row[j]);
+      float s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < n; ++j) s += fast_exp(row[j] - m);
+      L[t] = m + std::log(s);
+      for (int64_t j = 0; j < n; ++j) row[j] = fast_exp(row[j] - L[t]);
+      for (int64_t j = n; j < Tk; ++j) row[j] = 0.f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, D, Tk, 1.f, S, Tk, v, ldkv, 0.f, O, D);
+    // Merge with what the earlier blocks gave: weights exp(lse_i - lse_new) sum to one.
+    for (int64_t t = 0; t < Tq; ++t) {
+      float* o = pout + (b * Tq + t) * ldo + h * D;
+      float& l_old = plse[bh * Tq + t];
+      if (l_old == -INFINITY) {
+        std::memcpy(o, O + t * D, D * sizeof(float));
+        l_old = L[t];
+        continue;
+      }
+      const float l_new = std::max(l_old, L[t]) + std::log1p(std::exp(-std::abs(l_old - L[t])));
+      const float w_old = std::exp(l_old - l_new), w_new = std::exp(L[t] - l_new);
+      for (int64_t i = 0; i < D; ++i) o[i] = w_old * o[i] + w_new * O[t * D + i];
+      l_old = l_new;
+    }
+  }
+}
+
+void CpuOps::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                      const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  const BlockDims d = block_dims(q, kv, out, lse, causal, "attention_block_backward");
+  TRIPOD_CHECK(dout.numel() == out.numel() && dq.numel() == q.numel() && dkv.numel() == kv.numel(),
+               "attention_block_backward: dout {}, dq {}, dkv {} against out {}, q {}, kv {}", dout.str(), dq.str(),
+               dkv.str(), out.str(), q.str(), kv.str());
+  const int64_t B = d.B, Tq = d.Tq, Tk = d.Tk, H = d.H, Hkv = d.Hkv, D = d.D, g = d.group();
+  const int64_t ldq = d.Wq * D, ldkv = 2 * Hkv * D, ldo = H * D, per = 2 * Tq * Tk + Tq;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const float* pq = q.data<float>();
+  const float* pkv = kv.data<float>();
+  const float* pout = out.data<float>();
+  const float* pdout = dout.data<float>();
+  const float* plse = lse.data<float>();
+  float* pdq = dq.data<float>();
+  float* pdkv = dkv.data<float>();
+  Tensor scratch = empty({omp_get_max_threads(), per}, DType::F32, MemCategory::Workspace);
+  // One task per key/value head, its query heads in order (no races, any thread count the same).
+#pragma omp parallel for schedule(static)
+  for (int64_t bj = 0; bj < B * Hkv; ++bj) {
+    const int64_t b = bj / Hkv, j = bj % Hkv;
+    const float* k = pkv + b * Tk * ldkv + j * D;
+    const float* v = pkv + b * Tk * ldkv + (Hkv + j) * D;
+    float* dk = pdkv + b * Tk * ldkv + j * D;
+    float* dv = pdkv + b * Tk * ldkv + (Hkv + j) * D;
+    float* P = scratch.data<float>() + omp_get_thread_num() * per;
+    float* dS = P + Tq * Tk;
+    float* delta = dS + Tq * Tk;
+    for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+      const int64_t bh = b * H + h;
+      const float* qh = pq + b * Tq * ldq + h * D;
+      float* dqh = pdq + b * Tq * ldq + h * D;
+      const float* dO = pdout + b * Tq * ldo + h * D;
+      const float* O = pout + b * Tq * ldo + h * D;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, D, scale, qh, ldq, k, ldkv, 0.f, P, Tk);
+      for (int64_t t = 0; t < Tq; ++t) {
+        float* row = P + t * Tk;
+        const int64_t n = causal ? t + 1 : Tk;
+        const float l = plse[bh * Tq + t];
+        for (int64_t i = 0; i < n; ++i) row[i] = fast_exp(row[i] - l);
+        for (int64_t i = n; i < Tk; ++i) row[i] = 0.f;
+        float dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t i = 0; i < D; ++i) dot += dO[t * ldo + i] * O[t * ldo + i];
+        delta[t] = dot;
+      }
+      // dV += P^T dO; dP = dO V^T; dS = P (dP - delta); dQ += scale dS K; dK += scale dS^T Q.
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, D, Tq, 1.f, P, Tk, dO, ldo, 1.f, dv, ldkv);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, Tq, Tk, D, 1.f, dO, ldo, v, ldkv, 0.f, dS, Tk);
+      for (int64_t t = 0; t < Tq; ++t) {
+        const float* pr = P + t * Tk;
+        float* dr = dS + t * Tk;
+        const int64_t n = causal ? t + 1 : Tk;
+        for (int64_t i = 0; i < n; ++i) dr[i] = pr[i] * (dr[i] - delta[t]);
+        for (int64_t i = n; i < Tk; ++i) dr[i] = 0.f;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, Tq, D, Tk, scale, dS, Tk, k, ldkv, 1.f, dqh, ldq);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, Tk, D, Tq, scale, dS, Tk, qh, ldq, 1.f, dk, ldkv);
+    }
+  }
+}
+
+namespace {
+// qkv (N, H + 2 Hkv, D) <-> kv (N, 2 Hkv, D): the key and value heads of every token.
+void check_kv(const Tensor& qkv, int64_t H, const Tensor& kv, const char* op) {
+  TRIPOD_CHECK(qkv.dim() >= 2 && kv.dim() >= 2 && qkv.dtype() == DType::F32 && kv.dtype() == DType::F32 && H >= 0,
+               "{}: qkv {} and kv {} must be f32 on the CPU", op, qkv.str(), kv.str());
+  const int64_t N = qkv.size(0), W = qkv.numel() / std::max<int64_t>(N, 1), Wkv = kv.numel() / std::max<int64_t>(N, 1);
+  TRIPOD_CHECK(kv.size(0) == N && Wkv < W && kv.numel() == N * Wkv, "{}: qkv {} and kv {} do not pair", op, qkv.str(),
+               kv.str());
+}
+}  // namespace
+
+void CpuOps::attention_kv_pack(const Tensor& qkv, int64_t H, Tensor& kv) {
+  check_kv(qkv, H, kv, "attention_kv_pack");
+  const int64_t N = qkv.size(0), W = qkv.numel() / N, Wkv = kv.numel() / N, off = W - Wkv;
+  const float* src = qkv.data<float>();
+  float* dst = kv.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) std::memcpy(dst + n * Wkv, src + n * W + off, Wkv * sizeof(float));
+}
+
+void CpuOps::attention_kv_unpack(const Tensor& kv, int64_t H, Tensor& qkv) {
+  check_kv(qkv, H, kv, "attention_kv_unpack");
+  const int64_t N = qkv.size(0), W = qkv.numel() / N, Wkv = kv.numel() / N, off = W - Wkv;
+  const float* src = kv.data<float>();
+  float* dst = qkv.data<float>();
+#pragma omp parallel for schedule(static)
+  for (int64_t n = 0; n < N; ++n) std::memcpy(dst + n * W + off, src + n * Wkv, Wkv * sizeof(float));
+}
+
+}  // namespace tripod::cpu

@@ -58,6 +58,11 @@ class CpuOps final : public Ops {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& probs, Tensor& dqkv) override;
+  void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) override;
+  void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) override;
+  void attention_kv_pack(const Tensor& qkv, int64_t H, Tensor& kv) override;
+  void attention_kv_unpack(const Tensor& kv, int64_t H, Tensor& qkv) override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) override;
 
   void xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,

@@ -581,6 +581,81 @@ void CudaOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cac
   TRIPOD_CUDA_LAUNCHED("{} qkv {} cache {} pos {}", op, qkv.str(), k_cache.str(), pos);
 }
 
+// Blocks of context-parallel attention: the reference kernels (attention_ref.cu), f32 running
+// results and gradient accumulators.
+namespace {
+struct BlockShape {
+  int64_t B, Tq, Tk, Wq, H, Hkv, D;
+};
+BlockShape block_shape(const Tensor& q, const Tensor& kv, const Tensor& out, const Tensor& lse, bool causal,
+                       const char* op) {
+  TRIPOD_CHECK(q.dim() == 4 && kv.dim() == 4 && out.dim() == 4, "{}: q {}, kv {} and out {} must be 4-d", op, q.str(),
+               kv.str(), out.str());
+  BlockShape b{q.size(0), q.size(1), kv.size(1), q.size(2), out.size(2), kv.size(2) / 2, q.size(3)};
+  TRIPOD_CHECK(kv.size(0) == b.B && kv.size(3) == b.D && kv.size(2) % 2 == 0 && b.Hkv >= 1 && b.H % b.Hkv == 0 &&
+                   b.Wq >= b.H && out.size(0) == b.B && out.size(1) == b.Tq && out.size(3) == b.D &&
+                   (!causal || b.Tq == b.Tk),
+               "{}: q {}, kv {}, out {}: not (B, Tq, >=H, D), (B, Tk, 2 Hkv, D), (B, Tq, H, D)", op, q.str(), kv.str(),
+               out.str());
+  TRIPOD_CHECK(b.D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the kernels' {}", op, b.D, k::kMaxRefHeadDim);
+  expect(q, DType::BF16, b.B * b.Tq * b.Wq * b.D, op, "q");
+  expect(kv, DType::BF16, b.B * b.Tk * 2 * b.Hkv * b.D, op, "kv");
+  expect(lse, DType::F32, b.B * b.H * b.Tq, op, "lse");
+  return b;
+}
+}  // namespace
+
+void CudaOps::attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  const char* op = "attention_block_forward";
+  const BlockShape b = block_shape(q, kv, out, lse, causal, op);
+  expect(out, DType::F32, b.B * b.Tq * b.H * b.D, op, "out");
+  k::attention_block_forward(q.data<bf16>(), kv.data<bf16>(), out.data<float>(), lse.data<float>(), b.B, b.Tq, b.Tk,
+                             b.Wq, b.H, b.Hkv, b.D, causal, 1.0f / std::sqrt(static_cast<float>(b.D)),
+                             compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} q {} kv {}", op, q.str(), kv.str());
+}
+
+void CudaOps::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
+                                       const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  const char* op = "attention_block_backward";
+  const BlockShape b = block_shape(q, kv, out, lse, causal, op);
+  expect(out, DType::BF16, b.B * b.Tq * b.H * b.D, op, "out");
+  expect(dout, DType::BF16, b.B * b.Tq * b.H * b.D, op, "dout");
+  expect(dq, DType::F32, q.numel(), op, "dq");
+  expect(dkv, DType::F32, kv.numel(), op, "dkv");
+  Tensor delta = empty({b.B * b.H * b.Tq}, DType::F32, MemCategory::Workspace);
+  k::attention_block_backward(dout.data<bf16>(), q.data<bf16>(), kv.data<bf16>(), out.data<bf16>(), lse.data<float>(),
+                              delta.data<float>(), dq.data<float>(), dkv.data<float>(), b.B, b.Tq, b.Tk, b.Wq, b.H,
+                              b.Hkv, b.D, causal, 1.0f / std::sqrt(static_cast<float>(b.D)), compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} q {} kv {}", op, q.str(), kv.str());
+}
+
+void CudaOps::attention_kv_pack(const Tensor& qkv, int64_t H, Tensor& kv) {
+  const char* op = "attention_kv_pack";
+  const int64_t N = qkv.size(0), W = qkv.numel() / std::max<int64_t>(N, 1), w = kv.numel() / std::max<int64_t>(N, 1);
+  TRIPOD_CHECK(kv.size(0) == N && w < W && kv.numel() == N * w, "{}: qkv {} and kv {} do not pair", op, qkv.str(),
+               kv.str());
+  expect(qkv, DType::BF16, N * W, op, "qkv");
+  expect(kv, DType::BF16, N * w, op, "kv");
+  k::attention_kv_pack(qkv.data<bf16>(), kv.data<bf16>(), N, W, w, compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} qkv {}", op, qkv.str());
+}
+
+void CudaOps::attention_kv_unpack(const Tensor& kv, int64_t H, Tensor& qkv) {
+  const char* op = "attention_kv_unpack";
+  const int64_t N = qkv.size(0), W = qkv.numel() / std::max<int64_t>(N, 1), w = kv.numel() / std::max<int64_t>(N, 1);
+  TRIPOD_CHECK(kv.size(0) == N && w < W && kv.numel() == N * w, "{}: qkv {} and kv {} do not pair", op, qkv.str(),
+               kv.str());
+  expect(qkv, DType::BF16, N * W, op, "qkv");
+  if (kv.dtype() == DType::F32)
+    k::attention_kv_unpack(kv.data<float>(), qkv.data<bf16>(), N, W, w, compute_stream());
+  else
+    k::attention_kv_unpack(kv.data<bf16>(), qkv.data<bf16>(), N, W, w, compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} qkv {}", op, qkv.str());
+}
+
 const char* CudaOps::attention_impl() const { return attention_->last_impl(); }
 
 }  // namespace tripod::cuda

@@ -46,6 +46,21 @@ template <int NPL> struct Row {
       if (d < D) p[d] = from_float<bf16_t>(v[i] * s);
     }
   }
+  __device__ void load(const float* p, int64_t D, int lane) {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int64_t d = lane + 32 * i;
+      v[i] = d < D ? p[d] : 0.f;
+    }
+  }
+  // p += s * this (f32 accumulators of the context-parallel blocks).
+  __device__ void add_to(float* p, int64_t D, int lane, float s) const {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < D) p[d] += v[i] * s;
+    }
+  }
   // Dot product with a row in memory, summed over the warp (every lane gets it).
   __device__ float dot(const bf16_t* p, int64_t D, int lane) const {
     float acc = 0;
@@ -226,7 +241,211 @@ void run_decode(const bf16_t* qkv, const bf16_t* k, const bf16_t* v, bf16_t* out
   decode_kernel<NPL><<<blocks, kThreads, 0, s>>>(qkv, k, v, out, B, n, H, Hkv, D, Tmax, pos, scale);
 }
 
+// ---- blocks of context-parallel attention ------------------------------------------------------
+// q (B, Tq, Wq, D) (query head h at h*D of a token row), kv (B, Tk, 2 Hkv, D) (key head j at j*D,
+// value head j at (Hkv + j)*D), out, dout (B, Tq, H, D), lse, delta (B, H, Tq).
+struct BlockGeometry {
+  int64_t B, Tq, Tk, Wq, H, Hkv, D;
+  bool causal;
+  __host__ __device__ int64_t group() const { return H / Hkv; }
+  __host__ __device__ int64_t keys(int64_t t) const { return causal ? t + 1 : Tk; }  // keys query t sees
+};
+
+// Warp per (b, h, t): the block's softmax(scale q K^T) V and its log-sum-exp, merged into the f32
+// running out and lse (lse = -inf: nothing merged yet).
+template <int NPL>
+__global__ void block_forward_kernel(const bf16_t* q, const bf16_t* kv, float* out, float* lse, BlockGeometry g,
+                                     float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= g.B * g.H * g.Tq) return;
+  const int64_t t = w % g.Tq, bh = w / g.Tq, b = bh / g.H, h = bh % g.H, j0 = h / g.group();
+  const int64_t ldkv = 2 * g.Hkv * g.D;
+  const bf16_t* kvb = kv + b * g.Tk * ldkv;
+  Row<NPL> qr, acc;
+  qr.load(q + (b * g.Tq + t) * g.Wq * g.D + h * g.D, g.D, lane);
+  acc.zero();
+  float m = -INFINITY, l = 0.f;
+  for (int64_t j = 0; j < g.keys(t); ++j) {
+    const float sc = qr.dot(kvb + j * ldkv + j0 * g.D, g.D, lane) * scale;
+    const float m_new = fmaxf(m, sc);
+    const float corr = expf(m - m_new), p = expf(sc - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) acc.v[i] *= corr;
+    acc.axpy(p, kvb + j * ldkv + (g.Hkv + j0) * g.D, g.D, lane);
+    m = m_new;
+  }
+  const float lb = m + logf(l);
+  float* o = out + (b * g.Tq + t) * g.H * g.D + h * g.D;
+  float& lr = lse[bh * g.Tq + t];
+  const float l_old = lr;
+  if (l_old == -INFINITY) {
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < g.D) o[d] = acc.v[i] / l;
+    }
+  } else {
+    const float l_new = fmaxf(l_old, lb) + log1pf(expf(-fabsf(l_old - lb)));
+    const float w_old = expf(l_old - l_new), w_new = expf(lb - l_new) / l;
+#pragma unroll
+    for (int i = 0; i < NPL; ++i) {
+      const int64_t d = lane + 32 * i;
+      if (d < g.D) o[d] = w_old * o[d] + w_new * acc.v[i];
+    }
+  }
+  __syncwarp();
+  if (lane == 0) lr = l_old == -INFINITY ? lb : fmaxf(l_old, lb) + log1pf(expf(-fabsf(l_old - lb)));
+}
+
+template <int NPL>
+__global__ void block_delta_kernel(const bf16_t* dout, const bf16_t* out, float* delta, BlockGeometry g) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= g.B * g.H * g.Tq) return;
+  const int64_t t = w % g.Tq, bh = w / g.Tq, b = bh / g.H, h = bh % g.H;
+  const int64_t off = (b * g.Tq + t) * g.H * g.D + h * g.D;
+  Row<NPL> d;
+  d.load(dout + off, g.D, lane);
+  const float v = d.dot(out + off, g.D, lane);
+  if (lane == 0) delta[bh * g.Tq + t] = v;
+}
+
+// Warp per query (b, h, t): dq += scale sum_j p_tj (dO_t . v_j - delta_t) k_j.
+template <int NPL>
+__global__ void block_dq_kernel(const bf16_t* dout, const bf16_t* q, const bf16_t* kv, const float* lse,
+                                const float* delta, float* dq, BlockGeometry g, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= g.B * g.H * g.Tq) return;
+  const int64_t t = w % g.Tq, bh = w / g.Tq, b = bh / g.H, h = bh % g.H, j0 = h / g.group();
+  const int64_t ldkv = 2 * g.Hkv * g.D;
+  const bf16_t* kvb = kv + b * g.Tk * ldkv;
+  Row<NPL> qr, d, acc;
+  qr.load(q + (b * g.Tq + t) * g.Wq * g.D + h * g.D, g.D, lane);
+  d.load(dout + (b * g.Tq + t) * g.H * g.D + h * g.D, g.D, lane);
+  acc.zero();
+  const float l = lse[bh * g.Tq + t], dl = delta[bh * g.Tq + t];
+  for (int64_t j = 0; j < g.keys(t); ++j) {
+    const bf16_t* kj = kvb + j * ldkv + j0 * g.D;
+    const float p = expf(qr.dot(kj, g.D, lane) * scale - l);
+    const float ds = p * (d.dot(kvb + j * ldkv + (g.Hkv + j0) * g.D, g.D, lane) - dl);
+    acc.axpy(ds, kj, g.D, lane);
+  }
+  acc.add_to(dq + (b * g.Tq + t) * g.Wq * g.D + h * g.D, g.D, lane, scale);
+}
+
+// Warp per key (b, key/value head j0, key j): over its group's query heads and the queries that
+// see it, dv += p dO; dk += scale p (dO . v - delta) q.
+template <int NPL>
+__global__ void block_dkv_kernel(const bf16_t* dout, const bf16_t* q, const bf16_t* kv, const float* lse,
+                                 const float* delta, float* dkv, BlockGeometry g, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= g.B * g.Hkv * g.Tk) return;
+  const int64_t j = w % g.Tk, bk = w / g.Tk, b = bk / g.Hkv, j0 = bk % g.Hkv;
+  const int64_t ldkv = 2 * g.Hkv * g.D;
+  const bf16_t* row = kv + (b * g.Tk + j) * ldkv;
+  Row<NPL> k, v, dk, dv;
+  k.load(row + j0 * g.D, g.D, lane);
+  v.load(row + (g.Hkv + j0) * g.D, g.D, lane);
+  dk.zero();
+  dv.zero();
+  for (int64_t h = j0 * g.group(); h < (j0 + 1) * g.group(); ++h) {
+    const int64_t bh = b * g.H + h;
+    for (int64_t t = g.causal ? j : 0; t < g.Tq; ++t) {
+      const bf16_t* qt = q + (b * g.Tq + t) * g.Wq * g.D + h * g.D;
+      const bf16_t* dot_row = dout + (b * g.Tq + t) * g.H * g.D + h * g.D;
+      const float p = expf(k.dot(qt, g.D, lane) * scale - lse[bh * g.Tq + t]);
+      dv.axpy(p, dot_row, g.D, lane);
+      const float ds = p * (v.dot(dot_row, g.D, lane) - delta[bh * g.Tq + t]);
+      dk.axpy(ds, qt, g.D, lane);
+    }
+  }
+  float* dst = dkv + (b * g.Tk + j) * ldkv;
+  dk.add_to(dst + j0 * g.D, g.D, lane, scale);
+  dv.add_to(dst + (g.Hkv + j0) * g.D, g.D, lane, 1.0f);
+}
+
+template <int NPL>
+void run_block_forward(const bf16_t* q, const bf16_t* kv, float* out, float* lse, BlockGeometry g, float scale,
+                       cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((g.B * g.H * g.Tq + kWarps - 1) / kWarps);
+  block_forward_kernel<NPL><<<blocks, kThreads, 0, s>>>(q, kv, out, lse, g, scale);
+}
+
+template <int NPL>
+void run_block_backward(const bf16_t* dout, const bf16_t* q, const bf16_t* kv, const bf16_t* out, const float* lse,
+                        float* delta, float* dq, float* dkv, BlockGeometry g, float scale, cudaStream_t s) {
+  const unsigned blocks = static_cast<unsigned>((g.B * g.H * g.Tq + kWarps - 1) / kWarps);
+  const unsigned kv_blocks = static_cast<unsigned>((g.B * g.Hkv * g.Tk + kWarps - 1) / kWarps);
+  block_delta_kernel<NPL><<<blocks, kThreads, 0, s>>>(dout, out, delta, g);
+  block_dq_kernel<NPL><<<blocks, kThreads, 0, s>>>(dout, q, kv, lse, delta, dq, g, scale);
+  block_dkv_kernel<NPL><<<kv_blocks, kThreads, 0, s>>>(dout, q, kv, lse, delta, dkv, g, scale);
+}
+
+// Thread per element: heads [off, off + w) of every token row of width W <-> rows of width w.
+template <class In, class Out>
+__global__ void columns_kernel(const In* src, Out* dst, int64_t N, int64_t W, int64_t w, int64_t off, bool pack) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= N * w) return;
+  const int64_t n = i / w, e = i % w;
+  if (pack)
+    dst[i] = from_float<Out>(to_float(src[n * W + off + e]));
+  else
+    dst[n * W + off + e] = from_float<Out>(to_float(src[i]));
+}
+
 }  // namespace
+
+void attention_block_forward(const bf16* q, const bf16* kv, float* out, float* lse, int64_t B, int64_t Tq, int64_t Tk,
+                             int64_t Wq, int64_t H, int64_t Hkv, int64_t D, bool causal, float scale,
+                             cudaStream_t s) {
+  const BlockGeometry g{B, Tq, Tk, Wq, H, Hkv, D, causal};
+  if (B * H * Tq == 0) return;
+  if (D <= 32)
+    run_block_forward<1>(dev(q), dev(kv), out, lse, g, scale, s);
+  else if (D <= 64)
+    run_block_forward<2>(dev(q), dev(kv), out, lse, g, scale, s);
+  else if (D <= 128)
+    run_block_forward<4>(dev(q), dev(kv), out, lse, g, scale, s);
+  else
+    run_block_forward<8>(dev(q), dev(kv), out, lse, g, scale, s);
+}
+
+void attention_block_backward(const bf16* dout, const bf16* q, const bf16* kv, const bf16* out, const float* lse,
+                              float* delta, float* dq, float* dkv, int64_t B, int64_t Tq, int64_t Tk, int64_t Wq,
+                              int64_t H, int64_t Hkv, int64_t D, bool causal, float scale, cudaStream_t s) {
+  const BlockGeometry g{B, Tq, Tk, Wq, H, Hkv, D, causal};
+  if (B * H * Tq == 0) return;
+  if (D <= 32)
+    run_block_backward<1>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
+  else if (D <= 64)
+    run_block_backward<2>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
+  else if (D <= 128)
+    run_block_backward<4>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
+  else
+    run_block_backward<8>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
+}
+
+void attention_kv_pack(const bf16* qkv, bf16* kv, int64_t N, int64_t W, int64_t w, cudaStream_t s) {
+  if (N * w == 0) return;
+  columns_kernel<bf16_t, bf16_t><<<static_cast<unsigned>((N * w + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      dev(qkv), dev(kv), N, W, w, W - w, true);
+}
+
+void attention_kv_unpack(const float* kv, bf16* qkv, int64_t N, int64_t W, int64_t w, cudaStream_t s) {
+  if (N * w == 0) return;
+  columns_kernel<float, bf16_t><<<static_cast<unsigned>((N * w + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      kv, dev(qkv), N, W, w, W - w, false);
+}
+
+void attention_kv_unpack(const bf16* kv, bf16* qkv, int64_t N, int64_t W, int64_t w, cudaStream_t s) {
+  if (N * w == 0) return;
+  columns_kernel<bf16_t, bf16_t><<<static_cast<unsigned>((N * w + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      dev(kv), dev(qkv), N, W, w, W - w, false);
+}
 
 void attention_decode(const bf16* qkv, bf16* k_cache, bf16* v_cache, bf16* out, int64_t B, int64_t n, int64_t H,
                       int64_t Hkv, int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s) {

@@ -118,6 +118,19 @@ void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, cons
 // (B, n, H, D) is each new token's causal attention over the cache. bf16 in and out, f32 softmax.
 void attention_decode(const bf16* qkv, bf16* k_cache, bf16* v_cache, bf16* out, int64_t B, int64_t n, int64_t H,
                       int64_t Hkv, int64_t D, int64_t Tmax, int64_t pos, float scale, cudaStream_t s);
+// Blocks of context-parallel attention (Ops::attention_block_forward / _backward): q (B, Tq, Wq, D)
+// bf16, kv (B, Tk, 2 Hkv, D) bf16; out (B, Tq, H, D) and lse (B, H, Tq) f32 running results the
+// block merges into. Backward: dout, out bf16; delta B*H*Tq floats of scratch; dq (B, Tq, Wq, D)
+// and dkv f32 +=.
+void attention_block_forward(const bf16* q, const bf16* kv, float* out, float* lse, int64_t B, int64_t Tq, int64_t Tk,
+                             int64_t Wq, int64_t H, int64_t Hkv, int64_t D, bool causal, float scale, cudaStream_t s);
+void attention_block_backward(const bf16* dout, const bf16* q, const bf16* kv, const bf16* out, const float* lse,
+                              float* delta, float* dq, float* dkv, int64_t B, int64_t Tq, int64_t Tk, int64_t Wq,
+                              int64_t H, int64_t Hkv, int64_t D, bool causal, float scale, cudaStream_t s);
+// The last w elements of every row of width W <-> rows of width w (the key/value heads of qkv).
+void attention_kv_pack(const bf16* qkv, bf16* kv, int64_t N, int64_t W, int64_t w, cudaStream_t s);
+void attention_kv_unpack(const float* kv, bf16* qkv, int64_t N, int64_t W, int64_t w, cudaStream_t s);
+void attention_kv_unpack(const bf16* kv, bf16* qkv, int64_t N, int64_t W, int64_t w, cudaStream_t s);
 // Largest head dimension the reference kernels take.
 inline constexpr int64_t kMaxRefHeadDim = 256;
 

@@ -5,6 +5,7 @@
 // for f32 outputs of f32 math. Skipped, with the reason, on machines without a GPU.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -443,6 +444,59 @@ TEST_F(CudaOpsTest, AttentionReferenceKernels) {
   for (AttnCase c : kAttnCases) EXPECT_EQ(check_attention(*cpu_, *gpu, c), "reference");
   EXPECT_EQ(check_attention(*cpu_, *gpu, {1, 9, 2, 24}), "reference");  // D not a multiple of 32
   EXPECT_EQ(check_attention(*cpu_, *gpu, {1, 1, 1, 64}), "reference");  // one token
+}
+
+// Blocks of context-parallel attention: a diagonal (causal) block and a full block of other keys
+// merged into one f32 result, then both blocks' backward from the merged output, on the GPU's
+// reference block kernels and the CPU from the same bf16-rounded inputs (grouped-query attention,
+// queries read from qkv rows); and the key/value packing both ways.
+TEST_F(CudaOpsTest, AttentionBlocksMatchCpu) {
+  for (auto [B, T, T2, H, Hkv, D] : std::vector<std::array<int64_t, 6>>{{2, 16, 24, 4, 2, 32}, {1, 33, 7, 2, 2, 64}}) {
+    SCOPED_TRACE(testing::Message() << B << " " << T << " " << T2 << " " << H << " " << Hkv << " " << D);
+    const int64_t W = H + 2 * Hkv;
+    Tensor qkv = randn({B, T, W, D}, 80), kv2 = randn({B, T2, 2 * Hkv, D}, 81), dout = randn({B, T, H, D}, 82);
+    Tensor kv1 = host({B, T, 2 * Hkv, D});
+    Tensor kv1_rows = kv1.view({B * T, 2 * Hkv * D});
+    cpu_->attention_kv_pack(qkv.view({B * T, W * D}), H, kv1_rows);
+    Tensor gqkv = up(qkv), gkv2 = up(kv2), gkv1 = poison({B, T, 2 * Hkv, D});
+    Tensor gkv1_rows = gkv1.view({B * T, 2 * Hkv * D});
+    gpu_->attention_kv_pack(gqkv.view({B * T, W * D}), H, gkv1_rows);
+    EXPECT_EQ(rel_err(down(gkv1), kv1), 0.0);
+    Tensor out = host({B, T, H, D}), lse = host({B, H, T});
+    Tensor gout = up(host({B, T, H, D}), DType::F32), glse = poison({B, H, T}, DType::F32);
+    cpu_->fill(lse, -INFINITY);
+    gpu_->fill(glse, -INFINITY);
+    for (Ops* o : {cpu_.get(), gpu_.get()}) {
+      const bool g = o == gpu_.get();
+      o->attention_block_forward(g ? gqkv : qkv, g ? gkv1 : kv1, true, g ? gout : out, g ? glse : lse);
+      o->attention_block_forward(g ? gqkv : qkv, g ? gkv2 : kv2, false, g ? gout : out, g ? glse : lse);
+    }
+    EXPECT_LT(rel_err(down(gout), out), 1e-5);
+    EXPECT_LT(rel_err(down(glse), lse), 1e-5);
+    // The backward reads the output in the compute dtype (bf16 on the GPU), as training does.
+    Tensor gout16 = poison({B, T, H, D});
+    gpu_->copy(gout, gout16);
+    Tensor out16 = down(gout16), gdout = up(dout);
+    Tensor dq = host({B, T, W, D}), dkv1 = host({B, T, 2 * Hkv, D}), dkv2 = host({B, T2, 2 * Hkv, D});
+    Tensor gdq = up(dq, DType::F32), gdkv1 = up(dkv1, DType::F32), gdkv2 = up(dkv2, DType::F32);
+    for (Tensor* t : {&dq, &dkv1, &dkv2}) cpu_->fill(*t, 0.f);
+    for (Tensor* t : {&gdq, &gdkv1, &gdkv2}) gpu_->fill(*t, 0.f);
+    cpu_->attention_block_backward(dout, qkv, kv1, out16, lse, true, dq, dkv1);
+    cpu_->attention_block_backward(dout, qkv, kv2, out16, lse, false, dq, dkv2);
+    gpu_->attention_block_backward(gdout, gqkv, gkv1, gout16, glse, true, gdq, gdkv1);
+    gpu_->attention_block_backward(gdout, gqkv, gkv2, gout16, glse, false, gdq, gdkv2);
+    EXPECT_LT(rel_err(down(gdq), dq), 1e-3);
+    EXPECT_LT(rel_err(down(gdkv1), dkv1), 1e-3);
+    EXPECT_LT(rel_err(down(gdkv2), dkv2), 1e-3);
+    // The key/value gradients back into qkv rows (f32 sums into the bf16 compute dtype).
+    Tensor g16 = poison({B * T, W * D});
+    gpu_->fill(g16, 0.f);
+    gpu_->attention_kv_unpack(gdkv1.view({B * T, 2 * Hkv * D}), H, g16);
+    Tensor want = host({B * T, W * D});
+    cpu_->fill(want, 0.f);
+    cpu_->attention_kv_unpack(dkv1.view({B * T, 2 * Hkv * D}), H, want);
+    EXPECT_LT(rel_err(down(g16), want), kBf16Tol);
+  }
 }
 
 // Attention against a KV cache: a prefill then single tokens, on the GPU (bf16 caches) and the

@@ -249,6 +249,8 @@ TEST_F(BadInput, Battery) {
            {"parallel.bucket_mb=0", "parallel.bucket_mb"}, {"parallel.bucket_mb=inf", "parallel.bucket_mb"},
            {"parallel.timeout_s=-1", "parallel.timeout_s"}, {"parallel.timeout_s=nan", "parallel.timeout_s"},
            {"parallel.flight_recorder_size=-1", "parallel.flight_recorder_size"},
+           {"parallel.cp=0", "parallel.cp"}, {"parallel.cp=2", "parallel.cp"},
+           {"parallel.cp_comm='tree'", "parallel.cp_comm"},
            {"parallel.layers_per_stage=[1,5]", "layers_per_stage"}, {"recompute.mode='some'", "recompute.mode"},
            {"recompute.num_layers=-2", "recompute.num_layers"}, {"data.weights=[nan]", "data.weights"},
            {"data.synthetic=false", "data.prefixes"}, {"checkpoint.interval=-1", "checkpoint.interval"},
@@ -415,6 +417,8 @@ TEST_F(BadInput, Battery) {
 
   // ---- under mpirun: one error line for the whole job ------------------------------------------
   refused(train("--set train.lr=inf"), "train.lr", 2);
+  refused(train("--set parallel.cp=2 --set model.seq_len=6"), "model.seq_len", 2);
+  refused(train("--set parallel.cp=2 --set parallel.tp=2"), "parallel.cp", 2);
   refused(train("--set parallel.pp=2 --set parallel.schedule_file=" + q(file("cells2.csv", "F0, X9\nF0\n"))),
           "cells2.csv", 2);
   refused(train("--set model.n_layers=4 --set parallel.pp=2 --set parallel.vp=2 --set parallel.schedule_file=" +

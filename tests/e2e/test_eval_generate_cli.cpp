@@ -141,6 +141,11 @@ TEST_F(EvalGenerateCli, ACheckpointAloneIsEnoughAndEvalFitsItsGridToTheWorld) {
   const double loss = nlohmann::json::parse(one.out)["loss"].get<double>();
   EXPECT_NEAR(nlohmann::json::parse(two.out)["loss"].get<double>(), loss, 1e-6 * loss);
   EXPECT_EQ(nlohmann::json::parse(two.out)["tokens"], nlohmann::json::parse(one.out)["tokens"]);
+  // Context parallelism: the two ranks split every sequence; the same loss and tokens.
+  auto cp2 = run_tripod("eval --load " + ckpt + " --json --set parallel.cp=2", {.np = 2});
+  ASSERT_EQ(cp2.status, 0) << cp2.err;
+  EXPECT_NEAR(nlohmann::json::parse(cp2.out)["loss"].get<double>(), loss, 1e-6 * loss);
+  EXPECT_EQ(nlohmann::json::parse(cp2.out)["tokens"], nlohmann::json::parse(one.out)["tokens"]);
   // A grid given with --set is honoured exactly, so this one does not fit two ranks.
   expect_error(run_tripod("eval --load " + ckpt + " --set parallel.dp=1", {.np = 2}), "world size is 2",
                "explicit grid");
@@ -153,6 +158,11 @@ TEST_F(EvalGenerateCli, ACheckpointAloneIsEnoughAndEvalFitsItsGridToTheWorld) {
                           " --load " + ckpt + gen);
   ASSERT_EQ(given.status, 0) << given.err;
   EXPECT_EQ(alone.out, given.out);
+  // Decoding does not split sequences: a config with cp = 2 generates with cp = 1, the same text.
+  auto cp_gen = run_tripod("generate --load " + ckpt + gen + " --set parallel.cp=2");
+  ASSERT_EQ(cp_gen.status, 0) << cp_gen.err;
+  EXPECT_EQ(cp_gen.out, alone.out);
+  EXPECT_NE(cp_gen.err.find("cp=1"), std::string::npos) << cp_gen.err;
   std::filesystem::rename(dir_ / "tok.model", dir_ / "moved.model");
   expect_error(run_tripod("generate --load " + ckpt + gen), "data.tokenizer = \"" + (dir_ / "tok.model").string(),
                "a tokenizer that moved");

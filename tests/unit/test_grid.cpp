@@ -29,6 +29,24 @@ TEST(RankGrid, TwelveRanksMixedSizes) {
   for (int r = 0; r < g.world_size(); ++r) EXPECT_EQ(g.rank(g.coords(r)), r);
 }
 
+// Context parallelism sits between TP and DP: rank = tp + 2 (cp + 2 (dp + 2 pp)); gradients are
+// reduced over DP x CP, cp fastest.
+TEST(RankGrid, ContextParallelAxis) {
+  RankGrid g(/*tp=*/2, /*dp=*/2, /*pp=*/2, /*cp=*/2);
+  EXPECT_EQ(g.world_size(), 16);
+  EXPECT_EQ(g.coords(6), (Coords{.tp = 0, .dp = 1, .pp = 0, .cp = 1}));
+  EXPECT_EQ(g.groups(Axis::TP)[1], (V{2, 3}));
+  EXPECT_EQ(g.groups(Axis::CP), (VV{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {8, 10}, {9, 11}, {12, 14}, {13, 15}}));
+  EXPECT_EQ(g.group(Axis::DP, 3), (V{3, 7}));
+  EXPECT_EQ(g.group(Axis::PP, 3), (V{3, 11}));
+  EXPECT_EQ(g.group(Axis::DPCP, 5), (V{1, 3, 5, 7}));
+  EXPECT_EQ(g.dpcp_rank(g.coords(5)), 2);  // cp 0, dp 1
+  EXPECT_EQ(g.embedding_group(6), (V{6, 14}));
+  for (int r = 0; r < g.world_size(); ++r) EXPECT_EQ(g.rank(g.coords(r)), r);
+  EXPECT_EQ(g.str(), "(dp=2, pp=2, cp=2, tp=2)");
+  EXPECT_EQ(RankGrid(2, 2, 2).str(), "(dp=2, pp=2, tp=2)");
+}
+
 TEST(RankGrid, SerialAndPipelineOnly) {
   RankGrid s(1, 1, 1);
   EXPECT_EQ(s.group(Axis::TP, 0), (V{0}));

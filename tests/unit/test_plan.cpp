@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -295,6 +296,38 @@ TEST(Planner, FixedKnobsAndBadInput) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("global batch 3"), std::string::npos) << e.what();
   }
+}
+
+// Long sequences: the search adds cp = 2, 4 (while a rank keeps >= 2048 tokens of a sequence),
+// every such layout is a config tripod accepts, and cp cuts the activations; short sequences get
+// cp = 1 only.
+TEST(Planner, SearchesContextParallelismForLongSequences) {
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  hw.memory_capacity = 1e15;
+  Config base;
+  base.model = small_model();
+  base.model.seq_len = 8192;
+  base.train.global_batch_size = 8;
+  PlanResult r = plan_layouts(base, hw, 4, parse_layout_filter("tp=1,pp=1,mbs=1,recompute=none"));
+  std::map<int, int64_t> activations;  // cp -> activation bytes (distributed optimizer off)
+  for (const auto& l : r.layouts) {
+    const ParallelConfig& p = l.cfg.parallel;
+    EXPECT_EQ(p.tp * p.pp * p.cp * p.dp, 4);
+    Config pasted = parse_config(layout_toml(l.cfg) + "[model]\nn_layers = 4\nn_heads = 4\nd_model = 64\n"
+                                 "seq_len = 8192\nvocab_size = 256\n[data]\nsynthetic = true\n",
+                                 "snippet", {"train.steps=1"});
+    EXPECT_EQ(pasted.parallel.cp, p.cp);
+    EXPECT_NO_THROW(validate_layout(pasted, 4));
+    if (!p.distributed_optimizer) activations[p.cp] = l.pred.memory.activations;
+  }
+  ASSERT_EQ(activations.size(), 3u);  // cp = 1, 2, 4
+  EXPECT_LT(activations[2], activations[1] * 0.55);
+  EXPECT_LT(activations[4], activations[2] * 0.55);
+  base.model.seq_len = 2048;
+  for (const auto& l : plan_layouts(base, hw, 4).layouts) EXPECT_EQ(l.cfg.parallel.cp, 1);
+  PlanResult fixed = plan_layouts(base, hw, 4, parse_layout_filter("cp=2"));
+  ASSERT_FALSE(fixed.layouts.empty());
+  for (const auto& l : fixed.layouts) EXPECT_EQ(l.cfg.parallel.cp, 2);
 }
 
 // ---- the command line --------------------------------------------------------------------

@@ -31,11 +31,12 @@ struct EvalOptions {
 
 Config refit_grid(const Config& cfg, int world) {
   const ParallelConfig& was = cfg.parallel;
-  auto with_grid = [&](int tp, int pp) {
+  auto with_grid = [&](int tp, int pp, int cp) {
     Config c = cfg;
     ParallelConfig& p = c.parallel;
     p.tp = tp;
-    p.dp = world / (tp * pp);
+    p.cp = cp;
+    p.dp = world / (tp * pp * cp);
     if (pp != was.pp) {
       p.pp = pp;
       p.vp = 1;
@@ -50,13 +51,19 @@ Config refit_grid(const Config& cfg, int world) {
     validate_layout(c, world);
     return c;
   };
-  if (world % (was.tp * was.pp) == 0) {
+  if (world % (was.tp * was.pp * was.cp) == 0) {
     try {
-      return with_grid(was.tp, was.pp);
+      return with_grid(was.tp, was.pp, was.cp);
     } catch (const InputError&) {
     }
   }
-  return with_grid(1, 1);
+  if (was.cp > 1 && world % (was.tp * was.pp) == 0) {
+    try {
+      return with_grid(was.tp, was.pp, 1);
+    } catch (const InputError&) {
+    }
+  }
+  return with_grid(1, 1, 1);
 }
 
 // Makes cfg's grid fit `world` ranks (validate_layout): the config's own when it fits; else its

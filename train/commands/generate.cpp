@@ -39,11 +39,13 @@ struct GenerateOptions {
 // The config's model on (tp = world, pp = 1, dp = 1).
 void force_inference_grid(Config& cfg, int world) {
   ParallelConfig& p = cfg.parallel;
-  if (p.pp != 1 || (p.dp != 0 && p.dp != 1) || p.tp != world)
-    spdlog::info("generate runs on grid (dp=1, pp=1, tp={}) (the world size), not the config's (dp={}, pp={}, tp={})",
-                 world, p.dp, p.pp, p.tp);
+  // Decoding attends one new token to a cache: context parallelism (parallel.cp) does not apply,
+  // every TP rank holds whole sequences.
+  if (p.pp != 1 || (p.dp != 0 && p.dp != 1) || p.tp != world || p.cp != 1)
+    spdlog::info("generate runs on grid (dp=1, pp=1, cp=1, tp={}) (the world size), not the config's (dp={}, pp={}, "
+                 "cp={}, tp={})", world, p.dp, p.pp, p.cp, p.tp);
   p.tp = world;
-  p.pp = p.dp = p.vp = 1;
+  p.pp = p.dp = p.vp = p.cp = 1;
   p.schedule = ScheduleKind::OneFOneB;
   p.schedule_file.clear();
   p.placement = Placement::Loop;

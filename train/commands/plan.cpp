@@ -30,9 +30,9 @@ int run_plan(const PlanOptions& o) {
     const PlannedLayout& s = *r.smallest;
     throw InputError(fmt::format(
         "{}: the model fits no layout on {} x {} ({:.1f} GiB each): the smallest needs {:.1f} GiB per GPU (tp={} pp={} "
-        "dp={} micro-batch {} recompute {}{}); add GPUs or use a larger device",
+        "cp={} dp={} micro-batch {} recompute {}{}); add GPUs or use a larger device",
         o.config, o.gpus, hw.name, gib(hw.memory_capacity), gib(s.pred.memory_bytes()), s.cfg.parallel.tp,
-        s.cfg.parallel.pp, s.cfg.parallel.dp, s.cfg.train.micro_batch_size, enum_name(s.cfg.recompute.mode),
+        s.cfg.parallel.pp, s.cfg.parallel.cp, s.cfg.parallel.dp, s.cfg.train.micro_batch_size, enum_name(s.cfg.recompute.mode),
         s.cfg.parallel.distributed_optimizer ? ", distributed optimizer" : ""));
   }
   const size_t n = std::min<size_t>(r.layouts.size(), static_cast<size_t>(std::max(1, o.top)));
@@ -43,8 +43,9 @@ int run_plan(const PlanOptions& o) {
     for (size_t i = 0; i < n; ++i) {
       const Config& c = r.layouts[i].cfg;
       const StepPrediction& p = r.layouts[i].pred;
-      list.push_back({{"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"vp", c.parallel.vp}, {"dp", c.parallel.dp},
-                      {"schedule", enum_name(c.parallel.schedule)}, {"placement", enum_name(c.parallel.placement)},
+      list.push_back({{"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"vp", c.parallel.vp}, {"cp", c.parallel.cp},
+                      {"dp", c.parallel.dp}, {"schedule", enum_name(c.parallel.schedule)},
+                      {"placement", enum_name(c.parallel.placement)},
                       {"micro_batch", c.train.micro_batch_size}, {"recompute", enum_name(c.recompute.mode)},
                       {"sequence_parallel", c.parallel.sequence_parallel},
                       {"distributed_optimizer", c.parallel.distributed_optimizer}, {"step_time_s", p.step_time_s},
@@ -63,16 +64,16 @@ int run_plan(const PlanOptions& o) {
   fmt::print("{} layouts valid, {} fit {} x {} ({:.0f} GiB); global batch {} x {} tokens; fastest first:\n", r.valid,
              r.layouts.size(), o.gpus, hw.name, gib(hw.memory_capacity), base.train.global_batch_size,
              base.model.seq_len);
-  fmt::print("{:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9} {:>10} {:>8} {:>6} {:>7} {:>7} {:>7} {:>7} "
-             "{:>7} {:>7} {:>7}\n",
-             "tp", "pp", "vp", "dp", "schedule", "mbs", "recompute", "sp", "dopt", "step(s)", "tokens/s", "TFLOP/s", "MFU",
+  fmt::print("{:>3} {:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9} {:>10} {:>8} {:>6} {:>7} {:>7} {:>7} "
+             "{:>7} {:>7} {:>7} {:>7}\n",
+             "tp", "pp", "vp", "cp", "dp", "schedule", "mbs", "recompute", "sp", "dopt", "step(s)", "tokens/s", "TFLOP/s", "MFU",
              "params", "grads", "optim", "acts", "other", "total", "bubble");
   for (size_t i = 0; i < n; ++i) {
     const Config& c = r.layouts[i].cfg;
     const StepPrediction& p = r.layouts[i].pred;
-    fmt::print("{:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9.4g} {:>10.4g} {:>8.4g} {:>5.1f}% {:>7.2f} {:>7.2f} "
-               "{:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>6.1f}%  comm {:.1f}%\n",
-               c.parallel.tp, c.parallel.pp, c.parallel.vp, c.parallel.dp, enum_name(c.parallel.schedule),
+    fmt::print("{:>3} {:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9.4g} {:>10.4g} {:>8.4g} {:>5.1f}% {:>7.2f} "
+               "{:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>6.1f}%  comm {:.1f}%\n",
+               c.parallel.tp, c.parallel.pp, c.parallel.vp, c.parallel.cp, c.parallel.dp, enum_name(c.parallel.schedule),
                c.train.micro_batch_size,
                enum_name(c.recompute.mode), c.parallel.sequence_parallel ? "y" : "n",
                c.parallel.distributed_optimizer ? "y" : "n", p.step_time_s, p.tokens_per_s, p.model_tflops_per_gpu,
@@ -90,7 +91,7 @@ int run_plan(const PlanOptions& o) {
 
 CommandFn add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
-  CLI::App* sub = app.add_subcommand("plan", "Rank the (tp, pp, vp, dp, micro-batch, recompute) layouts of a model on "
+  CLI::App* sub = app.add_subcommand("plan", "Rank the (tp, pp, vp, cp, dp, micro-batch, recompute) layouts of a model on "
                                              "a cluster by predicted step time");
   sub->add_option("--config", o->config, "Model config (TOML): [model] and train.global_batch_size")->required();
   sub->add_option("--hardware", o->hardware, "Hardware file (configs/hardware/*.toml or tripod calibrate's)")

@@ -150,7 +150,7 @@ int run_schedule(ScheduleOptions o) {
   if (!o.config.empty()) {
     cfg = load_config(o.config, o.sets, ConfigUse{.training = false, .data = false});
     const ParallelConfig& pc = cfg->parallel;
-    validate_layout(*cfg, pc.tp * pc.pp * std::max(pc.dp, 1));
+    validate_layout(*cfg, pc.tp * pc.pp * pc.cp * std::max(pc.dp, 1));
   }
   auto save_format = parse_csv_format(o.save_format);
   TRIPOD_INPUT_CHECK(save_format && *save_format != ScheduleCsvFormat::Auto,
@@ -209,8 +209,8 @@ int run_schedule(ScheduleOptions o) {
     if (cfg) {
       nlohmann::json mem = nlohmann::json::array();
       for (const RankMemory& m : plan_memory(*cfg))
-        mem.push_back({{"rank", m.rank}, {"dp", m.coords.dp}, {"pp", m.coords.pp}, {"tp", m.coords.tp},
-                       {"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
+        mem.push_back({{"rank", m.rank}, {"dp", m.coords.dp}, {"pp", m.coords.pp}, {"cp", m.coords.cp},
+                       {"tp", m.coords.tp}, {"params", m.params}, {"grads", m.grads}, {"optimizer", m.optimizer},
                        {"activations", m.activations}, {"total", m.total()}});
       out["memory_bytes"] = std::move(mem);
     }

@@ -98,13 +98,13 @@ int run_train(const TrainOptions& o) {
     if (o.dry_run) {
       // The plan for the grid the config asks for (dp = 1 when not given), before any allocation.
       if (cfg.parallel.dp == 0) cfg.parallel.dp = 1;
-      validate_layout(cfg, cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+      validate_layout(cfg, cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp * cfg.parallel.dp);
       if (mpi.rank() == 0) {
         Schedule s = make_schedule(cfg);
         Simulation sim = simulate(s, PipeCosts{});
-        fmt::print("grid (dp={}, pp={}, tp={}), vp {}, {} schedule over {} micro-batches per step: simulated bubble "
+        fmt::print("grid {}, vp {}, {} schedule over {} micro-batches per step: simulated bubble "
                    "{:.1f}%\n{}",
-                   cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.tp, cfg.parallel.vp, s.kind, s.microbatches,
+                   RankGrid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.cp).str(), cfg.parallel.vp, s.kind, s.microbatches,
                    100 * sim.bubble, memory_table(cfg, plan_memory(cfg)));
       }
       return 0;

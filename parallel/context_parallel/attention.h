@@ -1,0 +1,66 @@
+// Context parallelism: every sequence split over the cp ranks of a CP group, with causal
+// attention's work equal on every rank, and the attention itself across the group.
+//
+// Sharding (load-balanced): a sequence of T tokens is cut into 2*cp chunks of c = T / (2 cp);
+// CP rank r holds chunks r and 2cp-1-r, stored slot-major: slot 0 holds chunk r of each of the
+// micro-batch's B sequences ((B, c) tokens), slot 1 chunk 2cp-1-r. Example, cp = 2, T = 8
+// (c = 2): rank 0 holds positions {0,1} and {6,7}, rank 1 {2,3} and {4,5}. Token-wise layers do
+// not care about the order; positions (learned or rotary) are those of the chunk in the sequence.
+//
+// Attention: the (query chunk, key chunk) blocks with key chunk <= query chunk, a diagonal block
+// causal, the others full; every rank computes 2 diagonal and 2cp-1 full blocks of c x c (query,
+// key) pairs. The blocks are taken in ring order: at step k = 0..cp-1 the keys and values of CP
+// rank (r - k) mod cp, both of its slots. Each block's result is merged into the running output
+// by its log-sum-exp (Ops::attention_block_forward). CpComm::Ring passes the key/value blocks
+// (only the Hkv key/value heads, never the queries) around the ring point to point, the next
+// one in flight while the current one is computed; the backward passes them around again with
+// their gradient accumulators, which end at their owner after cp hops. CpComm::AllGather gathers
+// every rank's keys and values at once and reduce-scatters their gradients. Both compute the same
+// blocks in the same order; the gradient sums over the group's ranks are added in ring order
+// (Ring) or by the communicator's reduce-scatter (AllGather): the same bits for cp = 2.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/op.h"
+#include "parallel/comm/communicator.h"
+#include "parallel/grid.h"
+
+namespace tripod {
+
+// The chunk (0 .. 2cp-1) that slot `slot` (0 or 1) of CP rank `cp_rank` holds.
+inline int cp_chunk(int cp, int cp_rank, int slot) { return slot == 0 ? cp_rank : 2 * cp - 1 - cp_rank; }
+
+// One block: this rank's queries of slot q_slot against the keys of slot kv_slot of the step's
+// source rank.
+struct CpBlock {
+  int q_slot = 0, kv_slot = 0;
+  bool causal = false;  // the diagonal block (same chunk)
+  bool operator==(const CpBlock&) const = default;
+};
+// The source of ring step k: CP rank (cp_rank - k) mod cp.
+inline int cp_step_source(int cp, int cp_rank, int step) { return ((cp_rank - step) % cp + cp) % cp; }
+// The blocks rank `cp_rank` computes at ring step `step`, in order (q slot, then kv slot).
+std::vector<CpBlock> cp_step_blocks(int cp, int cp_rank, int step);
+// The (query, key) pairs of causal attention rank `cp_rank` computes for one sequence and head
+// with chunks of c tokens: c^2 per full block, c (c + 1) / 2 per diagonal block.
+int64_t cp_attention_pairs(int cp, int cp_rank, int64_t c);
+
+// The attention of this rank's tokens. B sequences, c tokens per chunk (N = 2 B c local tokens,
+// slot-major), H query heads and Hkv key/value heads of D (this rank's TP share).
+struct CpAttentionShape {
+  int64_t B = 0, c = 0, H = 0, Hkv = 0, D = 0;
+  int64_t N() const { return 2 * B * c; }
+};
+
+// qkv (N, (H + 2 Hkv) D), q and k rotated -> out (N, H D) f32 (the normalised attention), lse
+// (2, B, H, c) f32. Collective over `cp` (every rank of the CP group calls it in the same order).
+void cp_attention_forward(Ops& ops, Communicator& cp, CpComm mode, const CpAttentionShape& s, const Tensor& qkv,
+                          Tensor& out, Tensor& lse);
+// dout, out (N, H D) (compute dtype), lse as the forward left it -> dqkv (N, (H + 2 Hkv) D)
+// (compute dtype, overwritten).
+void cp_attention_backward(Ops& ops, Communicator& cp, CpComm mode, const CpAttentionShape& s, const Tensor& dout,
+                           const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv);
+
+}  // namespace tripod
