@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
     fixed.recompute = RecomputeMode::Full;
     fixed.sequence_parallel = false;
     fixed.distributed_optimizer = false;
+    fixed.schedules = {ScheduleKind::OneFOneB, ScheduleKind::Interleaved};  // Megatron's (no zero-bubble ones)
     PlanResult plan = plan_layouts(cfg, hw, r.gpus, fixed);
     if (plan.layouts.empty()) {
       fmt::print("{:>6} row does not fit (smallest {:.1f} GiB)\n", r.hidden,

@@ -18,6 +18,7 @@ struct LayoutFilter {
   std::optional<int> tp, pp, vp, cp, micro_batch;
   std::optional<RecomputeMode> recompute;
   std::optional<bool> sequence_parallel, distributed_optimizer;
+  std::vector<ScheduleKind> schedules;  // empty: every candidate of schedule_candidates
 };
 // "tp=8,pp=4,vp=2,cp=2,mbs=1,recompute=full,sp=true,distopt=false"; InputError naming the bad item.
 LayoutFilter parse_layout_filter(const std::string& text);
