@@ -115,7 +115,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
         if (m.n_layers % (v * pp) == 0) vps.push_back(v);
       for (int vp : pick(fixed.vp, vps))
        for (const auto& [kind, placement] : schedule_candidates(pp, vp))
-        if (fixed.schedules.empty() || std::ranges::find(fixed.schedules, kind) != fixed.schedules.end())
+        if (fixed.schedules.empty() || std::find(fixed.schedules.begin(), fixed.schedules.end(), kind) != fixed.schedules.end())
         for (int mbs : pick(fixed.micro_batch, divisors(B / dp, max_micro_batch)))
           for (RecomputeMode rc : pick(fixed.recompute, {RecomputeMode::None, RecomputeMode::Selective,
                                                          RecomputeMode::Full}))
