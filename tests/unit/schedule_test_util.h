@@ -1,10 +1,10 @@
-// Helpers shared by the schedule tests: a rank's actions as text, and the InputError a call throws.
+// Helpers shared by the schedule tests: a rank's actions as text (and input_error, tests/input_error.h).
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "core/error.h"
+#include "input_error.h"
 #include "parallel/pipeline/action.h"
 
 namespace tripod::test {
@@ -16,17 +16,6 @@ inline std::string join(const std::vector<Action>& list) {
     s += a.str();
   }
   return s;
-}
-
-// The InputError message `fn` throws, or "" when it throws none.
-template <class Fn>
-std::string input_error(Fn&& fn) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace tripod::test

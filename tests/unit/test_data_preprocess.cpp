@@ -5,6 +5,7 @@
 #include <sentencepiece_trainer.h>
 
 #include "core/error.h"
+#include "input_error.h"
 #include "data/indexed_dataset.h"
 #include "data/preprocess.h"
 #include "data/tokenizer.h"
@@ -22,17 +23,7 @@ std::vector<std::string> fixture_texts() {
   return texts;
 }
 
-std::string expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no InputError";
-  } catch (const InputError& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return msg;
-  }
-  return "";
-}
+using test::expect_input_error;
 
 TEST(DataTokenizer, TrainsAndEncodes) {
   TempDir dir;

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "input_error.h"
 #include "data/bpe.h"
 #include "data/nfc.h"
 #include "data/regex_splitter.h"
@@ -68,17 +69,7 @@ std::string decode(const BpeModel& m, const std::vector<int>& ids) {
   return out;
 }
 
-std::string expect_input_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no InputError";
-  } catch (const InputError& e) {
-    std::string msg = e.what();
-    for (const auto& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return msg;
-  }
-  return "";
-}
+using test::expect_input_error;
 
 TEST(BpeByteTable, EveryByteIsOneCharacterAndComesBack) {
   std::set<std::string> seen;
