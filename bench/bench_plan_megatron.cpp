@@ -21,8 +21,8 @@
 //    against the 0.8 GFLOP of causal attention counted: ~24 TFLOP/s, 8% of peak.
 // Prints predicted vs published per row and the planner's time per row; exits 1 when a row is off
 // by more than --tolerance (10%). --all-schedules plans the zero-bubble candidates too (ZB-H1,
-// ZB-V): the rows then show what tripod would pick, faster than Megatron's schedules, and the
-// exit status ignores the tolerance.
+// ZB-V): the rows then show what tripod would pick, and the exit status is 1 when a row's pick is
+// slower than the best of Megatron's schedules (a search over more layouts cannot lose).
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -97,7 +97,12 @@ int main(int argc, char** argv) {
     const double flops = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
     const double tflops = flops / (best.pred.step_time_s * r.gpus) / 1e12;
     const double err = tflops / r.published_tflops - 1;
-    const bool off = std::abs(err) > tolerance && !all_schedules;
+    bool off = std::abs(err) > tolerance && !all_schedules;
+    if (all_schedules) {
+      fixed.schedules = {ScheduleKind::OneFOneB, ScheduleKind::Interleaved};
+      PlanResult megatron = plan_layouts(cfg, hw, r.gpus, fixed);
+      off = !megatron.layouts.empty() && best.pred.step_time_s > megatron.layouts.front().pred.step_time_s;
+    }
     if (off) ++bad;
     fmt::print("{:>5.1f}B {:>6} {:>4} {:>3} {:>3} {:>5} {:>5} | {:>3} {:>3} {:>11} {:>9.2f} {:>6.1f}% {:>6.1f}% {:>5.1f}G | "
                "{:>9.0f} {:>9.1f} {:>+6.1f}% | {:>7.2f}{}\n",
@@ -108,7 +113,11 @@ int main(int argc, char** argv) {
                off ? "  <- off" : "");
     std::fflush(stdout);
   }
-  fmt::print("{} of {} rows within {:.0f}%{}; planning took {:.1f} s in all\n", std::size(kTable) - bad,
-             std::size(kTable), 100 * tolerance, all_schedules ? " (not checked: --all-schedules)" : "", plan_total);
+  if (all_schedules)
+    fmt::print("{} of {} rows no slower than Megatron's schedules; planning took {:.1f} s in all\n",
+               std::size(kTable) - bad, std::size(kTable), plan_total);
+  else
+    fmt::print("{} of {} rows within {:.0f}%; planning took {:.1f} s in all\n", std::size(kTable) - bad,
+               std::size(kTable), 100 * tolerance, plan_total);
   return bad ? 1 : 0;
 }

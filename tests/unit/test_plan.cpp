@@ -520,7 +520,7 @@ TEST_F(PlanCli, JsonListsLayoutsBestFirst) {
   for (const auto& l : j["layouts"]) {
     for (const char* k : {"tp", "pp", "vp", "dp", "micro_batch", "recompute", "sequence_parallel",
                           "distributed_optimizer", "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu",
-                          "memory_bytes_per_gpu", "bubble", "exposed_comm"})
+                          "memory_bytes_per_gpu", "bubble", "exposed_comm", "layers_per_stage"})
       EXPECT_TRUE(l.contains(k)) << k;
     EXPECT_EQ(l["tp"].get<int>() * l["pp"].get<int>() * l["dp"].get<int>(), 16);
     EXPECT_GE(l["step_time_s"].get<double>(), prev);
@@ -534,6 +534,29 @@ TEST_F(PlanCli, JsonListsLayoutsBestFirst) {
   EXPECT_NE(r.out.find("[parallel]\ntp = "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("pp = 2\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mode = \"full\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layers_per_stage = ["), std::string::npos) << r.out;
+}
+
+TEST_F(PlanCli, TrainDryRunShowsTheAutoSplit) {
+  // The 128K-vocabulary head of Llama-3.2-1B makes "auto" give the last of 2 stages fewer layers.
+  auto r = test::run_cmd(test::tripod_bin() + " train --config " TRIPOD_SOURCE_PATH
+                         "/configs/llama3_2_1b.toml --dry-run --set parallel.tp=2 --set parallel.pp=2 --set "
+                         "parallel.layers_per_stage=auto --set train.micro_batch_size=1 --set train.global_batch_size=128");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("layers per virtual stage: 10+6 (\"auto\", balanced on H100 SXM 80GB (built-in)"),
+            std::string::npos) << r.out;
+  // A hardware file given by parallel.hardware is the one balanced with.
+  r = test::run_cmd(test::tripod_bin() + " train --config " TRIPOD_SOURCE_PATH
+                    "/configs/llama3_2_1b.toml --dry-run --set parallel.pp=2 --set parallel.layers_per_stage=auto "
+                    "--set parallel.hardware=" TRIPOD_SOURCE_PATH "/configs/hardware/a100_80gb_sxm.toml");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("balanced on A100"), std::string::npos) << r.out;
+  r = test::run_cmd(test::tripod_bin() + " train --config " TRIPOD_SOURCE_PATH
+                    "/configs/llama3_2_1b.toml --dry-run --set parallel.pp=2 --set parallel.layers_per_stage=auto "
+                    "--set parallel.hardware=/nonexistent/hw.toml");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("error:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/hw.toml"), std::string::npos) << r.err;
 }
 
 TEST_F(PlanCli, BadInputIsOneErrorLineAndExit2) {
