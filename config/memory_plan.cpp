@@ -35,8 +35,9 @@ RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   return m;
 }
 
-std::vector<RankMemory> plan_memory(const Config& cfg) {
-  Schedule schedule = make_schedule(cfg);
+std::vector<RankMemory> plan_memory(const Config& cfg) { return plan_memory(cfg, make_schedule(cfg)); }
+
+std::vector<RankMemory> plan_memory(const Config& cfg, const Schedule& schedule) {
   PipePlan plan = plan_pipeline(schedule);
   std::vector<RankMemory> out;
   RankGrid grid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.cp);

@@ -26,6 +26,8 @@ struct RankMemory {
 RankMemory plan_rank_memory(const Config& cfg, const RankLayout& layout);
 RankMemory plan_rank_memory(const Config& cfg, int rank);
 std::vector<RankMemory> plan_memory(const Config& cfg);
+// The same for `schedule` (e.g. the one schedule = "auto" built) instead of make_schedule(cfg).
+std::vector<RankMemory> plan_memory(const Config& cfg, const Schedule& schedule);
 // A table of the ranks' estimates (one row per distinct (pp, tp) position; DP replicas agree
 // except under the distributed optimizer, where the largest shard is shown).
 std::string memory_table(const Config& cfg, const std::vector<RankMemory>& ranks);

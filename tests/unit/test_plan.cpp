@@ -559,6 +559,20 @@ TEST_F(PlanCli, TrainDryRunShowsTheAutoSplit) {
   EXPECT_NE(r.err.find("/nonexistent/hw.toml"), std::string::npos) << r.err;
 }
 
+// schedule = "auto" under --dry-run: built for the cost model's F, I and W times per stage on the
+// hardware the stages are balanced with, and its memory plan is that schedule's.
+TEST_F(PlanCli, TrainDryRunBuildsTheAutoScheduleForTheCostModel) {
+  auto r = test::run_cmd(test::tripod_bin() + " train --config " TRIPOD_SOURCE_PATH
+                         "/configs/llama3_2_1b.toml --dry-run --set parallel.pp=2 --set parallel.vp=2 --set "
+                         "parallel.placement=v --set parallel.schedule=auto --set train.micro_batch_size=1 --set "
+                         "train.global_batch_size=16 --set train.device=cuda");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("auto schedule (zbv for the cost model's times on H100 SXM 80GB (built-in); training "
+                       "profiles its machine at start-up) over 16 micro-batches"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("schedule auto"), std::string::npos) << r.out;
+}
+
 TEST_F(PlanCli, BadInputIsOneErrorLineAndExit2) {
   const std::string model = write("m.toml", kModel);
   const std::string h100 = TRIPOD_SOURCE_PATH "/configs/hardware/h100_sxm.toml";

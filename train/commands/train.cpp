@@ -17,6 +17,8 @@
 #include "data/gpt_data.h"
 #include "data/sample_source.h"
 #include "parallel/pipeline/simulate.h"
+#include "parallel/pipeline/zero_bubble.h"
+#include "plan/hardware.h"
 #include "plan/cost_model.h"
 #include "train/commands/commands.h"
 #include "train/evaluator.h"
@@ -85,6 +87,35 @@ void log_restart(const DebugOptions& debug, const Config& cfg, int64_t resumed_f
                r.exit_status, resumed_from, j["time_lost_s"].get<double>());
 }
 
+// --dry-run: the schedule's simulated bubble and every rank's memory plan, before any allocation.
+// schedule = "auto" is built for the cost model's per-stage F, I and W times on the hardware the
+// stages are balanced with (training profiles its own machine at start-up and may choose another).
+void print_dry_run(const Config& cfg, const std::string& split) {
+  const ParallelConfig& p = cfg.parallel;
+  Schedule s = make_schedule(cfg);
+  StageCosts costs;  // empty: unit costs
+  std::string note;
+  if (p.schedule == ScheduleKind::Auto && p.schedule_file.empty()) {
+    const Hardware hw = balance_hardware(cfg);
+    std::vector<double> f, i, w;
+    for (const ChunkTimes& c : stage_times(cfg, hw)) {
+      f.push_back(c.forward);
+      i.push_back(c.input());
+      w.push_back(c.weight);
+    }
+    costs = stage_costs_fiw(f, i, w, s.num_stages());
+    const AutoSchedule a = auto_schedule(s.pp, s.vp, s.placement, s.microbatches, costs, /*comm=*/0, /*cap=*/0);
+    s = a.schedule;
+    note = fmt::format(" ({} for the cost model's times on {}; training profiles its machine at start-up)",
+                       a.chosen, hw.name);
+  }
+  const PipePlan plan = plan_pipeline(s);
+  const Simulation sim = costs.forward.empty() ? simulate(s, PipeCosts{}) : simulate(s, plan, PipeCosts{}, costs);
+  fmt::print("grid {}, vp {}, {} schedule{} over {} micro-batches per step: simulated bubble {:.1f}%\n{}\n{}",
+             RankGrid(p.tp, p.dp, p.pp, p.cp).str(), p.vp, s.kind, note, s.microbatches, 100 * sim.bubble, split,
+             memory_table(cfg, plan_memory(cfg, s)));
+}
+
 // Training between MPI_Init and MPI_Finalize; `linger_ms` gets the exit test hook's value.
 int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
   MpiSession mpi(timeout_s);
@@ -98,14 +129,7 @@ int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
       if (cfg.parallel.dp == 0) cfg.parallel.dp = 1;
       validate_layout(cfg, cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp * cfg.parallel.dp);
       const std::string split = resolve_layer_split(cfg);
-      if (mpi.rank() == 0) {
-        Schedule s = make_schedule(cfg);
-        Simulation sim = simulate(s, PipeCosts{});
-        fmt::print("grid {}, vp {}, {} schedule over {} micro-batches per step: simulated bubble "
-                   "{:.1f}%\n{}\n{}",
-                   RankGrid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.cp).str(), cfg.parallel.vp, s.kind, s.microbatches,
-                   100 * sim.bubble, split, memory_table(cfg, plan_memory(cfg)));
-      }
+      if (mpi.rank() == 0) print_dry_run(cfg, split);
       return 0;
     }
     validate_layout(cfg, mpi.size());
