@@ -101,10 +101,17 @@ std::string render_gantt_svg(const GanttChart& ch) {
   }
   s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", left + plot_w / 2,
                    axis_y + 32, xml_escape(ch.time_unit));
-  for (const auto& b : ch.boxes) {
+  // The inner bands after every box, so that they lie on top of the spans holding them.
+  std::vector<const GanttBox*> order;
+  for (const auto& b : ch.boxes)
+    if (!b.inner) order.push_back(&b);
+  for (const auto& b : ch.boxes)
+    if (b.inner) order.push_back(&b);
+  for (const GanttBox* bp : order) {
+    const GanttBox& b = *bp;
     if (b.row < 0 || b.row >= rows) continue;
     const double x = left + b.start * scale, w = std::max(0.5, (b.end - b.start) * scale);
-    const double y = top + b.row * row_h + 2, h = row_h - 4;
+    const double y = top + b.row * row_h + (b.inner ? row_h - 9 : 2), h = b.inner ? 7 : row_h - 4;
     s += fmt::format(
         "<g><title>{}</title><rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
         "stroke=\"#333\" stroke-width=\"0.5\"/>",

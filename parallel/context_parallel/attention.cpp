@@ -42,10 +42,17 @@ struct Slots {
 
 constexpr int kKvTag = 0, kGradTag = 1;
 
+// A span of the CP exchanges on `trace`, or nothing when it is null.
+TraceRecorder::Span cp_span(TraceRecorder* trace, std::string_view name) {
+  return trace ? trace->span(name, TraceCategory::ContextParallel) : TraceRecorder::Span{};
+}
+constexpr std::string_view kRingForward = "cp ring send/recv K/V", kRingBackward = "cp ring send/recv K/V, dK/dV",
+                           kGather = "cp all-gather K/V", kScatter = "cp reduce-scatter dK/dV";
+
 }  // namespace
 
 void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAttentionShape& s, const Tensor& qkv,
-                          Tensor& out, Tensor& lse) {
+                          Tensor& out, Tensor& lse, TraceRecorder* trace) {
   const int cp = comm.size(), r = comm.rank();
   const int64_t N = s.N(), heads = s.H + 2 * s.Hkv, kvw = 2 * s.Hkv * s.D;
   TRIPOD_CHECK(qkv.numel() == N * heads * s.D && out.numel() == N * s.H * s.D && out.dtype() == DType::F32 &&
@@ -65,7 +72,10 @@ void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAtt
   };
   if (mode == CpComm::AllGather) {
     Tensor all = ops.empty({cp * N, kvw}, ops.compute_dtype(), MemCategory::Workspace);
-    comm.all_gather(kv, all);
+    {
+      auto span = cp_span(trace, kGather);
+      comm.all_gather(kv, all);
+    }
     kv = Tensor{};
     for (int k = 0; k < cp; ++k) {
       const int src = cp_step_source(cp, r, k);
@@ -79,11 +89,13 @@ void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAtt
   for (int k = 0; k < cp; ++k) {
     std::unique_ptr<CommRequest> send, recv;
     if (k + 1 < cp) {
+      auto span = cp_span(trace, kRingForward);
       recv = comm.irecv(other, prev, kKvTag);
       send = comm.isend(kv, next, kKvTag);
     }
     compute(k, kv);
     if (send) {
+      auto span = cp_span(trace, kRingForward);
       send->wait();
       recv->wait();
       std::swap(kv, other);
@@ -92,7 +104,8 @@ void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAtt
 }
 
 void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAttentionShape& s, const Tensor& dout,
-                           const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv) {
+                           const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv,
+                           TraceRecorder* trace) {
   const int cp = comm.size(), r = comm.rank();
   const int64_t N = s.N(), heads = s.H + 2 * s.Hkv, kvw = 2 * s.Hkv * s.D;
   TRIPOD_CHECK(qkv.numel() == N * heads * s.D && dqkv.numel() == qkv.numel() && out.numel() == N * s.H * s.D &&
@@ -120,7 +133,10 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
   Tensor mine = ops.empty({N, kvw}, DType::F32, MemCategory::Workspace);  // this rank's dK, dV
   if (mode == CpComm::AllGather) {
     Tensor all = ops.empty({cp * N, kvw}, ops.compute_dtype(), MemCategory::Workspace);
-    comm.all_gather(kv, all);
+    {
+      auto span = cp_span(trace, kGather);
+      comm.all_gather(kv, all);
+    }
     kv = Tensor{};
     Tensor dall = ops.empty({cp * N, kvw}, DType::F32, MemCategory::Workspace);
     ops.fill(dall, 0.f);
@@ -130,6 +146,7 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
       compute(k, all.slice(src * N, (src + 1) * N), d);
     }
     all = Tensor{};
+    auto span = cp_span(trace, kScatter);
     comm.reduce_scatter(dall, mine);
   } else {
     // Ring: each key/value block travels with the sum of the gradients the ranks it visited gave
@@ -141,16 +158,20 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
     Tensor part = ops.empty({N, kvw}, DType::F32, MemCategory::Workspace);
     ops.fill(acc, 0.f);
     for (int k = 0; k < cp; ++k) {
-      std::unique_ptr<CommRequest> send_kv, recv_kv;
-      if (k + 1 < cp) {
-        recv_kv = comm.irecv(other, prev, kKvTag);
-        send_kv = comm.isend(kv, next, kKvTag);
+      std::unique_ptr<CommRequest> send_kv, recv_kv, recv_acc, send_acc;
+      {
+        auto span = cp_span(trace, kRingBackward);
+        if (k + 1 < cp) {
+          recv_kv = comm.irecv(other, prev, kKvTag);
+          send_kv = comm.isend(kv, next, kKvTag);
+        }
+        recv_acc = comm.irecv(mine, prev, kGradTag);
       }
-      auto recv_acc = comm.irecv(mine, prev, kGradTag);
       ops.fill(part, 0.f);
       compute(k, kv, part);
       ops.accumulate(acc, part);
-      auto send_acc = comm.isend(acc, next, kGradTag);
+      auto span = cp_span(trace, kRingBackward);
+      send_acc = comm.isend(acc, next, kGradTag);
       if (send_kv) {
         send_kv->wait();
         recv_kv->wait();
