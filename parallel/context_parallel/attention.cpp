@@ -2,6 +2,8 @@
 #include "parallel/context_parallel/attention.h"
 
 #include <cmath>
+#include <functional>
+#include <initializer_list>
 #include <utility>
 
 #include "core/error.h"
@@ -46,6 +48,12 @@ constexpr int kKvTag = 0, kGradTag = 1;
 TraceRecorder::Span cp_span(TraceRecorder* trace, std::string_view name) {
   return trace ? trace->span(name, TraceCategory::ContextParallel) : TraceRecorder::Span{};
 }
+// Advances the ring's transfers in flight (MPI moves data only inside its calls): called between
+// the blocks of a step, so that the next block's keys and values arrive while this one computes.
+void progress(std::initializer_list<CommRequest*> requests) {
+  for (CommRequest* r : requests)
+    if (r) r->progress();
+}
 constexpr std::string_view kRingForward = "cp ring send/recv K/V", kRingBackward = "cp ring send/recv K/V, dK/dV",
                            kGather = "cp all-gather K/V", kScatter = "cp reduce-scatter dK/dV";
 
@@ -64,10 +72,14 @@ void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAtt
   Tensor kv = ops.empty({N, kvw}, ops.compute_dtype(), MemCategory::Workspace);
   ops.attention_kv_pack(q2, s.H, kv);
   ops.fill(lse, -INFINITY);
-  auto compute = [&](int step, const Tensor& kv_src) {
-    for (const CpBlock& b : cp_step_blocks(cp, r, step)) {
+  // The step's blocks; `between` runs after each block but the last.
+  auto compute = [&](int step, const Tensor& kv_src, const std::function<void()>& between = {}) {
+    const std::vector<CpBlock> blocks = cp_step_blocks(cp, r, step);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const CpBlock& b = blocks[i];
       Tensor o = sl.rows(out, b.q_slot, s.H), l = sl.lse(lse, b.q_slot);
       ops.attention_block_forward(sl.rows(q2, b.q_slot, heads), sl.rows(kv_src, b.kv_slot, 2 * s.Hkv), b.causal, o, l);
+      if (between && i + 1 < blocks.size()) between();
     }
   };
   if (mode == CpComm::AllGather) {
@@ -93,7 +105,7 @@ void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAtt
       recv = comm.irecv(other, prev, kKvTag);
       send = comm.isend(kv, next, kKvTag);
     }
-    compute(k, kv);
+    compute(k, kv, [&] { progress({recv.get(), send.get()}); });
     if (send) {
       auto span = cp_span(trace, kRingForward);
       send->wait();
@@ -122,12 +134,15 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
   Tensor kv = ops.empty({N, kvw}, ops.compute_dtype(), MemCategory::Workspace);
   ops.attention_kv_pack(q2, s.H, kv);
   // The step's blocks: dq of this rank's queries, dkv (zeroed) of the source's keys and values.
-  auto compute = [&](int step, const Tensor& kv_src, Tensor& dkv) {
-    for (const CpBlock& b : cp_step_blocks(cp, r, step)) {
+  auto compute = [&](int step, const Tensor& kv_src, Tensor& dkv, const std::function<void()>& between = {}) {
+    const std::vector<CpBlock> blocks = cp_step_blocks(cp, r, step);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const CpBlock& b = blocks[i];
       Tensor dqs = sl.rows(dq, b.q_slot, heads), dkvs = sl.rows(dkv, b.kv_slot, 2 * s.Hkv);
       ops.attention_block_backward(sl.rows(dout, b.q_slot, s.H), sl.rows(q2, b.q_slot, heads),
                                    sl.rows(kv_src, b.kv_slot, 2 * s.Hkv), sl.rows(out, b.q_slot, s.H),
                                    sl.lse(lse, b.q_slot), b.causal, dqs, dkvs);
+      if (between && i + 1 < blocks.size()) between();
     }
   };
   Tensor mine = ops.empty({N, kvw}, DType::F32, MemCategory::Workspace);  // this rank's dK, dV
@@ -168,7 +183,7 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
         recv_acc = comm.irecv(mine, prev, kGradTag);
       }
       ops.fill(part, 0.f);
-      compute(k, kv, part);
+      compute(k, kv, part, [&] { progress({recv_kv.get(), send_kv.get(), recv_acc.get()}); });
       ops.accumulate(acc, part);
       auto span = cp_span(trace, kRingBackward);
       send_acc = comm.isend(acc, next, kGradTag);

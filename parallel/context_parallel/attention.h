@@ -13,7 +13,8 @@
 // rank (r - k) mod cp, both of its slots. Each block's result is merged into the running output
 // by its log-sum-exp (Ops::attention_block_forward). CpComm::Ring passes the key/value blocks
 // (only the Hkv key/value heads, never the queries) around the ring point to point, the next
-// one in flight while the current one is computed; the backward passes them around again with
+// one in flight while the current one is computed (its requests given progress() between the
+// step's blocks, since MPI moves data only inside its calls); the backward passes them around again with
 // their gradient accumulators, which end at their owner after cp hops. CpComm::AllGather gathers
 // every rank's keys and values at once and reduce-scatters their gradients. Both compute the same
 // blocks in the same order; the gradient sums over the group's ranks are added in ring order
