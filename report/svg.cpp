@@ -63,7 +63,10 @@ std::string render_gantt_svg(const GanttChart& ch) {
   // Layout (px): title, rows, axis, footnotes; labels on the left, notes on the right.
   double plot_w = 1000;
   if (ch.label_duration > 0) plot_w = std::clamp(t_end / ch.label_duration * 34, 1000.0, 4000.0);
-  const double left = 100, row_h = 26, top = 40;
+  // The left margin holds the longest row label (about 6.2 px per character at this size).
+  size_t label_chars = 0;
+  for (const auto& l : ch.row_labels) label_chars = std::max(label_chars, l.size());
+  const double left = std::max(100.0, 14 + 6.2 * static_cast<double>(label_chars)), row_h = 26, top = 40;
   size_t note_chars = 0;
   for (const auto& n : ch.row_notes) note_chars = std::max(note_chars, n.size());
   const double right = 20 + 7.0 * static_cast<double>(note_chars);
