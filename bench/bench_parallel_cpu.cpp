@@ -98,7 +98,9 @@ int main(int argc, char** argv) {
       std::vector<int> ranks(grid.world_size());
       for (int i = 0; i < grid.world_size(); ++i) ranks[i] = i;
       MpiComm world(comm, "world", ops.get(), 600, ranks);
-      ParallelContext par = make_parallel_context(world, grid, {.sequence_parallel = l.sp});
+      ContextOptions options;
+      options.sequence_parallel = l.sp;
+      ParallelContext par = make_parallel_context(world, grid, options);
       Config c = cfg;
       c.parallel.tp = l.tp;
       c.parallel.dp = l.dp;

@@ -94,7 +94,7 @@ void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_pr
     // The blocks merge into an f32 result: att itself where that is the compute dtype.
     const bool direct = a.att.dtype() == DType::F32;
     Tensor o = direct ? a.att : ops_.empty({N, H_local_ * D_}, DType::F32, MemCategory::Workspace);
-    cp_attention_forward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), a.qkv, o, a.lse);
+    cp_attention_forward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), a.qkv, o, a.lse, par_.trace);
     if (!direct) ops_.copy(o, a.att);
     ops_.linear_forward(a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
     return;
@@ -128,7 +128,8 @@ Tensor Attention::backward_input(const Tensor& dout_full, const MicroShape& ms, 
   Tensor dqkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), dqkv_category);
   Tensor dqkv4 = dqkv.view({ms.B, ms.T, heads, D_});
   if (ms.cp > 1)
-    cp_attention_backward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), datt, a.qkv, a.att, a.lse, dqkv);
+    cp_attention_backward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), datt, a.qkv, a.att, a.lse, dqkv,
+                          par_.trace);
   else
     ops_.attention_backward(datt.view({ms.B, ms.T, H_local_, D_}), a.qkv.view({ms.B, ms.T, heads, D_}),
                             a.att.view({ms.B, ms.T, H_local_, D_}), a.lse, a.probs, dqkv4);

@@ -48,7 +48,7 @@ std::vector<ChunkLayout> rank_chunks(const std::vector<int>& counts, int pp, int
 
 GptModel::GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
                    const std::vector<ChunkLayout>& chunks, const RecomputeConfig& recompute, ParamRegistry& reg)
-    : ops_(ops), par_(par), cfg_(cfg) {
+    : ops_(ops), cfg_(cfg) {
   auto added_since = [&reg](size_t before) {
     std::vector<Param*> out;
     for (size_t i = before; i < reg.params().size(); ++i) out.push_back(&reg.params()[i]);

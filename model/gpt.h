@@ -104,7 +104,6 @@ class GptModel {
     std::vector<Param*> embedding_params, head_params;
   };
   Ops& ops_;
-  const ParallelContext& par_;
   ModelConfig cfg_;
   std::vector<Chunk> chunks_;
   Param* wte_ = nullptr;

@@ -12,6 +12,7 @@ namespace tripod {
 
 class MpiComm;
 class FlightRecorder;
+class TraceRecorder;
 
 struct ParallelContext {
   RankGrid grid;
@@ -29,6 +30,9 @@ struct ParallelContext {
   // The flight recorder every communicator above records into (null when it is off): the
   // trainer and the pipeline executor tell it the step and phase.
   std::shared_ptr<FlightRecorder> flight;
+  // The timeline that communication inside the layers (the cp attention's exchanges) records
+  // into, or null: the trainer owning the recorder sets it for its lifetime when tracing is on.
+  TraceRecorder* trace = nullptr;
 
   bool first_stage() const { return coords.pp == 0; }
   bool last_stage() const { return coords.pp == grid.pp() - 1; }

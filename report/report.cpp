@@ -606,14 +606,23 @@ std::string timeline_html(const Timeline& tl) {
        "<span><i class=\"box\" style=\"background:#8c8c8c\"></i>send</span>"
        "<span><i class=\"box\" style=\"background:#d0d0d0\"></i>recv</span>"
        "<span><i class=\"box\" style=\"background:#8e6bbf\"></i>reduce (grad sync)</span>"
-       "<span><i class=\"box\" style=\"background:#e08a2e\"></i>optimizer</span></div>\n";
+       "<span><i class=\"box\" style=\"background:#e08a2e\"></i>optimizer</span>";
+  // Context parallelism: its axis in the table and its exchanges (bands inside the forward and
+  // backward boxes) only when the run used it, as in the grid card.
+  const bool cp = s.cp > 1;
+  if (cp) h += "<span><i class=\"box\" style=\"background:#1a9e8f\"></i>cp K/V exchange</span>";
+  h += "</div>\n";
   h += "<div class=\"trace-svg\">" + tl.svg + "</div>\n";
-  h += "<table class=\"idle-table\"><thead><tr><th>rank</th><th>pp</th><th>dp</th><th>tp</th><th>events</th>"
-       "<th>measured idle</th><th>ideal idle</th></tr></thead><tbody>\n";
+  h += fmt::format("<table class=\"idle-table\"><thead><tr><th>rank</th><th>pp</th><th>dp</th>{}<th>tp</th>"
+                   "<th>events</th><th>measured idle</th><th>ideal idle</th>{}</tr></thead><tbody>\n",
+                   cp ? "<th>cp</th>" : "", cp ? "<th>cp exchange per step</th>" : "");
   for (const auto& r : s.ranks)
-    h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{}{}</tr>\n", r.rank, r.coords.pp,
-                     r.coords.dp, r.coords.tp, r.events, idle_bar(r.measured_idle, "#d9822b"),
-                     idle_bar(r.ideal_idle, "#7a8799"));
+    h += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td>{}<td>{}</td><td>{}</td>{}{}{}</tr>\n", r.rank,
+                     r.coords.pp, r.coords.dp, cp ? fmt::format("<td>{}</td>", r.coords.cp) : "", r.coords.tp,
+                     r.events, idle_bar(r.measured_idle, "#d9822b"), idle_bar(r.ideal_idle, "#7a8799"),
+                     cp ? fmt::format("<td class=\"cp-exchange\">{:.3f} ms ({:.1f}% of forward/backward)</td>",
+                                      r.cp_us_per_step / 1e3, 100 * r.cp_fraction)
+                        : "");
   h += "</tbody></table>\n";
   h += "<div class=\"panel-sub\">The full trace opens in Perfetto or chrome://tracing: "
        "<code>tripod trace merge RUN_DIR</code> writes RUN_DIR/trace.json.</div>\n";

@@ -63,7 +63,10 @@ std::string render_gantt_svg(const GanttChart& ch) {
   // Layout (px): title, rows, axis, footnotes; labels on the left, notes on the right.
   double plot_w = 1000;
   if (ch.label_duration > 0) plot_w = std::clamp(t_end / ch.label_duration * 34, 1000.0, 4000.0);
-  const double left = 100, row_h = 26, top = 40;
+  // The left margin holds the longest row label (about 6.2 px per character at this size).
+  size_t label_chars = 0;
+  for (const auto& l : ch.row_labels) label_chars = std::max(label_chars, l.size());
+  const double left = std::max(100.0, 14 + 6.2 * static_cast<double>(label_chars)), row_h = 26, top = 40;
   size_t note_chars = 0;
   for (const auto& n : ch.row_notes) note_chars = std::max(note_chars, n.size());
   const double right = 20 + 7.0 * static_cast<double>(note_chars);
@@ -101,10 +104,17 @@ std::string render_gantt_svg(const GanttChart& ch) {
   }
   s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"middle\">{}</text>\n", left + plot_w / 2,
                    axis_y + 32, xml_escape(ch.time_unit));
-  for (const auto& b : ch.boxes) {
+  // The inner bands after every box, so that they lie on top of the spans holding them.
+  std::vector<const GanttBox*> order;
+  for (const auto& b : ch.boxes)
+    if (!b.inner) order.push_back(&b);
+  for (const auto& b : ch.boxes)
+    if (b.inner) order.push_back(&b);
+  for (const GanttBox* bp : order) {
+    const GanttBox& b = *bp;
     if (b.row < 0 || b.row >= rows) continue;
     const double x = left + b.start * scale, w = std::max(0.5, (b.end - b.start) * scale);
-    const double y = top + b.row * row_h + 2, h = row_h - 4;
+    const double y = top + b.row * row_h + (b.inner ? row_h - 9 : 2), h = b.inner ? 7 : row_h - 4;
     s += fmt::format(
         "<g><title>{}</title><rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.0f}\" fill=\"{}\" "
         "stroke=\"#333\" stroke-width=\"0.5\"/>",

@@ -15,6 +15,9 @@ struct GanttBox {
   std::string fill;           // CSS colour
   std::string label;          // drawn inside the box when it fits
   std::string tooltip;        // shown on hover
+  // A band in the lower part of the row, drawn over the boxes it lies in (communication inside a
+  // forward or backward span).
+  bool inner = false;
 };
 
 struct GanttChart {

@@ -71,8 +71,11 @@ std::string category_fill(const TraceEvent& e) {
   if (e.cat == "recv") return "#d0d0d0";
   if (e.cat == "reduce") return "#8e6bbf";
   if (e.cat == "optimizer") return "#e08a2e";
+  if (e.cat == "cp") return "#1a9e8f";
   return "#bbbbbb";
 }
+
+bool is_cp(const std::string& cat) { return cat == "cp"; }
 
 }  // namespace
 
@@ -179,10 +182,15 @@ MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
     TraceRankSummary rs;
     rs.rank = t->header.at("rank").get<int>();
     const json& c = t->header.at("coords");
-    rs.coords = {c.value("tp", 0), c.value("dp", 0), c.value("pp", 0)};
+    rs.coords = {c.value("tp", 0), c.value("dp", 0), c.value("pp", 0), c.value("cp", 0)};
+    TRIPOD_INPUT_CHECK(rs.coords.cp >= 0 && rs.coords.cp < world, "{}: context-parallel coordinate {} outside a world "
+                       "of {} ranks", t->path, rs.coords.cp, world);
+    sum.cp = std::max(sum.cp, rs.coords.cp + 1);
     rs.events = static_cast<int>(t->events.size());
     std::map<int64_t, double> busy;
+    double cp_us = 0;
     for (const auto& e : t->events) {
+      if (is_cp(e.cat) && used.count(e.step)) cp_us += e.dur;
       if (!is_compute(e.cat) || !used.count(e.step)) continue;
       busy[e.step] += e.dur;
       // Split backwards (I, W) are timed apart: the ideal needs both.
@@ -191,10 +199,14 @@ MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
       (k == ActionKind::Forward ? f_sum : k == ActionKind::Input ? i_sum : k == ActionKind::Weight ? w_sum : b_sum) += e.dur;
       ++(k == ActionKind::Forward ? f_n : k == ActionKind::Input ? i_n : k == ActionKind::Weight ? w_n : b_n);
     }
+    double busy_us = 0;
     for (const auto& [step, w] : used) {
       const double span = w.second - w.first;
       rs.measured_idle += (span > 0 ? 1.0 - busy[step] / span : 0.0) / static_cast<double>(used.size());
+      busy_us += busy[step];
     }
+    if (!used.empty()) rs.cp_us_per_step = cp_us / static_cast<double>(used.size());
+    if (busy_us > 0) rs.cp_fraction = cp_us / busy_us;
     sum.ranks.push_back(rs);
   }
   sum.mean_forward_us = f_n ? f_sum / f_n : 0;
@@ -219,6 +231,11 @@ MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
   return merged;
 }
 
+std::string rank_coords_label(const Coords& c, int cp) {
+  return cp > 1 ? fmt::format("pp {}, dp {}, cp {}, tp {}", c.pp, c.dp, c.cp, c.tp)
+                : fmt::format("pp {}, dp {}, tp {}", c.pp, c.dp, c.tp);
+}
+
 std::string render_trace_json(const MergedTrace& merged) {
   const TraceSummary& sum = merged.summary;
   std::string out = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
@@ -232,8 +249,7 @@ std::string render_trace_json(const MergedTrace& merged) {
     const RankTrace& t = merged.ranks[i];
     const auto& rs = sum.ranks[i];
     add(json({{"ph", "M"}, {"name", "process_name"}, {"pid", rs.rank},
-              {"args", {{"name", fmt::format("rank {} (pp {}, dp {}, tp {})", rs.rank, rs.coords.pp, rs.coords.dp,
-                                             rs.coords.tp)}}}})
+              {"args", {{"name", fmt::format("rank {} ({})", rs.rank, rank_coords_label(rs.coords, sum.cp))}}}})
             .dump());
     add(json({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rs.rank}, {"args", {{"sort_index", rs.rank}}}})
             .dump());
@@ -261,14 +277,16 @@ GanttChart trace_chart(const MergedTrace& merged) {
       }
   for (size_t i = 0; i < merged.ranks.size(); ++i) {
     const auto& rs = sum.ranks[i];
-    ch.row_labels.push_back(fmt::format("rank {} (pp {})", rs.rank, rs.coords.pp));
+    ch.row_labels.push_back(sum.cp > 1 ? fmt::format("rank {} (pp {}, cp {})", rs.rank, rs.coords.pp, rs.coords.cp)
+                                       : fmt::format("rank {} (pp {})", rs.rank, rs.coords.pp));
     ch.row_notes.push_back(rs.ideal_idle >= 0
                                ? fmt::format("idle {:.1f}%  (ideal {:.1f}%)", 100 * rs.measured_idle, 100 * rs.ideal_idle)
                                : fmt::format("idle {:.1f}%  (ideal n/a)", 100 * rs.measured_idle));
     for (const auto& e : merged.ranks[i].events) {
       if (e.step != sum.drawn_step) continue;
       ch.boxes.push_back({static_cast<int>(i), (e.ts - t0) / 1e3, (e.ts + e.dur - t0) / 1e3, category_fill(e),
-                          is_compute(e.cat) ? e.name : "", fmt::format("{} ({}) {:.3f} ms", e.name, e.cat, e.dur / 1e3)});
+                          is_compute(e.cat) ? e.name : "", fmt::format("{} ({}) {:.3f} ms", e.name, e.cat, e.dur / 1e3),
+                          /*inner=*/is_cp(e.cat)});
     }
   }
   ch.footnotes.push_back(fmt::format(
@@ -277,8 +295,9 @@ GanttChart trace_chart(const MergedTrace& merged) {
   ch.footnotes.push_back(fmt::format(
       "ideal = simulated bubble of the same schedule with the measured mean forward {:.3f} ms and backward {:.3f} ms, "
       "free communication", sum.mean_forward_us / 1e3, sum.mean_backward_us / 1e3));
-  ch.footnotes.push_back("light: forward, dark: backward (hue by micro-batch); grey: send/recv; purple: reduce; "
-                         "orange: optimizer");
+  ch.footnotes.push_back(std::string("light: forward, dark: backward (hue by micro-batch); grey: send/recv; "
+                                     "purple: reduce; orange: optimizer") +
+                         (sum.cp > 1 ? "; teal band: context-parallel K/V exchange inside a forward/backward" : ""));
   return ch;
 }
 

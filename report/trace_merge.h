@@ -23,10 +23,15 @@ struct TraceRankSummary {
   int events = 0;
   double measured_idle = 0;  // mean over the steps used (see steps_used) of 1 - compute/window
   double ideal_idle = -1;    // the simulator's bubble for this rank's pipeline rank; -1 if unknown
+  // The context-parallel attention's exchanges (events of category "cp", inside the forward and
+  // backward events): their time per step (mean over the steps used) and its share of the
+  // rank's forward/backward time.
+  double cp_us_per_step = 0, cp_fraction = 0;
 };
 struct TraceSummary {
   std::string kind;
   int pp = 1, vp = 1, microbatches = 1;
+  int cp = 1;                 // the context-parallel size: 1 + the largest cp coordinate
   int64_t steps = 0;          // steps with pipeline events
   int64_t steps_used = 0;     // steps averaged (all but the first when there are several)
   int64_t drawn_step = -1;    // the step drawn in trace.svg
@@ -64,7 +69,11 @@ std::map<int, RankTrace> read_traces(const std::string& run_dir);
 // rebuilt from the headers, each rank's measured idle and the simulator's ideal. InputError
 // naming the file whose header disagrees.
 MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files);
-// trace.json's text: Chrome trace event format, one process per rank.
+// A rank's place on the grid, as trace.json, trace.svg and the report name it: "pp 1, dp 0, tp 1",
+// with "cp C" before tp when the run has cp > 1.
+std::string rank_coords_label(const Coords& c, int cp);
+// trace.json's text: Chrome trace event format, one process per rank, named "rank R (pp .., dp ..,
+// [cp ..,] tp ..)".
 std::string render_trace_json(const MergedTrace& merged);
 // trace.svg's chart: the last step drawn, every event, in ms from the step's first event.
 GanttChart trace_chart(const MergedTrace& merged);

@@ -111,9 +111,13 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                "device {}", par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
                layout_.schedule.kind, auto_chosen_.empty() ? "" : " (" + auto_chosen_ + ")", pc.vp,
                enum_name(layout_.schedule.placement), enum_name(tc.device));
+  // Last, so that a constructor that throws leaves no pointer to its recorder behind.
+  if (trace_) par.trace = trace_.get();  // the cp attention's exchanges (reset by ~Trainer)
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (par_.trace == trace_.get()) par_.trace = nullptr;
+}
 
 void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayout& layout, Ops& ops,
                      int64_t consumed, int micro, MicroBatch& mb) {

@@ -18,6 +18,10 @@ class CommRequest {
  public:
   virtual ~CommRequest() = default;
   virtual void wait() = 0;
+  // Lets the operation advance without blocking, for transports that move data only inside their
+  // own calls (MPI, on one thread per rank): call it now and then while computing, so that the
+  // transfer overlaps the compute instead of happening at wait(). A no-op elsewhere.
+  virtual void progress() {}
 };
 
 class Communicator {

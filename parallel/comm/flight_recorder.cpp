@@ -43,6 +43,9 @@ class RecordedRequest final : public CommRequest {
     rec_->mark(id_, FlightState::Completed);
     done_ = true;
   }
+  void progress() override {
+    if (!done_) inner_->progress();
+  }
 
  private:
   std::unique_ptr<CommRequest> inner_;

@@ -96,6 +96,11 @@ class MpiRequest final : public CommRequest {
     MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);
     if (!flag) new std::vector<Staged>(std::move(staged_));
   }
+  void progress() override {
+    if (done_ || req_ == MPI_REQUEST_NULL) return;
+    int flag = 0;
+    MPI_Test(&req_, &flag, MPI_STATUS_IGNORE);  // completed: req_ becomes MPI_REQUEST_NULL; wait() copies back
+  }
   void wait() override {
     if (done_) return;
     comm_->wait(req_, what_.c_str());

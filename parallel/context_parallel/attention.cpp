@@ -2,6 +2,8 @@
 #include "parallel/context_parallel/attention.h"
 
 #include <cmath>
+#include <functional>
+#include <initializer_list>
 #include <utility>
 
 #include "core/error.h"
@@ -42,10 +44,23 @@ struct Slots {
 
 constexpr int kKvTag = 0, kGradTag = 1;
 
+// A span of the CP exchanges on `trace`, or nothing when it is null.
+TraceRecorder::Span cp_span(TraceRecorder* trace, std::string_view name) {
+  return trace ? trace->span(name, TraceCategory::ContextParallel) : TraceRecorder::Span{};
+}
+// Advances the ring's transfers in flight (MPI moves data only inside its calls): called between
+// the blocks of a step, so that the next block's keys and values arrive while this one computes.
+void progress(std::initializer_list<CommRequest*> requests) {
+  for (CommRequest* r : requests)
+    if (r) r->progress();
+}
+constexpr std::string_view kRingForward = "cp ring send/recv K/V", kRingBackward = "cp ring send/recv K/V, dK/dV",
+                           kGather = "cp all-gather K/V", kScatter = "cp reduce-scatter dK/dV";
+
 }  // namespace
 
 void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAttentionShape& s, const Tensor& qkv,
-                          Tensor& out, Tensor& lse) {
+                          Tensor& out, Tensor& lse, TraceRecorder* trace) {
   const int cp = comm.size(), r = comm.rank();
   const int64_t N = s.N(), heads = s.H + 2 * s.Hkv, kvw = 2 * s.Hkv * s.D;
   TRIPOD_CHECK(qkv.numel() == N * heads * s.D && out.numel() == N * s.H * s.D && out.dtype() == DType::F32 &&
@@ -57,15 +72,22 @@ void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAtt
   Tensor kv = ops.empty({N, kvw}, ops.compute_dtype(), MemCategory::Workspace);
   ops.attention_kv_pack(q2, s.H, kv);
   ops.fill(lse, -INFINITY);
-  auto compute = [&](int step, const Tensor& kv_src) {
-    for (const CpBlock& b : cp_step_blocks(cp, r, step)) {
+  // The step's blocks; `between` runs after each block but the last.
+  auto compute = [&](int step, const Tensor& kv_src, const std::function<void()>& between = {}) {
+    const std::vector<CpBlock> blocks = cp_step_blocks(cp, r, step);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const CpBlock& b = blocks[i];
       Tensor o = sl.rows(out, b.q_slot, s.H), l = sl.lse(lse, b.q_slot);
       ops.attention_block_forward(sl.rows(q2, b.q_slot, heads), sl.rows(kv_src, b.kv_slot, 2 * s.Hkv), b.causal, o, l);
+      if (between && i + 1 < blocks.size()) between();
     }
   };
   if (mode == CpComm::AllGather) {
     Tensor all = ops.empty({cp * N, kvw}, ops.compute_dtype(), MemCategory::Workspace);
-    comm.all_gather(kv, all);
+    {
+      auto span = cp_span(trace, kGather);
+      comm.all_gather(kv, all);
+    }
     kv = Tensor{};
     for (int k = 0; k < cp; ++k) {
       const int src = cp_step_source(cp, r, k);
@@ -79,11 +101,13 @@ void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAtt
   for (int k = 0; k < cp; ++k) {
     std::unique_ptr<CommRequest> send, recv;
     if (k + 1 < cp) {
+      auto span = cp_span(trace, kRingForward);
       recv = comm.irecv(other, prev, kKvTag);
       send = comm.isend(kv, next, kKvTag);
     }
-    compute(k, kv);
+    compute(k, kv, [&] { progress({recv.get(), send.get()}); });
     if (send) {
+      auto span = cp_span(trace, kRingForward);
       send->wait();
       recv->wait();
       std::swap(kv, other);
@@ -92,7 +116,8 @@ void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAtt
 }
 
 void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAttentionShape& s, const Tensor& dout,
-                           const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv) {
+                           const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv,
+                           TraceRecorder* trace) {
   const int cp = comm.size(), r = comm.rank();
   const int64_t N = s.N(), heads = s.H + 2 * s.Hkv, kvw = 2 * s.Hkv * s.D;
   TRIPOD_CHECK(qkv.numel() == N * heads * s.D && dqkv.numel() == qkv.numel() && out.numel() == N * s.H * s.D &&
@@ -109,18 +134,24 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
   Tensor kv = ops.empty({N, kvw}, ops.compute_dtype(), MemCategory::Workspace);
   ops.attention_kv_pack(q2, s.H, kv);
   // The step's blocks: dq of this rank's queries, dkv (zeroed) of the source's keys and values.
-  auto compute = [&](int step, const Tensor& kv_src, Tensor& dkv) {
-    for (const CpBlock& b : cp_step_blocks(cp, r, step)) {
+  auto compute = [&](int step, const Tensor& kv_src, Tensor& dkv, const std::function<void()>& between = {}) {
+    const std::vector<CpBlock> blocks = cp_step_blocks(cp, r, step);
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const CpBlock& b = blocks[i];
       Tensor dqs = sl.rows(dq, b.q_slot, heads), dkvs = sl.rows(dkv, b.kv_slot, 2 * s.Hkv);
       ops.attention_block_backward(sl.rows(dout, b.q_slot, s.H), sl.rows(q2, b.q_slot, heads),
                                    sl.rows(kv_src, b.kv_slot, 2 * s.Hkv), sl.rows(out, b.q_slot, s.H),
                                    sl.lse(lse, b.q_slot), b.causal, dqs, dkvs);
+      if (between && i + 1 < blocks.size()) between();
     }
   };
   Tensor mine = ops.empty({N, kvw}, DType::F32, MemCategory::Workspace);  // this rank's dK, dV
   if (mode == CpComm::AllGather) {
     Tensor all = ops.empty({cp * N, kvw}, ops.compute_dtype(), MemCategory::Workspace);
-    comm.all_gather(kv, all);
+    {
+      auto span = cp_span(trace, kGather);
+      comm.all_gather(kv, all);
+    }
     kv = Tensor{};
     Tensor dall = ops.empty({cp * N, kvw}, DType::F32, MemCategory::Workspace);
     ops.fill(dall, 0.f);
@@ -130,6 +161,7 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
       compute(k, all.slice(src * N, (src + 1) * N), d);
     }
     all = Tensor{};
+    auto span = cp_span(trace, kScatter);
     comm.reduce_scatter(dall, mine);
   } else {
     // Ring: each key/value block travels with the sum of the gradients the ranks it visited gave
@@ -141,16 +173,20 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
     Tensor part = ops.empty({N, kvw}, DType::F32, MemCategory::Workspace);
     ops.fill(acc, 0.f);
     for (int k = 0; k < cp; ++k) {
-      std::unique_ptr<CommRequest> send_kv, recv_kv;
-      if (k + 1 < cp) {
-        recv_kv = comm.irecv(other, prev, kKvTag);
-        send_kv = comm.isend(kv, next, kKvTag);
+      std::unique_ptr<CommRequest> send_kv, recv_kv, recv_acc, send_acc;
+      {
+        auto span = cp_span(trace, kRingBackward);
+        if (k + 1 < cp) {
+          recv_kv = comm.irecv(other, prev, kKvTag);
+          send_kv = comm.isend(kv, next, kKvTag);
+        }
+        recv_acc = comm.irecv(mine, prev, kGradTag);
       }
-      auto recv_acc = comm.irecv(mine, prev, kGradTag);
       ops.fill(part, 0.f);
-      compute(k, kv, part);
+      compute(k, kv, part, [&] { progress({recv_kv.get(), send_kv.get(), recv_acc.get()}); });
       ops.accumulate(acc, part);
-      auto send_acc = comm.isend(acc, next, kGradTag);
+      auto span = cp_span(trace, kRingBackward);
+      send_acc = comm.isend(acc, next, kGradTag);
       if (send_kv) {
         send_kv->wait();
         recv_kv->wait();

@@ -13,11 +13,17 @@
 // rank (r - k) mod cp, both of its slots. Each block's result is merged into the running output
 // by its log-sum-exp (Ops::attention_block_forward). CpComm::Ring passes the key/value blocks
 // (only the Hkv key/value heads, never the queries) around the ring point to point, the next
-// one in flight while the current one is computed; the backward passes them around again with
+// one in flight while the current one is computed (its requests given progress() between the
+// step's blocks, since MPI moves data only inside its calls); the backward passes them around again with
 // their gradient accumulators, which end at their owner after cp hops. CpComm::AllGather gathers
 // every rank's keys and values at once and reduce-scatters their gradients. Both compute the same
 // blocks in the same order; the gradient sums over the group's ranks are added in ring order
 // (Ring) or by the communicator's reduce-scatter (AllGather): the same bits for cp = 2.
+//
+// Trace: with a recorder, every exchange is a span of category "cp" (nested in the layer's
+// forward or backward span): "cp ring send/recv K/V" (forward) and "cp ring send/recv K/V, dK/dV"
+// (backward) around the posting of each step's transfers and around the wait for them (the part
+// the block's compute did not hide); "cp all-gather K/V" and "cp reduce-scatter dK/dV".
 #pragma once
 
 #include <cstdint>
@@ -26,6 +32,7 @@
 #include "kernels/op.h"
 #include "parallel/comm/communicator.h"
 #include "parallel/grid.h"
+#include "parallel/pipeline/trace.h"
 
 namespace tripod {
 
@@ -56,11 +63,13 @@ struct CpAttentionShape {
 
 // qkv (N, (H + 2 Hkv) D), q and k rotated -> out (N, H D) f32 (the normalised attention), lse
 // (2, B, H, c) f32. Collective over `cp` (every rank of the CP group calls it in the same order).
+// `trace` (may be null) records the exchanges.
 void cp_attention_forward(Ops& ops, Communicator& cp, CpComm mode, const CpAttentionShape& s, const Tensor& qkv,
-                          Tensor& out, Tensor& lse);
+                          Tensor& out, Tensor& lse, TraceRecorder* trace = nullptr);
 // dout, out (N, H D) (compute dtype), lse as the forward left it -> dqkv (N, (H + 2 Hkv) D)
 // (compute dtype, overwritten).
 void cp_attention_backward(Ops& ops, Communicator& cp, CpComm mode, const CpAttentionShape& s, const Tensor& dout,
-                           const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv);
+                           const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv,
+                           TraceRecorder* trace = nullptr);
 
 }  // namespace tripod

@@ -19,7 +19,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string_view trace_category_name(TraceCategory c) {
-  constexpr std::string_view names[] = {"forward", "backward", "send", "recv", "reduce", "optimizer", "other"};
+  constexpr std::string_view names[] = {"forward", "backward", "send", "recv", "reduce", "optimizer", "cp", "other"};
   return names[static_cast<int>(c)];
 }
 
@@ -38,7 +38,7 @@ TraceRecorder::TraceRecorder(const std::string& run_dir, int rank, int world, Co
   json h = {{"tripod_trace", 1},
             {"rank", rank},
             {"world", world},
-            {"coords", {{"tp", coords.tp}, {"dp", coords.dp}, {"pp", coords.pp}}},
+            {"coords", {{"tp", coords.tp}, {"dp", coords.dp}, {"pp", coords.pp}, {"cp", coords.cp}}},
             {"schedule",
              {{"kind", schedule.kind},
               {"pp", schedule.pp},

@@ -1,14 +1,19 @@
 // The measured timeline: a per-rank recorder of what each rank did when (forward, backward,
-// send, receive, gradient reduction, optimizer step), written to RUN_DIR/trace/rank_<R>.jsonl.
+// send, receive, gradient reduction, optimizer step, and the context-parallel attention's
+// exchanges inside a forward or backward), written to RUN_DIR/trace/rank_<R>.jsonl.
 // report/trace_merge.h merges the files into RUN_DIR/trace.json and trace.svg.
 //
 // File format, one JSON object per line. A session (one run of the program) starts with a header
-//   {"tripod_trace":1,"rank":R,"world":W,"coords":{"tp":..,"dp":..,"pp":..},"origin_unix_us":..,
+//   {"tripod_trace":1,"rank":R,"world":W,"coords":{"tp":..,"dp":..,"pp":..,"cp":..},"origin_unix_us":..,
 //    "schedule":{"kind":"1f1b","pp":P,"vp":V,"placement":"loop","microbatches":M,"actions":["F0.0",...]}}
-// ("actions": this rank's pipeline rank's list), followed by events
+// ("actions": this rank's pipeline rank's list; files of older versions lack "cp", read as 0),
+// followed by events
 //   {"step":S,"name":"F3.1","cat":"forward","mb":3,"chunk":1,"ts":12.5,"dur":830.25}
 // with ts and dur in microseconds from the session's origin (set just after a barrier on every
 // rank, so the ranks' clocks line up). A resumed run appends a new session; merge reads the last.
+// Events of category "cp" (parallel/context_parallel/attention.h) lie inside the forward or
+// backward event of their micro-batch: the time that rank spent exchanging keys and values (and
+// their gradients) with its CP group instead of computing.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -27,8 +32,9 @@ namespace tripod {
 
 class Communicator;
 
-enum class TraceCategory : uint8_t { Forward, Backward, Send, Recv, Reduce, Optimizer, Other };
-std::string_view trace_category_name(TraceCategory c);  // "forward", ...
+// ContextParallel: the cp attention's exchanges (nested in a Forward or Backward span).
+enum class TraceCategory : uint8_t { Forward, Backward, Send, Recv, Reduce, Optimizer, ContextParallel, Other };
+std::string_view trace_category_name(TraceCategory c);  // "forward", ..., "cp", "other"
 
 class TraceRecorder {
  public:

@@ -2,11 +2,16 @@
 // and with tp = 2 (+SP), pp = 2 and dp = 2 (8 ranks), ring and all-gather, GPT-2 and Llama
 // (grouped-query attention, rope): the loss of each of 10 steps and the final weights match the
 // serial run within the tolerances every other layout meets; ring and all-gather give the same
-// bits at cp = 2. Checkpoints: a cp = 2 save resumes bit-exactly on its own grid and loads under
-// cp = 1 and cp = 4. Evaluation gives the serial loss; the memory plan matches measured peaks.
+// bits at cp = 2; the interleaved and zero-bubble schedules (zb-h1, zbv) under cp = 2 too.
+// Checkpoints: a cp = 2 save resumes bit-exactly on its own grid and loads under cp = 1 and
+// cp = 4. Evaluation gives the serial loss; the memory plan matches measured peaks; the trace
+// records every exchange.
 #include <fmt/format.h>
 
 #include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "config/memory_plan.h"
 #include "harness.h"
@@ -22,10 +27,12 @@ struct Layout {
   bool sp = false, distopt = false;
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   RecomputeMode recompute = RecomputeMode::None;
+  int vp = 1;  // with zbv and dualpipev, in a V
   std::string str() const {
-    return fmt::format("cp={} {} tp={} pp={} dp={}{}{}{}{}", cp, enum_name(comm), tp, pp, dp, sp ? " +sp" : "",
+    return fmt::format("cp={} {} tp={} pp={} dp={}{}{}{}{}{}", cp, enum_name(comm), tp, pp, dp, sp ? " +sp" : "",
                        distopt ? " +distopt" : "",
                        schedule != ScheduleKind::OneFOneB ? fmt::format(" {}", enum_name(schedule)) : "",
+                       vp > 1 ? fmt::format(" vp={}", vp) : "",
                        recompute != RecomputeMode::None ? fmt::format(" recompute {}", enum_name(recompute)) : "");
   }
   RankGrid grid() const { return RankGrid(tp, dp, pp, cp); }
@@ -38,6 +45,9 @@ struct Layout {
     c.parallel.sequence_parallel = sp;
     c.parallel.distributed_optimizer = distopt;
     c.parallel.schedule = schedule;
+    c.parallel.vp = vp;
+    c.parallel.placement =
+        schedule == ScheduleKind::Zbv || schedule == ScheduleKind::DualPipeV ? Placement::V : Placement::Loop;
     c.parallel.bucket_mb = 0.01;  // several buckets
     c.recompute.mode = recompute;
     return c;
@@ -101,6 +111,15 @@ TEST_F(ContextParallel, Gpt2EveryLayoutMatchesSerial) {
        {.cp = 2, .pp = 2, .schedule = ScheduleKind::GPipe}, {.cp = 2, .dp = 2, .distopt = true},
        {.cp = 2, .tp = 2, .pp = 2, .comm = CpComm::AllGather, .recompute = RecomputeMode::Full},
        {.cp = 4, .tp = 2, .comm = CpComm::Ring}});
+}
+
+// The schedules with several model chunks per rank (each chunk's layers exchange with the same
+// CP group) and split backwards (the exchanges of dK, dV belong to the input-gradient half).
+TEST_F(ContextParallel, InterleavedAndZeroBubbleSchedulesMatchSerial) {
+  every_layout_matches_serial(base_config(), {{.cp = 2, .pp = 2, .schedule = ScheduleKind::Interleaved, .vp = 2},
+                                              {.cp = 2, .pp = 2, .comm = CpComm::AllGather, .schedule = ScheduleKind::Zbv,
+                                               .vp = 2},
+                                              {.cp = 2, .pp = 2, .schedule = ScheduleKind::ZbH1}});
 }
 
 TEST_F(ContextParallel, LlamaEveryLayoutMatchesSerial) {
@@ -199,6 +218,46 @@ TEST_F(ContextParallel, EvaluationMatchesSerial) {
     EvalResult first = t.evaluator().evaluate(&data, c.train.global_batch_size, 0);
     StepMetrics m = t.step();
     EXPECT_NEAR(first.loss, m.loss, 1e-6 * m.loss);
+  }
+}
+
+// The trace shows the exchanges: a traced step writes each one as a "cp" event of its rank, by
+// name and count exactly as the attention makes them (4 layers x 4 micro-batches; the ring posts
+// and waits once per hop, cp - 1 hops forward and cp backward; the all-gather gathers once per
+// forward and backward and reduce-scatters once per backward), and the header names the axis.
+TEST_F(ContextParallel, ExchangesAreTraced) {
+  for (const CpComm comm : {CpComm::Ring, CpComm::AllGather}) {
+    SCOPED_TRACE(enum_name(comm));
+    const test::SharedDir dir("trace_cp");
+    const Layout l{.cp = 2, .comm = comm};
+    auto w = test::make_subworld(*ops, l.grid(), l.sp, l.comm);
+    if (!w.par) continue;
+    Config c = l.apply(base_config());
+    c.train.steps = 1;
+    c.train.output_dir = dir.path().string();
+    validate_layout(c, l.grid().world_size());
+    {
+      Trainer t(c, *ops, *w.par, &data);
+      EXPECT_NE(w.par->trace, nullptr);
+      t.step();
+    }
+    EXPECT_EQ(w.par->trace, nullptr) << "the trainer's recorder is gone with it";
+    std::ifstream in(dir / "trace" / fmt::format("rank_{}.jsonl", w.par->rank));
+    std::string line;
+    ASSERT_TRUE(std::getline(in, line));
+    EXPECT_EQ(nlohmann::json::parse(line)["coords"]["cp"], w.par->coords.cp);
+    std::map<std::string, int> exchanges;
+    while (std::getline(in, line)) {
+      const auto e = nlohmann::json::parse(line);
+      if (e["cat"] == "cp") ++exchanges[e["name"].get<std::string>()];
+    }
+    const int calls = 4 * 4;  // layers x micro-batches, per forward and per backward
+    if (comm == CpComm::Ring)
+      EXPECT_EQ(exchanges, (std::map<std::string, int>{{"cp ring send/recv K/V", calls * 2 * (l.cp - 1)},
+                                                       {"cp ring send/recv K/V, dK/dV", calls * 2 * l.cp}}));
+    else
+      EXPECT_EQ(exchanges, (std::map<std::string, int>{{"cp all-gather K/V", 2 * calls},
+                                                       {"cp reduce-scatter dK/dV", calls}}));
   }
 }
 

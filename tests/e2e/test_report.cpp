@@ -3,7 +3,9 @@
 // fail with one "error:" line; and, where Debian's chromium is installed, the page renders.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -136,6 +138,55 @@ TEST_F(ReportOfRun, PageHoldsCurvesMemoryTimelineAndConfig) {
   EXPECT_EQ(count(html, "<td class=\"idle\"><span class=\"ib\">"), 4u);  // 2 ranks x (measured, ideal)
   EXPECT_NE(html.find("1f1b schedule, pp=2 vp=1, 4 micro-batches per pipeline"), std::string::npos);
   EXPECT_EQ(html.find("class=\"note\""), std::string::npos) << "nothing is missing from this run";
+}
+
+// A cp = 2 training (2 ranks, ring attention): the report's grid, timeline rows and per-rank
+// table name the cp coordinate, and the trace holds the ring's exchanges inside the compute.
+TEST_F(Report, ContextParallelRunShowsTheAxisAndTheRingExchanges) {
+  test::write_file(dir_ / "c.toml", test::tiny_config({{"parallel.cp", "2"}, {"train.steps", "2"}}));
+  auto r = run_tripod("train --config " + (dir_ / "c.toml").string() + " --set train.output_dir=" +
+                          (dir_ / "run").string(),
+                      {.np = 2});
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run_tripod("report " + (dir_ / "run").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string html = slurp(dir_ / "run" / "report.html");
+  EXPECT_NE(html.find("<div class=\"v\">dp 1 \u00d7 pp 1 \u00d7 cp 2 \u00d7 tp 1</div>"), std::string::npos);
+  EXPECT_NE(html.find("rank 0 (pp 0, cp 0)"), std::string::npos);
+  EXPECT_NE(html.find("rank 1 (pp 0, cp 1)"), std::string::npos);
+  EXPECT_NE(html.find("<th>dp</th><th>cp</th><th>tp</th>"), std::string::npos);
+  EXPECT_NE(html.find("<tr><td>1</td><td>0</td><td>0</td><td>1</td><td>0</td>"), std::string::npos)
+      << "rank 1: pp 0, dp 0, cp 1, tp 0";
+  EXPECT_EQ(count(html, "<td class=\"cp-exchange\">"), 2u);
+  EXPECT_NE(html.find("cp K/V exchange</span>"), std::string::npos);
+
+  r = run_tripod("trace merge " + (dir_ / "run").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(slurp(dir_ / "run" / "trace.json"));
+  std::set<std::string> processes;
+  std::map<int, std::vector<std::pair<double, double>>> compute;  // pid -> [ts, ts + dur)
+  std::vector<nlohmann::json> exchanges;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") processes.insert(e["args"]["name"].get<std::string>());
+    if (e["ph"] != "X") continue;
+    const std::string cat = e["cat"];
+    if (cat == "forward" || cat == "backward")
+      compute[e["pid"].get<int>()].push_back({e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+    if (cat == "cp") exchanges.push_back(e);
+  }
+  EXPECT_EQ(processes, (std::set<std::string>{"rank 0 (pp 0, dp 0, cp 0, tp 0)", "rank 1 (pp 0, dp 0, cp 1, tp 0)"}));
+  // Per rank and step: 4 micro-batches x 2 layers, each with the forward's and the backward's
+  // exchanges (posted, then waited for).
+  std::map<std::string, int> by_name;
+  for (const auto& e : exchanges) {
+    ++by_name[e["name"].get<std::string>()];
+    const double a = e["ts"].get<double>(), b = a + e["dur"].get<double>();
+    const auto& spans = compute[e["pid"].get<int>()];
+    EXPECT_TRUE(std::any_of(spans.begin(), spans.end(), [&](const auto& s) { return s.first <= a && b <= s.second; }))
+        << "an exchange outside every forward and backward: " << e;
+  }
+  EXPECT_EQ(by_name, (std::map<std::string, int>{{"cp ring send/recv K/V", 2 * 2 * 4 * 2 * 2},
+                                                 {"cp ring send/recv K/V, dK/dV", 2 * 2 * 4 * 2 * 4}}));
 }
 
 TEST_F(ReportOfRun, OutWritesElsewhereAndMatchesTheLibrary) {

@@ -55,7 +55,7 @@ TEST_F(Trace, DisabledRecorderRecordsNothing) {
 TEST_F(Trace, RecorderWritesHeaderAndEvents) {
   Schedule s = build_schedule("1f1b", 2, 1, 2);
   {
-    TraceRecorder t(dir_.string(), 1, 2, Coords{0, 0, 1}, s);
+    TraceRecorder t(dir_.string(), 1, 2, Coords{.tp = 0, .dp = 0, .pp = 1, .cp = 0}, s);
     t.start();
     t.set_step(3);
     {
@@ -64,7 +64,8 @@ TEST_F(Trace, RecorderWritesHeaderAndEvents) {
     }
     auto r = t.span("allreduce", TraceCategory::Reduce);
     r.end();
-    EXPECT_EQ(t.buffered(), 2u);
+    t.span("cp ring send/recv K/V", TraceCategory::ContextParallel).end();
+    EXPECT_EQ(t.buffered(), 3u);
     t.flush();
     EXPECT_EQ(t.buffered(), 0u);
   }
@@ -75,6 +76,7 @@ TEST_F(Trace, RecorderWritesHeaderAndEvents) {
   EXPECT_EQ(h["tripod_trace"], 1);
   EXPECT_EQ(h["rank"], 1);
   EXPECT_EQ(h["coords"]["pp"], 1);
+  EXPECT_EQ(h["coords"]["cp"], 0);
   EXPECT_EQ(h["schedule"]["kind"], "1f1b");
   EXPECT_EQ(h["schedule"]["actions"], json({"F0.0", "B0.0", "F1.0", "B1.0"}));  // pipeline rank 1's list
   EXPECT_TRUE(h.contains("origin_unix_us"));
@@ -87,6 +89,8 @@ TEST_F(Trace, RecorderWritesHeaderAndEvents) {
   EXPECT_GE(e["ts"].get<double>(), 0.0);
   std::getline(lines, line);
   EXPECT_EQ(json::parse(line)["cat"], "reduce");
+  std::getline(lines, line);
+  EXPECT_EQ(json::parse(line)["cat"], "cp");
 }
 
 // Writes rank files whose compute events follow the simulated timeline (one time unit = 1 ms),
@@ -153,10 +157,98 @@ TEST_F(Trace, MergeMeasuresIdleAndComparesWithTheSimulator) {
   }
   EXPECT_EQ(complete, 3 * 2 * (2 * 8 + 1));
   EXPECT_EQ(names, 3);
+  // Headers without a cp coordinate (and runs without context parallelism) name three axes.
+  EXPECT_EQ(sum.cp, 1);
+  EXPECT_EQ(j["traceEvents"][0]["args"]["name"], "rank 0 (pp 0, dp 0, tp 0)");
   std::string svg = slurp(dir_ / "trace.svg");
   EXPECT_EQ(svg.rfind("<svg", 0), 0u);
   EXPECT_NE(svg.find("idle 33.3%  (ideal 33.3%)"), std::string::npos);
   EXPECT_NE(svg.find("step 1"), std::string::npos);
+}
+
+// A cp = 2 run (2 ranks, pp = 1): per step and rank, forward F0.0 over [0, 1) ms and backward
+// B0.0 over [1, 3) ms, with the cp attention's exchanges inside them: 0.1 ms in the forward,
+// 0.3 ms in the backward.
+void write_cp_run(const fs::path& dir) {
+  const Schedule s = build_schedule("1f1b", 1, 1, 1);
+  fs::create_directories(dir / "trace");
+  for (int r = 0; r < 2; ++r) {
+    std::ofstream out(dir / "trace" / ("rank_" + std::to_string(r) + ".jsonl"));
+    out << json({{"tripod_trace", 1}, {"rank", r}, {"world", 2},
+                 {"coords", {{"tp", 0}, {"dp", 0}, {"pp", 0}, {"cp", r}}}, {"origin_unix_us", 1000},
+                 {"schedule", {{"kind", s.kind}, {"pp", 1}, {"vp", 1}, {"microbatches", 1},
+                               {"actions", {"F0.0", "B0.0"}}}}})
+               .dump()
+        << "\n";
+    auto event = [&](int step, const std::string& name, const std::string& cat, double ts, double dur) {
+      out << json({{"step", step}, {"name", name}, {"cat", cat}, {"mb", cat == "cp" ? -1 : 0},
+                   {"chunk", cat == "cp" ? -1 : 0}, {"ts", step * 10000.0 + ts}, {"dur", dur}})
+                 .dump()
+          << "\n";
+    };
+    for (int step = 0; step < 3; ++step) {
+      // As the recorder writes them: a span when it ends, so the nested exchanges come first.
+      event(step, "cp ring send/recv K/V", "cp", 100, 40);
+      event(step, "cp ring send/recv K/V", "cp", 800, 60);
+      event(step, "F0.0", "forward", 0, 1000);
+      event(step, "cp ring send/recv K/V, dK/dV", "cp", 1200, 300);
+      event(step, "B0.0", "backward", 1000, 2000);
+    }
+  }
+}
+
+TEST_F(Trace, ContextParallelRunsShowTheAxisAndTheExchanges) {
+  write_cp_run(dir_);
+  const MergedTrace merged = merge_rank_traces(read_traces(dir_.string()));
+  const TraceSummary& sum = merged.summary;
+  EXPECT_EQ(sum.cp, 2);
+  ASSERT_EQ(sum.ranks.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const TraceRankSummary& rs = sum.ranks[r];
+    EXPECT_EQ(rs.coords, (Coords{.tp = 0, .dp = 0, .pp = 0, .cp = r}));
+    EXPECT_NEAR(rs.cp_us_per_step, 400, 1e-9);
+    EXPECT_NEAR(rs.cp_fraction, 400.0 / 3000, 1e-12);
+    EXPECT_NEAR(rs.measured_idle, 0, 1e-12) << "the exchanges lie inside compute: no idle of their own";
+  }
+  // Forward and backward costs are the compute events' alone.
+  EXPECT_NEAR(sum.mean_forward_us, 1000, 1e-9);
+  EXPECT_NEAR(sum.mean_backward_us, 2000, 1e-9);
+
+  // trace.json: processes named with the cp coordinate, the exchanges as their own events.
+  json j = json::parse(render_trace_json(merged));
+  std::vector<std::string> names;
+  int cp_events = 0;
+  for (const auto& e : j["traceEvents"]) {
+    if (e["ph"] == "M" && e["name"] == "process_name") names.push_back(e["args"]["name"]);
+    if (e["ph"] == "X" && e["cat"] == "cp") {
+      ++cp_events;
+      EXPECT_EQ(e["name"].get<std::string>().rfind("cp ring send/recv K/V", 0), 0u) << e;
+    }
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"rank 0 (pp 0, dp 0, cp 0, tp 0)", "rank 1 (pp 0, dp 0, cp 1, tp 0)"}));
+  EXPECT_EQ(cp_events, 2 * 3 * 3);
+
+  // trace.svg: rows named with cp; each exchange a band drawn after (over) the compute boxes.
+  const GanttChart chart = trace_chart(merged);
+  EXPECT_EQ(chart.row_labels, (std::vector<std::string>{"rank 0 (pp 0, cp 0)", "rank 1 (pp 0, cp 1)"}));
+  int inner = 0;
+  for (const GanttBox& b : chart.boxes) {
+    inner += b.inner;
+    EXPECT_EQ(b.inner, b.fill == "#1a9e8f") << b.tooltip;
+  }
+  EXPECT_EQ(inner, 2 * 3);  // the drawn step's
+  const std::string svg = render_gantt_svg(chart);
+  const size_t last_compute = svg.rfind("B0.0 (backward)"), first_band = svg.find("cp ring send/recv");
+  ASSERT_NE(first_band, std::string::npos);
+  EXPECT_LT(last_compute, first_band);
+  EXPECT_NE(svg.find("teal band: context-parallel K/V exchange"), std::string::npos);
+
+  // `tripod trace merge`: a cp column and the exchanges' time per step.
+  tripod::test::CmdResult r = tripod::test::run_cmd(tripod::test::tripod_bin() + " trace merge " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("  cp   tp"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("cp ms/step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("0.400\n"), std::string::npos) << r.out;
 }
 
 TEST_F(Trace, MergingIsPureAndTheWriterWritesWhatTheRenderersReturn) {

@@ -16,10 +16,15 @@ int run_trace_merge(const std::string& run_dir) {
   TraceSummary s = merge_traces(run_dir);
   fmt::print("{} schedule, pp={} vp={} microbatches={}: {} step(s) traced, {} averaged\n", s.kind, s.pp, s.vp,
              s.microbatches, s.steps, s.steps_used);
-  fmt::print("{:>5} {:>4} {:>4} {:>4} {:>8} {:>10} {:>10}\n", "rank", "pp", "dp", "tp", "events", "idle", "ideal");
+  // The cp axis and the time of its exchanges only when the run used it.
+  const bool cp = s.cp > 1;
+  fmt::print("{:>5} {:>4} {:>4}{} {:>4} {:>8} {:>10} {:>10}{}\n", "rank", "pp", "dp", cp ? fmt::format(" {:>4}", "cp") : "",
+             "tp", "events", "idle", "ideal", cp ? fmt::format(" {:>14}", "cp ms/step") : "");
   for (const auto& r : s.ranks)
-    fmt::print("{:>5} {:>4} {:>4} {:>4} {:>8} {:>9.1f}% {:>10}\n", r.rank, r.coords.pp, r.coords.dp, r.coords.tp,
-               r.events, 100 * r.measured_idle, r.ideal_idle >= 0 ? fmt::format("{:.1f}%", 100 * r.ideal_idle) : "n/a");
+    fmt::print("{:>5} {:>4} {:>4}{} {:>4} {:>8} {:>9.1f}% {:>10}{}\n", r.rank, r.coords.pp, r.coords.dp,
+               cp ? fmt::format(" {:>4}", r.coords.cp) : "", r.coords.tp, r.events, 100 * r.measured_idle,
+               r.ideal_idle >= 0 ? fmt::format("{:.1f}%", 100 * r.ideal_idle) : "n/a",
+               cp ? fmt::format(" {:>14.3f}", r.cp_us_per_step / 1e3) : "");
   fmt::print("wrote {} and {}\n", s.json_path, s.svg_path);
   return 0;
 }
