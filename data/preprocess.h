@@ -24,7 +24,7 @@ struct PreprocessOptions {
   bool overwrite = false;
   bool progress = true;  // a progress line on stderr, only when stderr is a terminal
   bool word_cache = true;  // encode each distinct word / piece once (same ids)
-  size_t block_bytes = 256 << 10;  // input bytes a worker takes at a time (whole lines)
+  size_t block_bytes = 64 << 10;  // input bytes a worker takes at a time (whole lines); small, so the last blocks end together
 };
 
 struct PreprocessStats {
@@ -32,6 +32,7 @@ struct PreprocessStats {
   double seconds = 0;       // reading, encoding and writing (after the tokenizer is loaded)
   double load_seconds = 0;  // loading the tokenizer
   double cpu_seconds = 0;   // CPU time (user + system, all threads) over `seconds`
+  double writer_cpu_seconds = 0;  // of which the writing thread's (the only serial work)
   TokenDType dtype = TokenDType::U16;
   int vocab_size = 0;
   int workers = 0;  // encoding threads used

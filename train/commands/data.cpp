@@ -118,12 +118,13 @@ int run_preprocess(DataOptions& o) {
   for (const char* ext : {".bin", ".idx"}) check_output_file(o.pre.output_prefix + ext, "--output-prefix");
   PreprocessStats st = preprocess(o.pre);
   spdlog::info("wrote {0}.bin and {0}.idx: {1} documents, {2} tokens ({3}, vocabulary {4}) from {5:.1f} MB in {6:.2f} "
-               "s ({7:.2f} MB/s, {11:.2f} CPU s with {12} workers; the tokenizer loaded in {10:.2f} s){8}{9}",
+               "s ({7:.2f} MB/s, {11:.2f} CPU s with {12} workers, {13:.2f} of it writing; the tokenizer loaded in "
+               "{10:.2f} s){8}{9}",
                o.pre.output_prefix, st.documents, st.tokens, dtype_name(st.dtype), st.vocab_size, st.bytes / 1e6,
                st.seconds, st.bytes / 1e6 / std::max(st.seconds, 1e-9),
                st.bad_lines ? fmt::format("; {} bad lines skipped", st.bad_lines) : "",
                st.blank_lines ? fmt::format("; {} blank lines", st.blank_lines) : "", st.load_seconds, st.cpu_seconds,
-               st.workers);
+               st.workers, st.writer_cpu_seconds);
   return 0;
 }
 
