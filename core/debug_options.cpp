@@ -122,18 +122,23 @@ DebugOptions read_debug_options() {
   }
   o.inject_nan = parse_fault_injections(std::getenv("TRIPOD_INJECT_NAN"));
   o.slow_rank = parse_slow_rank(std::getenv("TRIPOD_SLOW_RANK"));
-  const std::string sleep(env("TRIPOD_TEST_CKPT_SLEEP_MS"));
-  if (!sleep.empty()) {
+  // A number of milliseconds >= 0 (0 when unset).
+  auto millis = [&](const char* name) {
+    const std::string v(env(name));
+    if (v.empty()) return 0;
     size_t used = 0;
+    int ms = -1;
     try {
-      o.checkpoint_sleep_ms = std::stoi(sleep, &used);
+      ms = std::stoi(v, &used);
     } catch (const std::exception&) {
       used = 0;
     }
-    TRIPOD_INPUT_CHECK(used == sleep.size() && o.checkpoint_sleep_ms >= 0,
-                       "environment variable TRIPOD_TEST_CKPT_SLEEP_MS = \"{}\" is not a number of milliseconds >= 0",
-                       sleep);
-  }
+    TRIPOD_INPUT_CHECK(used == v.size() && ms >= 0,
+                       "environment variable {} = \"{}\" is not a number of milliseconds >= 0", name, v);
+    return ms;
+  };
+  o.checkpoint_sleep_ms = millis("TRIPOD_TEST_CKPT_SLEEP_MS");
+  o.exit_linger_ms = millis("TRIPOD_TEST_EXIT_LINGER_MS");
   o.comm_fault = parse_comm_fault(std::getenv("TRIPOD_TEST_COMM_FAULT"));
   o.launch_status = std::string(env("TRIPOD_LAUNCH_STATUS"));
   const std::string attempt(env("TRIPOD_RESTART_ATTEMPT"));

@@ -63,6 +63,9 @@ struct DebugOptions {
   // TRIPOD_TEST_CKPT_SLEEP_MS=N: a checkpoint write sleeps N ms after its first tensor, so a test
   // can kill the process mid-save (test hook).
   int checkpoint_sleep_ms = 0;
+  // TRIPOD_TEST_EXIT_LINGER_MS=N: `tripod train` waits N ms after MPI_Finalize before it exits, so
+  // a test can freeze a rank after its peers have finished (test hook).
+  int exit_linger_ms = 0;
   // TRIPOD_SLOW_RANK=RANK:FACTOR (RANK >= 0, FACTOR >= 1), e.g. "3:2": world rank 3 computes at half
   // speed (test hook for straggler detection).
   SlowRank slow_rank = {};

@@ -12,7 +12,7 @@
 #   exit 2 (bad input)             never restarted: the same input would fail again (exit 2)
 #   the launcher got SIGTERM/INT   forwarded to the job, which checkpoints; not restarted
 #   anything else (a crash, a killed or frozen rank, a communication timeout, or a stop signal
-#   sent to the ranks before the last step)
+#   sent to the ranks before the last step; a rank that stops beating is killed, see restart_watch)
 #                                  restarted, up to max_restarts times
 # Rank 0 of `tripod train` tells the launcher where the run lives and how far it got through the
 # file named by TRIPOD_LAUNCH_STATUS; a restarted run gets TRIPOD_RESTART_ATTEMPT, _CAUSE,
@@ -55,7 +55,9 @@ restart_status_field() {
 restart_cause() {
   local rc=$1 log=$2 state line
   state=$(restart_status_field state)
-  if [ "$rc" -eq 0 ] && [ "$state" = stopped ]; then
+  if [ -n "${restart_hang:-}" ]; then
+    echo "$restart_hang"
+  elif [ "$rc" -eq 0 ] && [ "$state" = stopped ]; then
     echo "stopped by a signal before its last step"
   elif grep -q "did not complete within" "$log" 2>/dev/null; then
     echo "communication timeout"
@@ -71,6 +73,43 @@ restart_cause() {
 
 restart_now() { date +%s.%N; }
 
+# The watchdog over the ranks' heartbeats (core/heartbeat.h) while the job CHILD runs. Every rank
+# touches FILE.rank<R> (FILE: TRIPOD_LAUNCH_STATUS) each second; one whose file has not changed
+# for its limit (max(parallel.timeout_s, 10 s), by this launcher's clock) while it has not exited
+# is stopped or frozen, which its peers cannot always see (it may stop after they have finished,
+# and mpirun would wait for it forever). On this host the launcher kills that rank, and mpirun ends
+# the job as for any killed rank; a rank on another host (its file on a shared file system) ends
+# the job through mpirun. The restart's cause says which rank stopped responding.
+restart_watch() {
+  local child=$1 f host pid limit state m now rank me
+  local -A seen=() since=()
+  me=$(hostname)
+  while kill -0 "$child" 2>/dev/null; do
+    sleep 1
+    now=$(date +%s)
+    for f in "$restart_status".rank*; do
+      case $f in *.tmp) continue ;; esac
+      read -r host pid limit state < "$f" 2>/dev/null || continue
+      [ "$state" = alive ] && m=$(stat -c %Y "$f" 2>/dev/null) || continue
+      if [ "${seen[$f]:-}" != "$m" ]; then seen[$f]=$m; since[$f]=$now; continue; fi
+      [ $((now - since[$f])) -ge "${limit%.*}" ] || continue
+      rank=${f##*.rank}
+      if [ "$host" = "$me" ]; then
+        kill -0 "$pid" 2>/dev/null || continue  # it ended; mpirun saw that
+        restart_hang="rank $rank stopped responding (no heartbeat for $((now - since[$f])) s)"
+        echo "tripod launch: $restart_hang; killing it (pid $pid)" >&2
+        kill -KILL "$pid" 2>/dev/null
+      else
+        restart_hang="rank $rank on $host stopped responding (no heartbeat for $((now - since[$f])) s)"
+        echo "tripod launch: $restart_hang; ending the job" >&2
+        kill -TERM "$child" 2>/dev/null
+        (sleep 10; kill -KILL "$child" 2>/dev/null) &
+      fi
+      since[$f]=$now
+    done
+  done
+}
+
 run_with_restarts() {
   local cmd=("$@") extra=() attempt=${restart_attempt0:-0} rc start end state cause ckpt
   restart_status=${TRIPOD_LAUNCH_STATUS:-$(mktemp "${restart_status_dir:-${TMPDIR:-/tmp}}/.tripod_launch.XXXXXX")}
@@ -79,13 +118,16 @@ run_with_restarts() {
   restart_stop=0
   restart_child=
   trap 'restart_stop=1; [ -n "$restart_child" ] && kill -TERM "$restart_child" 2>/dev/null' TERM INT
-  trap 'rm -f "$restart_log"; [ "${restart_keep_status:-0}" = 1 ] || rm -f "$restart_status" "$restart_status.tmp"' EXIT
+  trap 'rm -f "$restart_log" "$restart_status".rank*; [ "${restart_keep_status:-0}" = 1 ] || rm -f "$restart_status" "$restart_status.tmp"' EXIT
   while :; do
     start=$(restart_now)
     [ "${restart_keep_status:-0}" = 1 ] || rm -f "$restart_status"
     : > "$restart_log"
+    rm -f "$restart_status".rank*
+    restart_hang=
     "${cmd[@]}" "${extra[@]}" 2> >(tee -a "$restart_log" >&2) &
     restart_child=$!
+    restart_watch "$restart_child"
     rc=0
     wait "$restart_child" || rc=$?
     # A trapped signal interrupts wait; wait again for the job's own exit status.

@@ -119,8 +119,8 @@ TEST_F(Restarts, SoakOfKillsReachesTheLastStepBitIdentically) {
   const char* kinds[] = {"sigkill", "sigterm", "freeze"};
   std::vector<std::string> done;
   // Faults at increasing progress: once the current attempt has logged a step (its signal
-  // handlers are in place) and the run has reached step 6, 12, ..., 72 (of 180: a loaded machine's test may see a
-  // fault's moment late, and a rank frozen once the others have finished would hang the job), plus up to 150 ms
+  // handlers are in place) and the run has reached step 6, 12, ..., 72 (of 180: a loaded machine's
+  // test may see a fault's moment late), plus up to 150 ms
   // (a random moment within a step or a save). "The current attempt": the ranks running now, and
   // a metrics line written since they were first seen (the attempt a stop signal ended writes its
   // last line after the signal, and the launcher starts the next one within a second).
@@ -150,10 +150,14 @@ TEST_F(Restarts, SoakOfKillsReachesTheLastStepBitIdentically) {
       --i;
       continue;
     }
+    // The world stops first (a small run's steps take milliseconds: it must not run on to its
+    // end while the fault is being dealt), then the fault, then the world goes on.
+    for (pid_t p : pids) kill(p, SIGSTOP);
     if (kind == "sigkill") kill(pids[victim], SIGKILL);
     if (kind == "sigterm")
       for (pid_t p : pids) kill(p, SIGTERM);
-    if (kind == "freeze") kill(pids[victim], SIGSTOP);
+    for (int r = 0; r < 2; ++r)
+      if (kind != "freeze" || r != victim) kill(pids[r], SIGCONT);
     done.push_back(fmt::format("{} of rank {} after step {}", kind, victim, last_logged(run)));
     // The next fault waits for this attempt to end: its rank processes gone.
     const auto t1 = std::chrono::steady_clock::now();
@@ -187,7 +191,7 @@ TEST_F(Restarts, SoakOfKillsReachesTheLastStepBitIdentically) {
   // Every restart logged, with its cause, and shown in the report.
   const auto restarts = read_restarts((run / "restarts.jsonl").string());
   EXPECT_EQ(restarts.size(), 12u) << slurp(run / "restarts.jsonl") << faults << log;
-  int timeouts = 0, killed = 0, stopped = 0;
+  int timeouts = 0, killed = 0, stopped = 0, unresponsive = 0;
   int64_t resumed = 0;
   for (size_t i = 0; i < restarts.size(); ++i) {
     const RestartRecord& rr = restarts[i];
@@ -200,9 +204,12 @@ TEST_F(Restarts, SoakOfKillsReachesTheLastStepBitIdentically) {
     timeouts += rr.cause == "communication timeout";
     killed += rr.cause.rfind("a rank was killed", 0) == 0;
     stopped += rr.cause == "stopped by a signal before its last step";
+    unresponsive += rr.cause.find("stopped responding (no heartbeat for") != std::string::npos;
   }
   EXPECT_EQ(stopped, 4) << slurp(run / "restarts.jsonl");
-  EXPECT_EQ(timeouts + killed, 8) << slurp(run / "restarts.jsonl");
+  // A frozen rank ends its attempt by its peer's communication timeout, or by the launcher's
+  // watchdog when the peer had nothing left to wait for.
+  EXPECT_EQ(timeouts + killed + unresponsive, 8) << slurp(run / "restarts.jsonl");
   EXPECT_GE(timeouts, 1) << slurp(run / "restarts.jsonl");
   const std::string html = render_report(run.string());
   EXPECT_NE(html.find("<h2>Restarts</h2>"), std::string::npos);
@@ -235,6 +242,43 @@ TEST_F(Restarts, ARankFrozenAtStartUpEndsTheJob) {
   // Nothing outlives the job, the frozen rank included.
   for (int i = 0; i < 50 && !processes_with(dir_.string()).empty(); ++i) std::this_thread::sleep_for(100ms);
   EXPECT_TRUE(processes_with(dir_.string()).empty()) << "left running after the job ended";
+}
+
+// A rank frozen after its peer has finished, which no peer can notice (nothing is left to wait
+// for) and mpirun would wait for forever: the launcher's watchdog sees its heartbeat stop, kills
+// it, and the restart resumes from the last checkpoint and ends the run. Every rank lingers 3 s
+// after MPI_Finalize (a test hook), and rank 0 is frozen then.
+TEST_F(Restarts, ARankFrozenAfterItsPeerFinishedIsKilledAndTheRunEnds) {
+  test::ConfigOverrides short_run = kSoak;
+  short_run.push_back({"train.steps", "10"});
+  const fs::path cfg = write_config(short_run);
+  const fs::path run = dir_ / "run", status = dir_ / "launch_status";
+  test::Background job("env TRIPOD_TEST_EXIT_LINGER_MS=3000 TRIPOD_LAUNCH_STATUS=" + status.string() + " " +
+                           local_sh(fmt::format("2 {} --max-restarts 1 --restart-backoff 0.2 --set train.output_dir={} "
+                                                "--set checkpoint.dir={}",
+                                                cfg.string(), run.string(), (dir_ / "ck").string())),
+                       dir_ / "log");
+  const KillLeftovers leftovers{dir_.string()};
+  const auto t0 = std::chrono::steady_clock::now();
+  while (slurp(status).find("\"finished\"") == std::string::npos) {
+    ASSERT_FALSE(job.wait(0)) << job.log();
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, 120s) << "the run did not finish:\n" << job.log();
+    std::this_thread::sleep_for(20ms);
+  }
+  std::this_thread::sleep_for(1s);  // MPI_Finalize is behind both ranks: they linger
+  const pid_t frozen = find_rank(run.string(), 0);
+  ASSERT_GT(frozen, 0) << job.log();
+  kill(frozen, SIGSTOP);
+  const std::optional<int> rc = job.wait(120);
+  ASSERT_TRUE(rc.has_value()) << "the job did not end with rank 0 frozen:\n" << job.log();
+  EXPECT_EQ(*rc, 0) << job.log();
+  EXPECT_NE(job.log().find("tripod launch: rank 0 stopped responding (no heartbeat for"), std::string::npos) << job.log();
+  const auto restarts = read_restarts((run / "restarts.jsonl").string());
+  ASSERT_EQ(restarts.size(), 1u) << slurp(run / "restarts.jsonl");
+  EXPECT_EQ(restarts[0].resumed_from_step, 10);
+  EXPECT_EQ(restarts[0].cause.rfind("rank 0 stopped responding", 0), 0u) << restarts[0].cause;
+  EXPECT_EQ(test::losses(run).size(), 10u);
+  EXPECT_FALSE(fs::exists(fs::path(status.string() + ".rank0")));  // the launcher cleans up
 }
 
 TEST_F(Restarts, BadInputIsNotRestarted) {

@@ -3,13 +3,16 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "checkpoint/load.h"
 
+#include "core/heartbeat.h"
 #include "core/log.h"
 #include "data/gpt_data.h"
 #include "data/sample_source.h"
@@ -81,14 +84,8 @@ void log_restart(const DebugOptions& debug, const Config& cfg, int64_t resumed_f
                r.exit_status, resumed_from, j["time_lost_s"].get<double>());
 }
 
-int run_train(const TrainOptions& o) {
-  // parallel.timeout_s bounds MPI's start-up too; a config that does not load is reported below,
-  // once, after MPI_Init.
-  double timeout_s = ParallelConfig{}.timeout_s;
-  try {
-    timeout_s = load_config(o.config, o.sets).parallel.timeout_s;
-  } catch (const std::exception&) {
-  }
+// Training between MPI_Init and MPI_Finalize; `linger_ms` gets the exit test hook's value.
+int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
   MpiSession mpi(timeout_s);
   init_logging(mpi.rank(), mpi.size(), o.verbose);
   Config cfg;
@@ -115,6 +112,7 @@ int run_train(const TrainOptions& o) {
     rethrow_agreed(e);
   }
   ParallelContext& par = rt.par;
+  linger_ms = rt.debug.exit_linger_ms;
   if (mpi.rank() == 0) write_launch_status(rt.debug, cfg, "starting", 0);
 
   std::unique_ptr<SampleSource> data = make_split_source(
@@ -138,6 +136,23 @@ int run_train(const TrainOptions& o) {
   }
   spdlog::info("done: {} steps; metrics in {}/metrics.jsonl", trainer.completed_steps(), cfg.train.output_dir);
   return 0;
+}
+
+int run_train(const TrainOptions& o) {
+  // parallel.timeout_s bounds MPI's start-up too; a config that does not load is reported after
+  // MPI_Init, once.
+  double timeout_s = ParallelConfig{}.timeout_s;
+  try {
+    timeout_s = load_config(o.config, o.sets).parallel.timeout_s;
+  } catch (const std::exception&) {
+  }
+  // Beats for the launcher's watchdog (launch/restarts.sh) from before MPI starts until the exit.
+  const char* launch_status = std::getenv("TRIPOD_LAUNCH_STATUS");
+  const Heartbeat heartbeat(o.dry_run || !launch_status ? "" : launch_status, timeout_s);
+  int linger_ms = 0;
+  const int status = train_under_mpi(o, timeout_s, linger_ms);
+  std::this_thread::sleep_for(std::chrono::milliseconds(linger_ms));
+  return status;
 }
 
 }  // namespace
