@@ -214,7 +214,7 @@ CommandFn add_data_command(CLI::App& app) {
   pp->add_option("--output-prefix", o->pre.output_prefix, "Writes PREFIX.bin and PREFIX.idx")->required();
   pp->add_option("--json-key", o->pre.json_key, "JSONL key holding the document")->capture_default_str();
   pp->add_option("--input-format", o->pre_format, "auto (by extension), text or jsonl")->capture_default_str();
-  pp->add_option("--workers", o->pre_workers, "Encoding threads, 1 to 256 (default: one per core)");
+  pp->add_option("--workers", o->pre_workers, "Encoding threads, 1 to 256 (default: one per core)")->type_name("INT");
   pp->add_option("--eod-piece", o->pre.eod_piece, "End-of-document token (default: the model's end-of-sentence)");
   pp->add_flag("--no-eod", o->no_eod, "Do not append the end-of-document token");
   pp->add_flag("--skip-bad-lines", o->pre.skip_bad_lines, "Count and skip bad input lines instead of failing");
