@@ -22,6 +22,12 @@ namespace {
 
 // A key whose value is one of an enum's names (core/enum_names.h): parsed into the enum here, the
 // boundary, and written back by name.
+// parallel.layers_per_stage: a list of layer counts, or "auto".
+struct LayerSplitRef {
+  std::vector<int>* counts;
+  bool* balanced;
+};
+
 struct EnumRef {
   void* ptr;
   std::string_view (*name)(const void*);
@@ -79,6 +85,27 @@ class Section {
                          out.choices(), type_of(*node));
       const std::string v = *node->value<std::string>();
       TRIPOD_INPUT_CHECK(out.parse(out.ptr, v), "{}: {} = \"{}\" is not one of {}", origin_, key(k), v, out.choices());
+    } else if constexpr (std::is_same_v<T, LayerSplitRef>) {
+      out.counts->clear();
+      *out.balanced = false;
+      if (node->is_string()) {
+        const std::string v = *node->value<std::string>();
+        TRIPOD_INPUT_CHECK(v == "auto",
+                           "{}: {} = \"{}\" is not valid: give \"auto\" (layers split so the stages' predicted costs "
+                           "are even) or a list of layer counts, one per virtual stage",
+                           origin_, key(k), v);
+        *out.balanced = true;
+        return true;
+      }
+      auto* arr = node->as_array();
+      TRIPOD_INPUT_CHECK(arr, "{}: {} must be \"auto\" or a list of layer counts (one per virtual stage), got {}",
+                         origin_, key(k), type_of(*node));
+      for (auto& e : *arr) {
+        TRIPOD_INPUT_CHECK(e.is_integer() && *e.value<int64_t>() == static_cast<int>(*e.value<int64_t>()),
+                           "{}: {} must be \"auto\" or a list of integers (layer counts per virtual stage)", origin_,
+                           key(k));
+        out.counts->push_back(static_cast<int>(*e.value<int64_t>()));
+      }
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       out.clear();
       if (node->is_string()) {
@@ -140,7 +167,7 @@ class Section {
 
 // Each section's keys, listed once: parsing reads them and the resolved config writes them.
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*,
-                              std::vector<double>*, std::vector<int>*, EnumRef>;
+                              std::vector<double>*, std::vector<int>*, EnumRef, LayerSplitRef>;
 struct Field {
   const char* key;
   FieldRef ref;
@@ -174,7 +201,8 @@ std::vector<Field> fields(ParallelConfig& p) {
           {"schedule", EnumRef(&p.schedule)},
           {"schedule_file", &p.schedule_file},
           {"placement", EnumRef(&p.placement)},
-          {"layers_per_stage", &p.layers_per_stage},
+          {"layers_per_stage", LayerSplitRef{&p.layers_per_stage, &p.balance_layers}},
+          {"hardware", &p.hardware},
           {"sequence_parallel", &p.sequence_parallel},
           {"distributed_optimizer", &p.distributed_optimizer},
           {"bucket_mb", &p.bucket_mb},
@@ -220,7 +248,8 @@ void read_fields(Section& s, const std::vector<Field>& fs) {
   for (Field f : fs)
     std::visit(
         [&](auto& ref) {
-          if constexpr (std::is_same_v<std::decay_t<decltype(ref)>, EnumRef>)
+          if constexpr (std::is_same_v<std::decay_t<decltype(ref)>, EnumRef> ||
+                        std::is_same_v<std::decay_t<decltype(ref)>, LayerSplitRef>)
             s.get(f.key, ref);
           else
             s.get(f.key, *ref);
@@ -236,6 +265,14 @@ toml::table write_fields(const std::vector<Field>& fs) {
           using R = std::decay_t<decltype(ref)>;
           if constexpr (std::is_same_v<R, EnumRef>) {
             t.insert(f.key, std::string(ref.name(ref.ptr)));
+          } else if constexpr (std::is_same_v<R, LayerSplitRef>) {  // resolved counts, or "auto" before
+            if (*ref.balanced && ref.counts->empty()) {
+              t.insert(f.key, "auto");
+            } else {
+              toml::array a;
+              for (int e : *ref.counts) a.push_back(e);
+              t.insert(f.key, std::move(a));
+            }
           } else if constexpr (std::is_same_v<R, uint64_t*>) {
             t.insert(f.key, static_cast<int64_t>(*ref));
           } else if constexpr (std::is_same_v<R, std::vector<std::string>*> || std::is_same_v<R, std::vector<double>*> ||
@@ -474,7 +511,13 @@ void validate_layout(Config& cfg, int world_size) {
                          kind, p.vp);
     }
   }
-  layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
+  if (p.balance_layers)  // balance_stages fills the counts in; every stage needs a layer
+    TRIPOD_INPUT_CHECK(m.n_layers >= p.pp * p.vp,
+                       "parallel.layers_per_stage = \"auto\": model.n_layers = {} is fewer than the pp*vp = {}*{} = {} "
+                       "pipeline stages; every stage needs a layer",
+                       m.n_layers, p.pp, p.vp, p.pp * p.vp);
+  else
+    layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
 }
 
 nlohmann::json model_to_json(const ModelConfig& model) {

@@ -38,7 +38,11 @@ struct ParallelConfig {
   // Where virtual stages live (parallel/pipeline/placement.h): loop, or v (vp = 2; the zbv and
   // dualpipev schedules).
   Placement placement = Placement::Loop;
-  std::vector<int> layers_per_stage;  // explicit layer counts per virtual stage
+  // Layer counts per virtual stage (pp*vp entries): given, or "auto" (balance_layers), filled in
+  // by balance_stages (plan/cost_model.h) from the cost model before any rank layout is made.
+  std::vector<int> layers_per_stage;
+  bool balance_layers = false;
+  std::string hardware;  // the hardware file "auto" balances with; "": default_hardware(train.device)
   bool sequence_parallel = false;
   bool distributed_optimizer = false;
   double bucket_mb = 25.0;   // DP gradient bucket size

@@ -1,6 +1,8 @@
 // The rank layout: one pure function of the config and the rank.
 #include "config/layout.h"
 
+#include <fmt/format.h>
+
 #include "kernels/op.h"
 #include "model/param_registry.h"
 #include "parallel/context.h"
@@ -32,10 +34,31 @@ Schedule make_schedule(const Config& cfg) {
   return s;
 }
 
+std::vector<int> stage_layers(const Config& cfg) {
+  const ParallelConfig& pc = cfg.parallel;
+  TRIPOD_CHECK(!pc.balance_layers || !pc.layers_per_stage.empty(),
+               "parallel.layers_per_stage = \"auto\" was not resolved (balance_stages) before the layout was made");
+  return layers_per_stage(cfg.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage);
+}
+
+std::string split_str(const std::vector<int>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j < layers.size() && layers[j] == layers[i]) ++j;
+    const size_t run = j - i;
+    for (size_t k = 0; k < (run >= 3 ? 1 : run); ++k) {
+      if (!out.empty()) out += '+';
+      out += run >= 3 ? fmt::format("{}x{}", layers[i], run) : std::to_string(layers[i]);
+    }
+    i = j;
+  }
+  return out;
+}
+
 std::vector<ChunkLayout> chunks_of(const Config& cfg, int pp_rank) {
   const ParallelConfig& pc = cfg.parallel;
-  return rank_chunks(layers_per_stage(cfg.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage), pc.pp, pc.vp, pp_rank,
-                     pc.placement);
+  return rank_chunks(stage_layers(cfg), pc.pp, pc.vp, pp_rank, pc.placement);
 }
 
 std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb) {
@@ -76,7 +99,7 @@ RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedul
   l.micro_tokens = static_cast<int64_t>(l.micro_batch_size) * cfg.model.seq_len / pc.cp;
   l.schedule = schedule;
   l.plan = plan;
-  l.stage_layers = layers_per_stage(cfg.model.n_layers, pc.pp, pc.vp, pc.layers_per_stage);
+  l.stage_layers = stage_layers(cfg);
   l.chunks = rank_chunks(l.stage_layers, pc.pp, pc.vp, l.coords.pp, schedule.placement);
   for (const ChunkLayout& c : l.chunks) {
     l.has_embedding |= c.has_embedding;

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
@@ -69,7 +70,14 @@ RankLayout make_eval_layout(const Config& cfg, int rank);
 Schedule make_schedule(const Config& cfg);
 // Micro-batches per rank and step: train.global_batch_size / (micro_batch_size * dp).
 int microbatches_per_rank(const Config& cfg);
-// This rank's chunks: the layer split of cfg.parallel (parallel.layers_per_stage or even).
+// The layer counts of every virtual stage (pp*vp entries): parallel.layers_per_stage, or an even
+// split when it is empty. A split of "auto" must have been resolved first (balance_stages in
+// plan/cost_model.h); an unresolved one is a bug of the caller.
+std::vector<int> stage_layers(const Config& cfg);
+// A layer split for people: "10+6"; a run of three or more equal counts as COUNTxSTAGES
+// ("1x128", "3+2x14+1").
+std::string split_str(const std::vector<int>& layers);
+// This rank's chunks: the layer split of stage_layers(cfg).
 std::vector<ChunkLayout> chunks_of(const Config& cfg, int pp_rank);
 
 // DP buckets over a rank's parameters in registration order, about parallel.bucket_mb each;

@@ -11,11 +11,13 @@ std::vector<int> layers_per_stage(int n_layers, int pp, int vp, const std::vecto
   const int stages = pp * vp;
   if (!explicit_counts.empty()) {
     TRIPOD_INPUT_CHECK(static_cast<int>(explicit_counts.size()) == stages,
-                       "parallel.layers_per_stage has {} entries but pp*vp = {}*{} = {} virtual stages need one each",
-                       explicit_counts.size(), pp, vp, stages);
+                       "parallel.layers_per_stage has {} entries but pp*vp = {}*{} = {} virtual stages need one each "
+                       "(give {} counts adding up to {}, or \"auto\")",
+                       explicit_counts.size(), pp, vp, stages, stages, n_layers);
     int total = std::accumulate(explicit_counts.begin(), explicit_counts.end(), 0);
-    TRIPOD_INPUT_CHECK(total == n_layers, "parallel.layers_per_stage [{}] adds up to {} layers but model.n_layers = {}",
-                       fmt::join(explicit_counts, ", "), total, n_layers);
+    TRIPOD_INPUT_CHECK(total == n_layers, "parallel.layers_per_stage [{}] adds up to {} layers but model.n_layers = {} (give {} "
+                       "counts adding up to {}, or \"auto\")",
+                       fmt::join(explicit_counts, ", "), total, n_layers, stages, n_layers);
     for (size_t i = 0; i < explicit_counts.size(); ++i)
       TRIPOD_INPUT_CHECK(explicit_counts[i] >= 1, "parallel.layers_per_stage gives virtual stage {} {} layers; every "
                          "stage needs at least 1", i, explicit_counts[i]);
@@ -26,7 +28,7 @@ std::vector<int> layers_per_stage(int n_layers, int pp, int vp, const std::vecto
                      n_layers, pp, vp, stages);
   TRIPOD_INPUT_CHECK(n_layers % stages == 0,
                      "model.n_layers = {} does not split evenly into pp*vp = {} virtual stages; give "
-                     "parallel.layers_per_stage (a list of {} counts adding up to {})",
+                     "parallel.layers_per_stage (a list of {} counts adding up to {}, or \"auto\")",
                      n_layers, stages, stages, n_layers);
   return std::vector<int>(stages, n_layers / stages);
 }

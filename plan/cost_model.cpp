@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "core/error.h"
 #include "model/gpt.h"
 #include "config/layout.h"
@@ -112,70 +115,210 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
   return l;
 }
 
-}  // namespace
+// The weight-gradient share of a GEMM's backward (dX = dY W and dW = dY^T X, timed together by
+// Hardware::gemm_time): dW's time as a GEMM of its own shape over both.
+double weight_grad_time(const Hardware& hw, int64_t m, int64_t n, int64_t k) {
+  const double dx = hw.gemm_time(m, k, n, false), dw = hw.gemm_time(n, k, m, false);
+  return dx + dw > 0 ? hw.gemm_time(m, n, k, true) * dw / (dx + dw) : 0;
+}
 
-std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
+// The pieces every stage is made of: a layer (by its index within the chunk, for recomputation)
+// and what the first and the last stage add.
+struct StageParts {
+  ChunkTimes layer[3];  // indexed by RecomputeMode (None, Selective, Full)
+  ChunkTimes first, last;
+  const RecomputeConfig* recompute = nullptr;
+
+  const ChunkTimes& layer_at(int i) const {
+    const RecomputeMode mode =
+        recompute->mode != RecomputeMode::None && recompute->applies_to(i) ? recompute->mode : RecomputeMode::None;
+    return layer[static_cast<int>(mode)];
+  }
+  ChunkTimes chunk(int v, int stages, int n_layers) const {
+    ChunkTimes c;
+    auto add = [&c](const ChunkTimes& x) {
+      c.forward += x.forward;
+      c.backward += x.backward;
+      c.weight += x.weight;
+      c.forward_comm += x.forward_comm;
+      c.backward_comm += x.backward_comm;
+    };
+    for (int i = 0; i < n_layers; ++i) add(layer_at(i));
+    if (v == 0) add(first);
+    if (v == stages - 1) add(last);
+    return c;
+  }
+};
+
+StageParts stage_parts(const Config& cfg, const Hardware& hw) {
   const ParallelConfig& p = cfg.parallel;
   const LayerShape s = shape_of(cfg, hw);
   const GpuPlacement pl = place(p, hw.gpus_per_node);
   const LayerTimes layer = layer_times(s, hw, pl.tp_intra, pl.cp_intra, p.cp_comm);
-  const std::vector<int> counts = layers_per_stage(cfg.model.n_layers, p.pp, p.vp, p.layers_per_stage);
-  const int stages = static_cast<int>(counts.size());
-  std::vector<ChunkTimes> out(stages);
-  for (int v = 0; v < stages; ++v) {
-    ChunkTimes& c = out[v];
-    for (int i = 0; i < counts[v]; ++i) {
-      const RecomputeMode mode =
-          cfg.recompute.mode != RecomputeMode::None && cfg.recompute.applies_to(i) ? cfg.recompute.mode
-                                                                                      : RecomputeMode::None;
-      c.forward += layer.fwd + layer.comm + layer.cp_fwd;
-      c.forward_comm += layer.comm + layer.cp_fwd;
-      c.backward += layer.bwd + layer.comm + layer.cp_bwd;
-      c.backward_comm += layer.comm + layer.cp_bwd;
-      if (mode == RecomputeMode::Full) {  // the layer's whole forward again, collectives included
-        c.backward += layer.fwd + layer.comm + layer.cp_fwd;
-        c.backward_comm += layer.comm + layer.cp_fwd;
-      } else if (mode == RecomputeMode::Selective) {
-        c.backward += layer.attn_fwd;
-      }
-    }
-    const int64_t bytes = s.N * s.C * s.a;
-    if (v == 0) {  // embedding: the vocabulary-parallel lookup, summed (or scattered) over TP
-      c.forward += hw.elementwise_time(Elementwise::Embedding, s.N * s.C, false);
-      c.backward += hw.elementwise_time(Elementwise::Embedding, s.N * s.C, true);
-      const double comm = s.t == 1 ? 0
-                          : s.sp   ? hw.collective_time(Collective::ReduceScatter, s.t, bytes, pl.tp_intra)
-                                   : hw.collective_time(Collective::AllReduce, s.t, bytes, pl.tp_intra);
-      const double comm_b = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
-      c.forward += comm;
-      c.forward_comm += comm;
-      c.backward += comm_b;
-      c.backward_comm += comm_b;
-    }
-    if (v == stages - 1) {  // the final norm, the head's GEMM, the vocabulary-parallel cross-entropy
-      const int64_t Vl = s.V / s.t;
-      c.forward += hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, false) +
-                   hw.gemm_time(s.N, Vl, s.C, false) + hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, false);
-      c.backward += hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, true) + hw.gemm_time(s.N, Vl, s.C, true) +
-                    hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, true);
-      if (s.t > 1) {
-        // The input enters the vocabulary-parallel GEMM (all-gathered under SP; its gradient
-        // all-reduced, or reduce-scattered under SP); the per-token statistics are all-gathered.
-        const double stats = hw.collective_time(Collective::AllGather, s.t, s.N * 3 * 4 * s.t, pl.tp_intra);
-        const double in = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
-        const double out_grad = hw.collective_time(s.sp ? Collective::ReduceScatter : Collective::AllReduce, s.t, bytes,
-                                                   pl.tp_intra);
-        c.forward += stats + in;
-        c.forward_comm += stats + in;
-        c.backward += out_grad;
-        c.backward_comm += out_grad;
-      }
+  StageParts parts;
+  parts.recompute = &cfg.recompute;
+  // W: the weight gradients of the four GEMMs (the same shapes as layer_times').
+  const int64_t Cl = s.C / s.t, Fl = s.F / s.t, qkv = (s.H + 2 * s.KV) * s.D / s.t;
+  const int64_t gemms[4][3] = {{s.N, qkv, s.C}, {s.N, s.C, Cl}, {s.N, (s.swiglu ? 2 : 1) * Fl, s.C}, {s.N, s.C, Fl}};
+  double layer_w = 0;
+  for (const auto& g : gemms) layer_w += weight_grad_time(hw, g[0], g[1], g[2]);
+  for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
+    ChunkTimes& c = parts.layer[static_cast<int>(mode)];
+    c.forward = layer.fwd + layer.comm + layer.cp_fwd;
+    c.forward_comm = layer.comm + layer.cp_fwd;
+    c.backward = layer.bwd + layer.comm + layer.cp_bwd;
+    c.backward_comm = layer.comm + layer.cp_bwd;
+    c.weight = layer_w;
+    if (mode == RecomputeMode::Full) {  // the layer's whole forward again, collectives included
+      c.backward += layer.fwd + layer.comm + layer.cp_fwd;
+      c.backward_comm += layer.comm + layer.cp_fwd;
+    } else if (mode == RecomputeMode::Selective) {
+      c.backward += layer.attn_fwd;
     }
   }
+  const int64_t bytes = s.N * s.C * s.a;
+  {  // embedding: the vocabulary-parallel lookup, summed (or scattered) over TP; its backward is
+     // the table's gradient alone (W)
+    ChunkTimes& c = parts.first;
+    c.forward = hw.elementwise_time(Elementwise::Embedding, s.N * s.C, false);
+    c.backward = hw.elementwise_time(Elementwise::Embedding, s.N * s.C, true);
+    c.weight = c.backward;
+    const double comm = s.t == 1 ? 0
+                        : s.sp   ? hw.collective_time(Collective::ReduceScatter, s.t, bytes, pl.tp_intra)
+                                 : hw.collective_time(Collective::AllReduce, s.t, bytes, pl.tp_intra);
+    const double comm_b = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
+    c.forward += comm;
+    c.forward_comm += comm;
+    c.backward += comm_b;
+    c.backward_comm += comm_b;
+  }
+  {  // the final norm, the head's GEMM, the vocabulary-parallel cross-entropy
+    ChunkTimes& c = parts.last;
+    const int64_t Vl = s.V / s.t;
+    c.forward = hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, false) + hw.gemm_time(s.N, Vl, s.C, false) +
+                hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, false);
+    c.backward = hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, true) + hw.gemm_time(s.N, Vl, s.C, true) +
+                 hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, true);
+    c.weight = weight_grad_time(hw, s.N, Vl, s.C);
+    if (s.t > 1) {
+      // The input enters the vocabulary-parallel GEMM (all-gathered under SP; its gradient
+      // all-reduced, or reduce-scattered under SP); the per-token statistics are all-gathered.
+      const double stats = hw.collective_time(Collective::AllGather, s.t, s.N * 3 * 4 * s.t, pl.tp_intra);
+      const double in = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
+      const double out_grad =
+          hw.collective_time(s.sp ? Collective::ReduceScatter : Collective::AllReduce, s.t, bytes, pl.tp_intra);
+      c.forward += stats + in;
+      c.forward_comm += stats + in;
+      c.backward += out_grad;
+      c.backward_comm += out_grad;
+    }
+  }
+  return parts;
+}
+
+}  // namespace
+
+std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw, const std::vector<int>& layers) {
+  const StageParts parts = stage_parts(cfg, hw);
+  const int stages = static_cast<int>(layers.size());
+  std::vector<ChunkTimes> out;
+  for (int v = 0; v < stages; ++v) out.push_back(parts.chunk(v, stages, layers[v]));
   return out;
 }
 
+std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw) {
+  return stage_times(cfg, hw, stage_layers(cfg));
+}
+
+std::vector<int> balanced_layers_per_stage(const Config& cfg, const Hardware& hw) {
+  const ParallelConfig& p = cfg.parallel;
+  const int L = cfg.model.n_layers, S = p.pp * p.vp;
+  TRIPOD_INPUT_CHECK(L >= S,
+                     "model.n_layers = {} is fewer than the pp*vp = {}*{} = {} pipeline stages; every stage needs a layer",
+                     L, p.pp, p.vp, S);
+  const StageParts parts = stage_parts(cfg, hw);
+  // A stage's cost is what its ends add plus the prefix sum of its layers' costs: cost(v, n) =
+  // extra[v] + prefix[n], increasing in n. For a bound T each stage takes at most the largest n
+  // with cost(v, n) <= T; the least T whose maxima add up to L (each >= 1) is among the costs
+  // cost(v, n) themselves, found by bisection over them.
+  std::vector<double> prefix(L + 1, 0);
+  for (int i = 0; i < L; ++i) prefix[i + 1] = prefix[i] + parts.layer_at(i).forward + parts.layer_at(i).backward;
+  std::vector<double> extra(S, 0);
+  for (int v = 0; v < S; ++v) {
+    const ChunkTimes none = parts.chunk(v, S, 0);
+    extra[v] = none.forward + none.backward;
+  }
+  const int most = L - S + 1;  // the most layers one stage can have
+  auto cost = [&](int v, int n) { return extra[v] + prefix[n]; };
+  auto most_within = [&](int v, double bound) {  // the largest n in [0, most] with cost(v, n) <= bound
+    const auto end = prefix.begin() + most + 1;
+    auto above = [&](double b, double pre) { return b < extra[v] + pre; };  // cost(v, n) as `cost` sums it
+    return static_cast<int>(std::upper_bound(prefix.begin(), end, bound, above) - prefix.begin()) - 1;
+  };
+  auto feasible = [&](double bound) {
+    int64_t total = 0;
+    for (int v = 0; v < S; ++v) {
+      const int n = most_within(v, bound);
+      if (n < 1) return false;
+      total += n;
+    }
+    return total >= L;
+  };
+  std::vector<double> bounds;
+  for (int v = 0; v < S; ++v)
+    if (v == 0 || v == S - 1 || v == 1)  // the middle stages all cost the same
+      for (int n = 1; n <= most; ++n) bounds.push_back(cost(v, n));
+  std::sort(bounds.begin(), bounds.end());
+  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+  // cost(v, most) for every v is always feasible (each stage may then take `most` >= 1 layers).
+  size_t lo = 0, hi = bounds.size() - 1;
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (feasible(bounds[mid])) hi = mid;
+    else lo = mid + 1;
+  }
+  std::vector<int> counts(S);
+  int64_t total = 0;
+  for (int v = 0; v < S; ++v) total += counts[v] = most_within(v, bounds[lo]);
+  // Too many layers within the bound: take them off the costliest stages (the later one on a tie).
+  while (total > L) {
+    int worst = -1;
+    for (int v = 0; v < S; ++v)
+      if (counts[v] > 1 && (worst < 0 || cost(v, counts[v]) >= cost(worst, counts[worst]))) worst = v;
+    --counts[worst];
+    --total;
+  }
+  return counts;
+}
+
+void balance_stages(Config& cfg, const Hardware& hw) {
+  ParallelConfig& p = cfg.parallel;
+  if (!p.balance_layers) return;
+  p.layers_per_stage = balanced_layers_per_stage(cfg, hw);
+}
+
+std::string resolve_layer_split(Config& cfg) {
+  if (!cfg.parallel.balance_layers) return fmt::format("layers per virtual stage: {}", split_str(stage_layers(cfg)));
+  const Hardware hw = balance_hardware(cfg);
+  balance_stages(cfg, hw);
+  std::vector<std::string> costs;
+  for (const ChunkTimes& c : stage_times(cfg, hw)) costs.push_back(fmt::format("{:.3g}", 1e3 * (c.forward + c.backward)));
+  return fmt::format("layers per virtual stage: {} (\"auto\", balanced on {}: predicted forward+backward per "
+                     "micro-batch {} ms)",
+                     split_str(cfg.parallel.layers_per_stage), hw.name, fmt::join(costs, " / "));
+}
+
+Hardware balance_hardware(const Config& cfg) {
+  if (!cfg.parallel.hardware.empty()) return load_hardware(cfg.parallel.hardware);
+  return default_hardware(cfg.train.device);
+}
+
 StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
+  const Schedule schedule = make_schedule(cfg);
+  return predict_step(cfg, hw, schedule, plan_pipeline(schedule));
+}
+
+StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedule& schedule, const PipePlan& plan) {
   const ParallelConfig& p = cfg.parallel;
   const LayerShape s = shape_of(cfg, hw);
   const GpuPlacement pl = place(p, hw.gpus_per_node);
@@ -183,13 +326,12 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw) {
   out.stages = stage_times(cfg, hw);
 
   // The schedule with these times; stage-to-stage messages carry one (sliced) activation.
-  Schedule schedule = make_schedule(cfg);
-  PipePlan plan = plan_pipeline(schedule);
   PipeCosts costs;
   StageCosts stages;
   for (const ChunkTimes& c : out.stages) {
     stages.forward.push_back(c.forward);
     stages.backward.push_back(c.backward);
+    stages.weight.push_back(c.weight);  // what I and W take apart in the zero-bubble schedules
   }
   out.p2p_s = p.pp > 1 ? hw.collective_time(Collective::SendRecv, 2, s.Ns * s.C * s.a, pl.pp_intra) : 0;
   costs.comm = out.p2p_s;

@@ -8,18 +8,24 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "plan/hardware.h"
 #include "config/config.h"
 #include "config/memory_plan.h"
+#include "parallel/pipeline/plan.h"
 
 namespace tripod {
 
 // Times of one chunk's actions for one micro-batch; *_comm is the part spent in TP collectives.
+// `weight` is the part of `backward` that a split backward runs as W: the weight-gradient GEMMs
+// (dW = dY^T X) of the chunk's layers and of the head, and the embedding table's gradient; I is
+// backward - weight (the input-gradient GEMMs, attention, norms, recomputation, collectives).
 struct ChunkTimes {
-  double forward = 0, backward = 0;
+  double forward = 0, backward = 0, weight = 0;
   double forward_comm = 0, backward_comm = 0;
+  double input() const { return backward - weight; }
 };
 
 struct StepPrediction {
@@ -45,8 +51,31 @@ struct StepPrediction {
 // `cfg` must have passed validate_layout() for tp*pp*dp ranks; the ranks fill nodes of
 // hw.gpus_per_node in tripod's order (tp fastest, then dp, then pp).
 StepPrediction predict_step(const Config& cfg, const Hardware& hw);
+// The same with the config's schedule (make_schedule) and its plan already built: the planner
+// shares them between the layouts of one pipeline shape.
+StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedule& schedule, const PipePlan& plan);
 
-// The per-stage action times alone (no memory plan, no simulation).
+// The per-stage action times alone (no memory plan, no simulation), for the config's layer split
+// (which must be resolved: see balance_stages) or for `layers` per virtual stage.
 std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw);
+std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw, const std::vector<int>& layers);
+
+// parallel.layers_per_stage = "auto": layer counts per virtual stage (pp*vp entries, each >= 1,
+// adding up to model.n_layers) whose largest predicted stage cost, forward + backward of one
+// micro-batch (embedding, final norm, head and loss included, recomputation and TP collectives
+// too), is the least any split reaches. Among the splits reaching it, layers are taken off the
+// costliest stages first. The costs depend on the layout (tp, cp, sequence parallelism,
+// micro-batch, recomputation), not on the schedule or placement.
+std::vector<int> balanced_layers_per_stage(const Config& cfg, const Hardware& hw);
+// Resolves parallel.layers_per_stage = "auto" of a config that passed validate_layout() into
+// explicit counts (balanced_layers_per_stage); other configs are left as they are.
+void balance_stages(Config& cfg, const Hardware& hw);
+// The hardware a training run balances its stages with: parallel.hardware, or the built-in
+// datasheet figures for train.device (an H100 SXM for cuda, a generic 16-core CPU for cpu).
+Hardware balance_hardware(const Config& cfg);
+// What a command does with a config that passed validate_layout(): balance_stages with
+// balance_hardware(cfg) when the split is "auto". Returns the split as one line for the log and
+// --dry-run ("layers per virtual stage: 9+7 (auto on H100 ...: predicted F+B 1.2+1.2 ms)").
+std::string resolve_layer_split(Config& cfg);
 
 }  // namespace tripod

@@ -301,6 +301,53 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
   return hw;
 }
 
+Hardware default_hardware(Device device) {
+  if (device == Device::CUDA)
+    return parse_hardware(R"hw([device]
+name = "H100 SXM 80GB (built-in)"
+kind = "cuda"
+peak_tflops = 989
+peak_tflops_f32 = 67
+memory_gib = 79.6
+memory_bandwidth_gbs = 3350
+reserved_gib = 3
+gpus_per_node = 8
+[intra_node]
+bandwidth_gbs = 450
+latency_us = 3
+[inter_node]
+bandwidth_gbs = 50
+latency_us = 8
+[efficiency]
+gemm = 0.7
+gemm_half_dim = 256
+attention = 0.45
+memory = 0.8
+collective = 0.8
+)hw", "the built-in cuda hardware");
+  return parse_hardware(R"hw([device]
+name = "CPU (built-in)"
+kind = "cpu"
+peak_tflops = 1
+memory_gib = 64
+memory_bandwidth_gbs = 100
+gpus_per_node = 1
+[intra_node]
+bandwidth_gbs = 10
+latency_us = 5
+[inter_node]
+bandwidth_gbs = 10
+latency_us = 5
+[efficiency]
+gemm = 0.5
+gemm_half_dim = 64
+attention = 0.2
+memory = 0.5
+collective = 0.5
+overlap_dp = false
+)hw", "the built-in cpu hardware");
+}
+
 Hardware load_hardware(const std::string& path) {
   std::ifstream in(path);
   TRIPOD_INPUT_CHECK(in, "hardware file {} cannot be read (missing or not readable)", path);

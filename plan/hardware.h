@@ -89,5 +89,9 @@ struct Hardware {
 Hardware load_hardware(const std::string& path);
 Hardware parse_hardware(const std::string& text, const std::string& origin);
 std::string hardware_to_toml(const Hardware& hw);
+// Datasheet figures for a device when no hardware file is given (what layers_per_stage = "auto"
+// balances a training run with): configs/hardware/h100_sxm.toml's for cuda; for cpu a 16-core
+// AVX2 server (1 TFLOP/s f32, 100 GB/s, one rank per node).
+Hardware default_hardware(Device device);
 
 }  // namespace tripod

@@ -2,10 +2,14 @@
 #include "plan/planner.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 #include <sstream>
 
+#include "config/layout.h"
 #include "core/error.h"
 
 namespace tripod {
@@ -49,7 +53,7 @@ LayoutFilter parse_layout_filter(const std::string& text) {
   while (std::getline(ss, item, ',')) {
     auto eq = item.find('=');
     TRIPOD_INPUT_CHECK(eq != std::string::npos, "--layout '{}': expected key=value (keys: tp, pp, vp, cp, mbs, "
-                       "recompute, sp, distopt)", item);
+                       "recompute, sp, distopt, split)", item);
     std::string k = item.substr(0, eq), v = item.substr(eq + 1);
     if (k == "tp") f.tp = integer(k, v);
     else if (k == "cp") f.cp = integer(k, v);
@@ -58,12 +62,16 @@ LayoutFilter parse_layout_filter(const std::string& text) {
     else if (k == "mbs") f.micro_batch = integer(k, v);
     else if (k == "sp") f.sequence_parallel = boolean(k, v);
     else if (k == "distopt") f.distributed_optimizer = boolean(k, v);
+    else if (k == "split") {
+      TRIPOD_INPUT_CHECK(v == "auto" || v == "even", "--layout split={}: must be auto (balanced stages) or even", v);
+      f.balanced = v == "auto";
+    }
     else if (k == "recompute") {
       f.recompute = parse_enum<RecomputeMode>(v);
       TRIPOD_INPUT_CHECK(f.recompute, "--layout recompute={}: must be none, selective or full", v);
     } else {
       throw InputError(
-          fmt::format("--layout: unknown knob '{}' (valid: tp, pp, vp, cp, mbs, recompute, sp, distopt)", k));
+          fmt::format("--layout: unknown knob '{}' (valid: tp, pp, vp, cp, mbs, recompute, sp, distopt, split)", k));
     }
   }
   return f;
@@ -101,6 +109,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
   std::vector<int> cps = {1};
   for (int c = 2; c <= gpus && m.seq_len / c >= kMinCpTokens; c *= 2)
     if (m.seq_len % (2 * c) == 0) cps.push_back(c);
+  std::map<std::tuple<ScheduleKind, int, int, int>, std::optional<std::pair<Schedule, PipePlan>>> schedules;
   for (int tp : pick(fixed.tp, divisors(std::min(gpus, g), g))) {
     if (m.n_heads % tp != 0 || gpus % tp != 0) continue;
     for (int cp : pick(fixed.cp, cps)) {
@@ -135,6 +144,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                 p.schedule_file.clear();
                 p.placement = placement;
                 p.layers_per_stage.clear();
+                p.balance_layers = fixed.balanced;
                 p.sequence_parallel = sp;
                 p.distributed_optimizer = dop;
                 cfg.train.micro_batch_size = mbs;
@@ -143,7 +153,22 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                 PlannedLayout l{cfg, {}};
                 try {
                   validate_layout(l.cfg, gpus);
-                  l.pred = predict_step(l.cfg, hw);
+                  balance_stages(l.cfg, hw);
+                  // One schedule per pipeline shape, shared by the layouts that differ elsewhere.
+                  const auto shape = std::make_tuple(kind, pp, vp, microbatches_per_rank(l.cfg));
+                  auto it = schedules.find(shape);
+                  if (it == schedules.end()) {
+                    std::optional<std::pair<Schedule, PipePlan>> built;
+                    try {
+                      Schedule sched = make_schedule(l.cfg);
+                      PipePlan plan = plan_pipeline(sched);
+                      built.emplace(std::move(sched), std::move(plan));
+                    } catch (const InputError&) {
+                    }
+                    it = schedules.emplace(shape, std::move(built)).first;
+                  }
+                  if (!it->second) continue;  // a schedule these sizes do not allow
+                  l.pred = predict_step(l.cfg, hw, it->second->first, it->second->second);
                 } catch (const InputError&) {
                   continue;  // a layout tripod refuses (uneven stages, schedule constraints)
                 }
@@ -174,11 +199,15 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
 std::string layout_toml(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   return fmt::format(
-      "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\n{}schedule = \"{}\"\nplacement = \"{}\"\nsequence_parallel = {}\n"
+      "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\n{}schedule = \"{}\"\nplacement = \"{}\"\n{}sequence_parallel = {}\n"
       "distributed_optimizer = {}\n\n[train]\nmicro_batch_size = {}\nglobal_batch_size = {}\n\n[recompute]\n"
       "mode = \"{}\"\n",
       p.tp, p.pp, p.vp, p.dp, p.cp > 1 ? fmt::format("cp = {}\n", p.cp) : std::string(), enum_name(p.schedule),
-      enum_name(p.placement), p.sequence_parallel, p.distributed_optimizer, cfg.train.micro_batch_size,
+      enum_name(p.placement),
+      p.layers_per_stage.empty() ? std::string()
+                                 : fmt::format("layers_per_stage = [{}]  # what \"auto\" picks here\n",
+                                               fmt::join(p.layers_per_stage, ", ")),
+      p.sequence_parallel, p.distributed_optimizer, cfg.train.micro_batch_size,
       cfg.train.global_batch_size, enum_name(cfg.recompute.mode));
 }
 

@@ -19,8 +19,10 @@ struct LayoutFilter {
   std::optional<RecomputeMode> recompute;
   std::optional<bool> sequence_parallel, distributed_optimizer;
   std::vector<ScheduleKind> schedules;  // empty: every candidate of schedule_candidates
+  bool balanced = true;  // layers_per_stage = "auto" (false: an even split, layouts it does not divide refused)
 };
-// "tp=8,pp=4,vp=2,cp=2,mbs=1,recompute=full,sp=true,distopt=false"; InputError naming the bad item.
+// "tp=8,pp=4,vp=2,cp=2,mbs=1,recompute=full,sp=true,distopt=false,split=even"; InputError naming
+// the bad item.
 LayoutFilter parse_layout_filter(const std::string& text);
 
 struct PlannedLayout {
@@ -44,7 +46,8 @@ std::vector<std::pair<ScheduleKind, Placement>> schedule_candidates(int pp, int 
 PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const LayoutFilter& fixed = {},
                         int max_micro_batch = 32);
 
-// The layout as the config sections to paste: [parallel], [train] micro/global batch, [recompute].
+// The layout as the config sections to paste: [parallel] (with the layer split), [train]
+// micro/global batch, [recompute].
 std::string layout_toml(const Config& cfg);
 
 }  // namespace tripod

@@ -5,7 +5,7 @@
 // later call; run with CUDA_LAUNCH_BLOCKING=1 to have it named by the op that caused it.
 #pragma once
 
-#include <cublasLt.h>
+#include "kernels/cuda/cublaslt.h"
 #include <cuda_runtime_api.h>
 #include <cudnn_graph.h>
 
@@ -35,7 +35,7 @@
   do {                                                                                                       \
     cublasStatus_t tripod_st_ = (call);                                                                      \
     if (tripod_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                                    \
-      TRIPOD_FAIL("{}: {} failed: {}", fmt::format(__VA_ARGS__), #call, cublasLtGetStatusString(tripod_st_)); \
+      TRIPOD_FAIL("{}: {} failed: {}", fmt::format(__VA_ARGS__), #call, ::tripod::cuda::cublaslt().GetStatusString(tripod_st_)); \
   } while (0)
 
 namespace tripod::cuda {

@@ -27,30 +27,30 @@ uint32_t alignment(const void* p) {
 
 template <class T>
 void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v, const std::string& what) {
-  TRIPOD_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof(v)), "{}", what);
+  TRIPOD_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(d, attr, &v, sizeof(v)), "{}", what);
 }
 
 }  // namespace
 
 GemmRunner::GemmRunner(CudaOps& ops) : ops_(ops) {
-  TRIPOD_CUBLAS_CHECK(cublasLtCreate(&handle_), "cuBLASLt on GPU {}", ops.device_index());
+  TRIPOD_CUBLAS_CHECK(cublaslt().Create(&handle_), "cuBLASLt on GPU {}", ops.device_index());
   workspace_ = Tensor::empty(ops.allocator(), {static_cast<int64_t>(kWorkspaceBytes / 4)}, DType::I32,
                              MemCategory::Workspace);
 }
 
 GemmRunner::~GemmRunner() {
   for (auto& [key, p] : plans_) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.d);
-    cublasLtMatmulDescDestroy(p.desc);
+    cublaslt().MatrixLayoutDestroy(p.a);
+    cublaslt().MatrixLayoutDestroy(p.b);
+    cublaslt().MatrixLayoutDestroy(p.d);
+    cublaslt().MatmulDescDestroy(p.desc);
   }
-  if (handle_) cublasLtDestroy(handle_);
+  if (handle_) cublaslt().Destroy(handle_);
 }
 
 GemmRunner::Plan GemmRunner::make_plan(const GemmArgs& g, const Key& key, const std::string& what) {
   Plan p;
-  TRIPOD_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "{}", what);
+  TRIPOD_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "{}", what);
   const int32_t ta = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, ta, what);
   set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, tb, what);
@@ -72,14 +72,14 @@ GemmRunner::Plan GemmRunner::make_plan(const GemmArgs& g, const Key& key, const 
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.gelu_pre), what);
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ldd, what);
   }
-  TRIPOD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, g.a_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda),
+  TRIPOD_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p.a, g.a_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda),
                       "{}", what);
-  TRIPOD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, g.b_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb),
+  TRIPOD_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p.b, g.b_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb),
                       "{}", what);
-  TRIPOD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, g.d_type, g.m, g.n, g.ldd), "{}", what);
+  TRIPOD_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p.d, g.d_type, g.m, g.n, g.ldd), "{}", what);
 
   cublasLtMatmulPreference_t pref = nullptr;
-  TRIPOD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), "{}", what);
+  TRIPOD_CUBLAS_CHECK(cublaslt().MatmulPreferenceCreate(&pref), "{}", what);
   const uint64_t ws = kWorkspaceBytes;
   // The heuristic may only pick kernels that work at the operands' actual alignment.
   const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
@@ -88,23 +88,23 @@ GemmRunner::Plan GemmRunner::make_plan(const GemmArgs& g, const Key& key, const 
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d},
       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d}};
   cublasStatus_t st =
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
   for (const auto& [attr, bytes] : alignments)
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof(bytes));
-  if (st != CUBLAS_STATUS_SUCCESS) cublasLtMatmulPreferenceDestroy(pref);
+    if (st == CUBLAS_STATUS_SUCCESS) st = cublaslt().MatmulPreferenceSetAttribute(pref, attr, &bytes, sizeof(bytes));
+  if (st != CUBLAS_STATUS_SUCCESS) cublaslt().MatmulPreferenceDestroy(pref);
   TRIPOD_CUBLAS_CHECK(st, "{}: matmul preferences", what);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  st = cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  st = cublaslt().MatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+  cublaslt().MatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0) {
-    cublasLtMatrixLayoutDestroy(p.a);
-    cublasLtMatrixLayoutDestroy(p.b);
-    cublasLtMatrixLayoutDestroy(p.d);
-    cublasLtMatmulDescDestroy(p.desc);
+    cublaslt().MatrixLayoutDestroy(p.a);
+    cublaslt().MatrixLayoutDestroy(p.b);
+    cublaslt().MatrixLayoutDestroy(p.d);
+    cublaslt().MatmulDescDestroy(p.desc);
     TRIPOD_FAIL("{}: cuBLASLt has no algorithm for m={} n={} k={} (lda {}, ldb {}, ldd {}, epilogue {}): {}", what, g.m,
                 g.n, g.k, g.lda, g.ldb, g.ldd, static_cast<int>(epilogue),
-                st == CUBLAS_STATUS_SUCCESS ? "no candidate" : cublasLtGetStatusString(st));
+                st == CUBLAS_STATUS_SUCCESS ? "no candidate" : cublaslt().GetStatusString(st));
   }
   p.algo = result.algo;
   return p;
@@ -121,7 +121,7 @@ void GemmRunner::run(const GemmArgs& g, const std::string& what) {
   if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, what);
   if (g.gelu_pre) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.gelu_pre), what);
   const float alpha = 1.f, beta = g.beta;
-  TRIPOD_CUBLAS_CHECK(cublasLtMatmul(handle_, p.desc, &alpha, g.a, p.a, g.b, p.b, &beta, g.d, p.d, g.d, p.d, &p.algo,
+  TRIPOD_CUBLAS_CHECK(cublaslt().Matmul(handle_, p.desc, &alpha, g.a, p.a, g.b, p.b, &beta, g.d, p.d, g.d, p.d, &p.algo,
                                      workspace_.raw(), kWorkspaceBytes, ops_.compute_stream()),
                       "{}", what);
 }

@@ -9,8 +9,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <sstream>
 
+#include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -38,6 +41,24 @@ class CudaOpsTest : public ::testing::Test {
 };
 
 // ---- backend properties, memory --------------------------------------------------------------
+
+// cuBLASLt is loaded at the first GEMM runner, not with the process (kernels/cuda/cublaslt.h):
+// it loads, with every function, without a GPU too; and the library was not there before.
+TEST(CublasLt, LoadsAtFirstUseWithEveryFunction) {
+  auto mapped = [] {
+    std::ifstream maps("/proc/self/maps");
+    std::stringstream all;
+    all << maps.rdbuf();
+    return all.str().find("libcublasLt.so") != std::string::npos;
+  };
+  EXPECT_FALSE(mapped()) << "libcublasLt was loaded with the process";
+  const cuda::CublasLt& lt = cuda::cublaslt();
+#define TRIPOD_EXPECT_LOADED(name) EXPECT_NE(lt.name, nullptr) << #name;
+  TRIPOD_CUBLASLT_FUNCTIONS(TRIPOD_EXPECT_LOADED)
+#undef TRIPOD_EXPECT_LOADED
+  EXPECT_STREQ(lt.GetStatusString(CUBLAS_STATUS_SUCCESS), "success");  // the library answers
+  EXPECT_TRUE(mapped());
+}
 
 TEST_F(CudaOpsTest, ReportsBf16ComputeAndThisGpusPeak) {
   EXPECT_EQ(gpu_->device(), Device::CUDA);

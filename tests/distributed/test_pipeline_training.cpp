@@ -8,6 +8,7 @@
 
 #include "harness.h"
 #include "parallel/pipeline/schedules.h"
+#include "plan/cost_model.h"
 #include "test_util.h"
 
 namespace tripod {
@@ -114,6 +115,55 @@ TEST_F(PipelineTraining, CustomCsvScheduleTrainsAndBrokenOneIsRefused) {
       EXPECT_NE(std::string(e.what()).find("B3.0 before F3.0"), std::string::npos) << e.what();
     }
   }
+}
+
+// parallel.layers_per_stage = "auto" at pp = 2 (balanced by the cost model on the built-in CPU
+// figures: with a 4096-token head the last stage gets fewer layers) trains as the serial run
+// does, and a checkpoint saved on that split loads on the even one and goes on the same way.
+TEST_F(PipelineTraining, AutoLayerSplitMatchesSerialAndItsCheckpointLoadsOnTheEvenSplit) {
+  auto config = [] {
+    Config cfg = base_config();
+    cfg.model.vocab_size = 4096;
+    return cfg;
+  };
+  test::RunResult ref;
+  {
+    auto self = test::make_selfworld(*ops);
+    ref = test::run_training(config(), *ops, *self.par, data);
+  }
+  const test::SharedDir dir("pp_auto_split");
+  RankGrid grid(1, 1, 2);
+  auto w = test::make_subworld(*ops, grid);
+  if (!w.par) return;
+  Config cfg = config();
+  cfg.parallel.pp = 2;
+  cfg.parallel.dp = 1;
+  cfg.parallel.balance_layers = true;
+  validate_layout(cfg, 2);
+  const std::string line = resolve_layer_split(cfg);
+  ASSERT_EQ(cfg.parallel.layers_per_stage.size(), 2u) << line;
+  EXPECT_GT(cfg.parallel.layers_per_stage[0], cfg.parallel.layers_per_stage[1]) << line;
+  test::expect_matches(test::run_training(cfg, *ops, *w.par, data), ref, "pp=2 auto split", w.par->rank == 0);
+
+  cfg.checkpoint.dir = dir.path().string();
+  {
+    Trainer t(cfg, *ops, *w.par, &data);
+    for (int s = 0; s < 3; ++s) t.step();
+    t.save_checkpoint();
+    t.finish_checkpoints();
+  }
+  Config even = config();
+  even.parallel.pp = 2;
+  even.parallel.dp = 1;
+  even.checkpoint.load = (dir / "iter_0000003").string();
+  validate_layout(even, 2);
+  Trainer t(even, *ops, *w.par, &data);
+  ASSERT_EQ(t.completed_steps(), 3);
+  test::RunResult r;
+  r.losses = ref.losses;
+  for (int s = 3; s < static_cast<int>(ref.losses.size()); ++s) r.losses[s] = t.step().loss;
+  r.params = test::gather_global_params(t.registry(), *w.par, *ops);
+  test::expect_matches(r, ref, "saved on the auto split, loaded on 4+4", w.par->rank == 0);
 }
 
 }  // namespace

@@ -145,6 +145,43 @@ TEST(Config, LayoutChecksNameTheNumbers) {
   EXPECT_EQ(c.train.global_batch_size, 4);
 }
 
+TEST(Config, LayersPerStageTakesAutoOrCounts) {
+  Config c = parse_config(kGood, "t", {"parallel.pp=2", "parallel.layers_per_stage=auto"});
+  EXPECT_TRUE(c.parallel.balance_layers);
+  EXPECT_TRUE(c.parallel.layers_per_stage.empty());
+  validate_layout(c, 2);  // balance_stages (plan/) fills the counts in
+  EXPECT_NE(config_to_toml(c).find("layers_per_stage = 'auto'"), std::string::npos) << config_to_toml(c);
+  c.parallel.layers_per_stage = {1, 1};  // resolved: the counts are written
+  Config d = parse_config(config_to_toml(c), "resolved");
+  EXPECT_FALSE(d.parallel.balance_layers);
+  EXPECT_EQ(d.parallel.layers_per_stage, (std::vector<int>{1, 1}));
+  // With more stages than layers "auto" has nothing to balance.
+  c = parse_config(kGood, "t", {"parallel.pp=4", "parallel.layers_per_stage=auto"});
+  try {
+    validate_layout(c, 4);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.layers_per_stage = \"auto\": model.n_layers = 2 is fewer"),
+              std::string::npos) << e.what();
+  }
+  // Misspelt, or a list of the wrong kind: the key and what is valid.
+  for (const char* bad : {"parallel.layers_per_stage=autp", "parallel.layers_per_stage=[1.5, 0.5]",
+                          "parallel.layers_per_stage=3"}) {
+    const std::string e = error_of(kGood, {bad});
+    EXPECT_NE(e.find("parallel.layers_per_stage"), std::string::npos) << e;
+    EXPECT_NE(e.find("\"auto\""), std::string::npos) << e;
+  }
+  c = parse_config(kGood, "t", {"parallel.pp=2", "parallel.layers_per_stage=[1, 2]"});
+  try {
+    validate_layout(c, 2);
+    FAIL();
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("adds up to 3 layers but model.n_layers = 2 (give 2 counts adding up to 2, "
+                                         "or \"auto\")"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(Config, ResolvedTomlRoundTrips) {
   Config c = parse_config(kGood, "t", {"parallel.vp=1", "recompute.mode=selective"});
   Config d = parse_config(config_to_toml(c), "resolved");

@@ -2,9 +2,14 @@
 // a ring all-reduce, a 1F1B pipeline of equal stages), the layout search (every layout it emits
 // validates; nothing that fits is missed), and `tripod plan` / `tripod calibrate` on the command
 // line (one JSON object; bad input as one "error:" line and exit 2).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <limits>
+#include <numeric>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -182,6 +187,162 @@ TEST(CostModel, LlamaShapes) {
   EXPECT_NEAR(swiglu - stage_times(gqa, hw)[0].forward, qkv, 1e-12);
 }
 
+// The largest stage cost (forward + backward of one micro-batch) of a split.
+double max_stage_cost(const Config& cfg, const Hardware& hw, const std::vector<int>& split) {
+  double worst = 0;
+  for (const ChunkTimes& c : stage_times(cfg, hw, split)) worst = std::max(worst, c.forward + c.backward);
+  return worst;
+}
+
+// Every split of n layers into k stages of at least one layer each.
+void each_split(int n, int k, std::vector<int>& prefix, const std::function<void(const std::vector<int>&)>& f) {
+  if (k == 1) {
+    prefix.push_back(n);
+    f(prefix);
+    prefix.pop_back();
+    return;
+  }
+  for (int first = 1; first <= n - (k - 1); ++first) {
+    prefix.push_back(first);
+    each_split(n - first, k - 1, prefix, f);
+    prefix.pop_back();
+  }
+}
+
+TEST(CostModel, AutoSplitMinimisesTheLargestStageCostLikeBruteForce) {
+  // Against every split, on models whose head outweighs a layer (a large vocabulary) or not,
+  // with recomputation of the first layer of each chunk only (layer costs then depend on their
+  // place in the chunk), TP with sequence parallelism, vp 1 and 2 in both placements.
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  int cases = 0, uneven = 0;
+  for (int layers : {5, 7, 10})
+    for (int vocab : {256, 16384})
+      for (auto [pp, vp, placement] : {std::tuple{2, 1, Placement::Loop}, std::tuple{3, 1, Placement::Loop},
+                                       std::tuple{2, 2, Placement::Loop}, std::tuple{2, 2, Placement::V}})
+        for (int tp : {1, 2})
+          for (int rc : {0, 2}) {
+            if (layers < pp * vp) continue;
+            Config cfg;
+            cfg.model = small_model();
+            cfg.model.n_layers = layers;
+            cfg.model.vocab_size = vocab;
+            cfg.train.micro_batch_size = 2;
+            cfg.train.global_batch_size = 8;
+            cfg.train.device = Device::CUDA;
+            cfg.parallel.tp = tp;
+            cfg.parallel.pp = pp;
+            cfg.parallel.vp = vp;
+            cfg.parallel.placement = placement;
+            cfg.parallel.schedule = vp == 1 ? ScheduleKind::OneFOneB
+                                    : placement == Placement::V ? ScheduleKind::Zbv : ScheduleKind::Interleaved;
+            cfg.parallel.sequence_parallel = tp > 1;
+            cfg.parallel.balance_layers = true;
+            cfg.recompute.mode = static_cast<RecomputeMode>(rc);
+            cfg.recompute.num_layers = 1;
+            validate_layout(cfg, tp * pp);
+            const std::vector<int> split = balanced_layers_per_stage(cfg, hw);
+            SCOPED_TRACE(fmt::format("layers {} vocab {} pp {} vp {} tp {} rc {}: [{}]", layers, vocab, pp, vp, tp, rc,
+                                     fmt::join(split, ",")));
+            ASSERT_EQ(static_cast<int>(split.size()), pp * vp);
+            EXPECT_EQ(std::accumulate(split.begin(), split.end(), 0), layers);
+            EXPECT_GE(*std::min_element(split.begin(), split.end()), 1);
+            double best = std::numeric_limits<double>::infinity();
+            std::vector<int> prefix;
+            each_split(layers, pp * vp, prefix,
+                       [&](const std::vector<int>& x) { best = std::min(best, max_stage_cost(cfg, hw, x)); });
+            EXPECT_NEAR(max_stage_cost(cfg, hw, split), best, 1e-12 * best);
+            // balance_stages writes that split into the config; the layouts then use it.
+            balance_stages(cfg, hw);
+            EXPECT_EQ(cfg.parallel.layers_per_stage, split);
+            EXPECT_EQ(make_rank_layout(cfg, 0).stage_layers, split);
+            ++cases;
+            uneven += *std::max_element(split.begin(), split.end()) != *std::min_element(split.begin(), split.end());
+          }
+  EXPECT_GT(cases, 50);
+  EXPECT_GT(uneven, 10);  // the cases do exercise uneven splits
+}
+
+TEST(CostModel, BalancedStagesShrinkLlamaBubble) {
+  // Llama-3.2-1B (128K vocabulary) on tp2 pp2 at 128 micro-batches, the example: the head
+  // makes the last stage heavier, so "auto" gives it fewer layers and the bubble shrinks.
+  Config cfg = load_config(TRIPOD_SOURCE_PATH "/configs/llama3_2_1b.toml", {}, {.training = false, .data = false});
+  Hardware hw = load_hardware(TRIPOD_SOURCE_PATH "/configs/hardware/h100_sxm.toml");
+  cfg.parallel.tp = 2;
+  cfg.parallel.pp = 2;
+  cfg.train.micro_batch_size = 1;
+  cfg.train.global_batch_size = 128;
+  validate_layout(cfg, 4);
+  const StepPrediction even = predict_step(cfg, hw);
+  cfg.parallel.balance_layers = true;
+  balance_stages(cfg, hw);
+  const StepPrediction balanced = predict_step(cfg, hw);
+  ASSERT_EQ(cfg.parallel.layers_per_stage.size(), 2u);
+  EXPECT_GT(cfg.parallel.layers_per_stage[0], cfg.parallel.layers_per_stage[1]);
+  EXPECT_LT(balanced.bubble, even.bubble / 2);
+  EXPECT_LT(balanced.step_time_s, even.step_time_s);
+}
+
+TEST(CostModel, WeightGradientIsHalfTheBackwardGemmsOnTheDatasheet) {
+  // Without measured GEMMs dX and dW of a GEMM cost the same, so W is half of each backward GEMM
+  // (the layers' four and the head's) plus the embedding's gradient; I is the rest.
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  Config cfg;
+  cfg.model = small_model();
+  cfg.train.micro_batch_size = 2;
+  cfg.train.global_batch_size = 8;
+  validate_layout(cfg, 1);
+  const ChunkTimes t = stage_times(cfg, hw)[0];
+  const int64_t N = 64, C = 64, V = cfg.model.padded_vocab(1);
+  const double layer = hw.gemm_time(N, 3 * C, C, true) + hw.gemm_time(N, C, C, true) +
+                       hw.gemm_time(N, 4 * C, C, true) + hw.gemm_time(N, C, 4 * C, true);
+  const double expected = 4 * layer / 2 + hw.gemm_time(N, V, C, true) / 2 +
+                          hw.elementwise_time(Elementwise::Embedding, N * C, true);
+  EXPECT_NEAR(t.weight, expected, 1e-12 * expected);
+  EXPECT_GT(t.input(), 0);
+  // The planner's simulation takes them: ZB-H1 idles less than 1F1B on the same stages.
+  Config pipe = cfg;
+  pipe.parallel.pp = 2;
+  pipe.train.global_batch_size = 16;
+  validate_layout(pipe, 2);
+  Config zb = pipe;
+  zb.parallel.schedule = ScheduleKind::ZbH1;
+  EXPECT_LT(predict_step(zb, hw).pipeline_s, predict_step(pipe, hw).pipeline_s);
+}
+
+TEST(Planner, SplitsPrintShort) {
+  EXPECT_EQ(split_str({10, 6}), "10+6");
+  EXPECT_EQ(split_str({2, 2}), "2+2");
+  EXPECT_EQ(split_str({1, 1, 1}), "1x3");
+  EXPECT_EQ(split_str({3, 2, 2, 2, 1}), "3+2x3+1");
+}
+
+TEST(Planner, RanksEveryLayoutWithItsBalancedSplit) {
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  Config base;
+  base.model = small_model();
+  base.model.n_layers = 6;
+  base.model.vocab_size = 16384;  // a heavy head
+  base.train.global_batch_size = 8;
+  LayoutFilter f;
+  f.pp = 2;
+  PlanResult r = plan_layouts(base, hw, 2, f);
+  ASSERT_FALSE(r.layouts.empty());
+  bool uneven = false;
+  for (const PlannedLayout& l : r.layouts) {
+    EXPECT_EQ(l.cfg.parallel.layers_per_stage, balanced_layers_per_stage(l.cfg, hw));
+    uneven |= l.cfg.parallel.layers_per_stage.front() != l.cfg.parallel.layers_per_stage.back();
+    EXPECT_NE(layout_toml(l.cfg).find("layers_per_stage = ["), std::string::npos);
+  }
+  EXPECT_TRUE(uneven);
+  // split=even: only even splits (6 layers over 2 or 6 virtual stages).
+  f = parse_layout_filter("pp=2,split=even");
+  for (const PlannedLayout& l : plan_layouts(base, hw, 2, f).layouts) {
+    const int stages = 2 * l.cfg.parallel.vp;
+    EXPECT_EQ(stage_layers(l.cfg), std::vector<int>(stages, 6 / stages));
+  }
+  EXPECT_THROW(parse_layout_filter("split=balanced"), InputError);
+}
+
 struct Key {
   int tp, pp, vp, mbs, rc;
   bool sp, dopt;
@@ -252,8 +413,10 @@ TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
                 c.parallel.distributed_optimizer = dopt;
                 c.train.micro_batch_size = mbs;
                 c.recompute.mode = static_cast<RecomputeMode>(rc);
+                c.parallel.balance_layers = true;  // as the planner splits every layout
                 try {
                   validate_layout(c, gpus);
+                  balance_stages(c, hw);
                   (void)make_schedule(c);
                 } catch (const InputError&) {
                   continue;
@@ -357,7 +520,7 @@ TEST_F(PlanCli, JsonListsLayoutsBestFirst) {
   for (const auto& l : j["layouts"]) {
     for (const char* k : {"tp", "pp", "vp", "dp", "micro_batch", "recompute", "sequence_parallel",
                           "distributed_optimizer", "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu",
-                          "memory_bytes_per_gpu", "bubble", "exposed_comm"})
+                          "memory_bytes_per_gpu", "bubble", "exposed_comm", "layers_per_stage"})
       EXPECT_TRUE(l.contains(k)) << k;
     EXPECT_EQ(l["tp"].get<int>() * l["pp"].get<int>() * l["dp"].get<int>(), 16);
     EXPECT_GE(l["step_time_s"].get<double>(), prev);
@@ -371,6 +534,29 @@ TEST_F(PlanCli, JsonListsLayoutsBestFirst) {
   EXPECT_NE(r.out.find("[parallel]\ntp = "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("pp = 2\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("mode = \"full\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("layers_per_stage = ["), std::string::npos) << r.out;
+}
+
+TEST_F(PlanCli, TrainDryRunShowsTheAutoSplit) {
+  // The 128K-vocabulary head of Llama-3.2-1B makes "auto" give the last of 2 stages fewer layers.
+  auto r = test::run_cmd(test::tripod_bin() + " train --config " TRIPOD_SOURCE_PATH
+                         "/configs/llama3_2_1b.toml --dry-run --set parallel.tp=2 --set parallel.pp=2 --set "
+                         "parallel.layers_per_stage=auto --set train.micro_batch_size=1 --set train.global_batch_size=128");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("layers per virtual stage: 10+6 (\"auto\", balanced on H100 SXM 80GB (built-in)"),
+            std::string::npos) << r.out;
+  // A hardware file given by parallel.hardware is the one balanced with.
+  r = test::run_cmd(test::tripod_bin() + " train --config " TRIPOD_SOURCE_PATH
+                    "/configs/llama3_2_1b.toml --dry-run --set parallel.pp=2 --set parallel.layers_per_stage=auto "
+                    "--set parallel.hardware=" TRIPOD_SOURCE_PATH "/configs/hardware/a100_80gb_sxm.toml");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("balanced on A100"), std::string::npos) << r.out;
+  r = test::run_cmd(test::tripod_bin() + " train --config " TRIPOD_SOURCE_PATH
+                    "/configs/llama3_2_1b.toml --dry-run --set parallel.pp=2 --set parallel.layers_per_stage=auto "
+                    "--set parallel.hardware=/nonexistent/hw.toml");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("error:"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("/nonexistent/hw.toml"), std::string::npos) << r.err;
 }
 
 TEST_F(PlanCli, BadInputIsOneErrorLineAndExit2) {

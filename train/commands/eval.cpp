@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "plan/cost_model.h"
 #include "train/commands/commands.h"
 #include "train/commands/weights.h"
 #include "train/evaluator.h"
@@ -44,6 +45,7 @@ Config refit_grid(const Config& cfg, int world) {
       p.schedule_file.clear();
       p.placement = Placement::Loop;
       p.layers_per_stage.clear();
+      p.balance_layers = false;
     }
     if (tp == 1) p.sequence_parallel = false;
     const int per_step = c.train.micro_batch_size * p.dp;
@@ -114,6 +116,7 @@ int run_eval(const EvalOptions& o) {
       validate_layout(cfg, mpi.size());
     else
       fit_eval_grid(cfg, mpi.size());
+    resolve_layer_split(cfg);  // parallel.layers_per_stage = "auto"
     samples = o.samples.value_or(cfg.train.eval_steps * (batch > 0 ? batch : cfg.train.global_batch_size));
     check_checkpoint_tokenizer(o.weights, cfg);
     rt = make_runtime(cfg);

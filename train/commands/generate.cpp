@@ -50,6 +50,7 @@ void force_inference_grid(Config& cfg, int world) {
   p.schedule_file.clear();
   p.placement = Placement::Loop;
   p.layers_per_stage.clear();
+  p.balance_layers = false;
   p.sequence_parallel = false;
   cfg.train.global_batch_size = cfg.train.micro_batch_size;
 }

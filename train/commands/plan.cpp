@@ -1,10 +1,12 @@
 // `tripod plan --config MODEL.toml --hardware H.toml --gpus N [--global-batch B] [--top K]
 // [--layout tp=8,...] [--json]`: the fastest layouts that fit, predicted by the cost model.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "config/layout.h"
 #include "plan/planner.h"
 #include "train/commands/commands.h"
 
@@ -55,7 +57,8 @@ int run_plan(const PlanOptions& o) {
                                   {"optimizer", p.memory.optimizer}, {"activations", p.memory.activations},
                                   {"workspace", p.workspace_bytes}, {"comm", p.comm_bytes},
                                   {"reserved", p.reserved_bytes}}},
-                      {"bubble", p.bubble}, {"exposed_comm", p.exposed_comm}});
+                      {"bubble", p.bubble}, {"exposed_comm", p.exposed_comm},
+                      {"layers_per_stage", stage_layers(c)}});
     }
     out["layouts"] = list;
     fmt::print("{}\n", out.dump());
@@ -65,21 +68,21 @@ int run_plan(const PlanOptions& o) {
              r.layouts.size(), o.gpus, hw.name, gib(hw.memory_capacity), base.train.global_batch_size,
              base.model.seq_len);
   fmt::print("{:>3} {:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9} {:>10} {:>8} {:>6} {:>7} {:>7} {:>7} "
-             "{:>7} {:>7} {:>7} {:>7}\n",
+             "{:>7} {:>7} {:>7} {:>7}  {}\n",
              "tp", "pp", "vp", "cp", "dp", "schedule", "mbs", "recompute", "sp", "dopt", "step(s)", "tokens/s", "TFLOP/s", "MFU",
-             "params", "grads", "optim", "acts", "other", "total", "bubble");
+             "params", "grads", "optim", "acts", "other", "total", "bubble", "layers per stage");
   for (size_t i = 0; i < n; ++i) {
     const Config& c = r.layouts[i].cfg;
     const StepPrediction& p = r.layouts[i].pred;
     fmt::print("{:>3} {:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9.4g} {:>10.4g} {:>8.4g} {:>5.1f}% {:>7.2f} "
-               "{:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>6.1f}%  comm {:.1f}%\n",
+               "{:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>6.1f}%  {}  comm {:.1f}%\n",
                c.parallel.tp, c.parallel.pp, c.parallel.vp, c.parallel.cp, c.parallel.dp, enum_name(c.parallel.schedule),
                c.train.micro_batch_size,
                enum_name(c.recompute.mode), c.parallel.sequence_parallel ? "y" : "n",
                c.parallel.distributed_optimizer ? "y" : "n", p.step_time_s, p.tokens_per_s, p.model_tflops_per_gpu,
                100 * p.mfu, gib(p.memory.params), gib(p.memory.grads), gib(p.memory.optimizer),
                gib(p.memory.activations), gib(p.workspace_bytes + p.comm_bytes + p.reserved_bytes),
-               gib(p.memory_bytes()), 100 * p.bubble, 100 * p.exposed_comm);
+               gib(p.memory_bytes()), 100 * p.bubble, split_str(stage_layers(c)), 100 * p.exposed_comm);
   }
   fmt::print("memory in GiB per GPU (other: backward workspace, DP buckets, reserved); comm: exposed communication "
              "share of the step\n\n# the fastest layout\n{}",

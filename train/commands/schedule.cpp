@@ -16,6 +16,7 @@
 #include "config/memory_plan.h"
 #include "parallel/pipeline/zero_bubble.h"
 #include "report/svg.h"
+#include "plan/cost_model.h"
 #include "train/commands/commands.h"
 
 namespace tripod {
@@ -151,6 +152,7 @@ int run_schedule(ScheduleOptions o) {
     cfg = load_config(o.config, o.sets, ConfigUse{.training = false, .data = false});
     const ParallelConfig& pc = cfg->parallel;
     validate_layout(*cfg, pc.tp * pc.pp * pc.cp * std::max(pc.dp, 1));
+    resolve_layer_split(*cfg);  // parallel.layers_per_stage = "auto"
   }
   auto save_format = parse_csv_format(o.save_format);
   TRIPOD_INPUT_CHECK(save_format && *save_format != ScheduleCsvFormat::Auto,

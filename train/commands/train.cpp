@@ -17,6 +17,7 @@
 #include "data/gpt_data.h"
 #include "data/sample_source.h"
 #include "parallel/pipeline/simulate.h"
+#include "plan/cost_model.h"
 #include "train/commands/commands.h"
 #include "train/evaluator.h"
 #include "config/memory_plan.h"
@@ -96,17 +97,20 @@ int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
       // The plan for the grid the config asks for (dp = 1 when not given), before any allocation.
       if (cfg.parallel.dp == 0) cfg.parallel.dp = 1;
       validate_layout(cfg, cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.cp * cfg.parallel.dp);
+      const std::string split = resolve_layer_split(cfg);
       if (mpi.rank() == 0) {
         Schedule s = make_schedule(cfg);
         Simulation sim = simulate(s, PipeCosts{});
         fmt::print("grid {}, vp {}, {} schedule over {} micro-batches per step: simulated bubble "
-                   "{:.1f}%\n{}",
+                   "{:.1f}%\n{}\n{}",
                    RankGrid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.cp).str(), cfg.parallel.vp, s.kind, s.microbatches,
-                   100 * sim.bubble, memory_table(cfg, plan_memory(cfg)));
+                   100 * sim.bubble, split, memory_table(cfg, plan_memory(cfg)));
       }
       return 0;
     }
     validate_layout(cfg, mpi.size());
+    const std::string split = resolve_layer_split(cfg);
+    if (cfg.parallel.pp > 1) spdlog::info("{}", split);
     rt = make_runtime(cfg, /*flight_recorder=*/true);
   } catch (const InputError& e) {
     rethrow_agreed(e);
