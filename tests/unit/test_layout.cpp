@@ -111,7 +111,9 @@ TEST(RankLayout, DistributedOptimizerShardsCoverEveryBucketOnce) {
         at = o.end;
         covered += o.size();
       }
-      if (distopt) EXPECT_EQ(covered, s.size()) << "bucket " << b;
+      if (distopt) {
+        EXPECT_EQ(covered, s.size()) << "bucket " << b;
+      }
     }
   }
 }
