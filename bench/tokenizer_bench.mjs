@@ -125,24 +125,28 @@ for (const r of rows)
   console.log(fmtRow([r[0], r[1].toFixed(2), r[2].toFixed(2), r[3].toFixed(2), r[4].toFixed(2) + "x", r[5]]));
 
 // preprocess: the documents four times over (17 MB), one per line, with 1 and 2 encoding
-// threads; tripod's own figure (reading, encoding, writing; the tokenizer's loading apart).
+// threads; tripod's own figures (reading, encoding, writing; the tokenizer's loading apart): MB/s
+// and CPU seconds of all threads per MB (the same for both when nothing serial is added).
+// bench/preprocess_workers.sh measures the scaling alone, without the npm references.
 const bigFile = path.join(files, "kjv_docs_x4.txt");
 if (!fs.existsSync(bigFile)) fs.writeFileSync(bigFile, fs.readFileSync(textFile, "utf8").repeat(4));
-const pre = [];
-for (const workers of [1, 2]) {
-  const speeds = [];
-  for (let r = 0; r < Math.max(3, runs); ++r) {
+// The worker counts take turns (1, 2, 1, 2, ...), so a change in the machine's load hits both.
+const counts = [1, 2];
+const speeds = counts.map(() => []), cpus = counts.map(() => []);
+for (let r = 0; r < Math.max(3, runs); ++r) {
+  counts.forEach((workers, i) => {
     const p = spawnSync(path.join(build, "bin", "tripod"), ["data", "preprocess", "--input", bigFile,
       "--input-format", "text", "--tokenizer-model", path.join(files, "cl100k_base.tiktoken"), "--output-prefix",
       path.join(files, "bench_pre"), "--workers", String(workers), "--overwrite", "--no-progress"], { encoding: "utf8" });
-    const m = /\(([0-9.]+) MB\/s/.exec(p.stdout + p.stderr);
+    const m = /from ([0-9.]+) MB in [0-9.]+ s \(([0-9.]+) MB\/s, ([0-9.]+) CPU s/.exec(p.stdout + p.stderr);
     if (p.status !== 0 || !m) throw new Error(`tripod data preprocess failed: ${p.stderr}`);
-    speeds.push(Number(m[1]));
-  }
-  pre.push([workers, median(speeds)]);
+    speeds[i].push(Number(m[2]));
+    cpus[i].push(Number(m[3]) / Number(m[1]));
+  });
 }
+const pre = counts.map((w, i) => [w, median(speeds[i]), median(cpus[i])]);
 console.log(`\ndata preprocess (cl100k, ${path.basename(bigFile)}, one document per line; MB/s as tripod reports it, ` +
             `loading the ranks apart; load average ${os.loadavg()[0].toFixed(2)} on ${os.cpus().length} cores)\n`);
-console.log(fmtRow(["workers", "MB/s", "vs 1 worker"]));
-console.log(fmtRow(["---:", "---:", "---:"]));
-for (const [w, s] of pre) console.log(fmtRow([w, s.toFixed(2), (s / pre[0][1]).toFixed(2) + "x"]));
+console.log(fmtRow(["workers", "MB/s", "vs 1 worker", "CPU s per MB"]));
+console.log(fmtRow(["---:", "---:", "---:", "---:"]));
+for (const [w, s, c] of pre) console.log(fmtRow([w, s.toFixed(2), (s / pre[0][1]).toFixed(2) + "x", c.toFixed(4)]));

@@ -97,6 +97,14 @@ const char* json_type(const nlohmann::json& j) {
 
 LineKind extract_document(std::string_view line, InputFormat fmt, const std::string& key, std::string& text,
                           std::string& why) {
+  std::string_view doc;
+  const LineKind kind = extract_document_view(line, fmt, key, text, doc, why);
+  if (kind == LineKind::Document && doc.data() != text.data()) text.assign(doc);
+  return kind;
+}
+
+LineKind extract_document_view(std::string_view line, InputFormat fmt, const std::string& key, std::string& scratch,
+                               std::string_view& doc, std::string& why) {
   if (is_blank(line)) return LineKind::Blank;
   if (size_t bad = find_invalid_utf8(line); bad != std::string_view::npos) {
     why = fmt::format("invalid UTF-8 at byte {} (byte 0x{:02x}); the input must be UTF-8", bad + 1,
@@ -104,7 +112,7 @@ LineKind extract_document(std::string_view line, InputFormat fmt, const std::str
     return LineKind::Bad;
   }
   if (fmt != InputFormat::Jsonl) {
-    text.assign(line);
+    doc = line;
     return LineKind::Document;
   }
   nlohmann::json j = nlohmann::json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
@@ -134,8 +142,9 @@ LineKind extract_document(std::string_view line, InputFormat fmt, const std::str
     why = fmt::format("key \"{}\" holds {}, not a string", key, json_type(*it));
     return LineKind::Bad;
   }
-  text = it->get_ref<const std::string&>();
-  if (text.empty()) return LineKind::Blank;
+  scratch = it->get_ref<const std::string&>();
+  if (scratch.empty()) return LineKind::Blank;
+  doc = scratch;
   return LineKind::Document;
 }
 
@@ -157,6 +166,15 @@ BlockReader::~BlockReader() {
 }
 
 bool BlockReader::next(std::string& block, int64_t& first_line) {
+  if (!next(block)) return false;
+  first_line = next_line_;
+  int64_t lines = std::count(block.begin(), block.end(), '\n');
+  if (block.back() != '\n') ++lines;
+  next_line_ += lines;
+  return true;
+}
+
+bool BlockReader::next(std::string& block) {
   block.swap(carry_);
   carry_.clear();
   // Read until the block holds at least block_bytes_ and a newline, or the file ends. A line
@@ -182,12 +200,7 @@ bool BlockReader::next(std::string& block, int64_t& first_line) {
       }
     }
   }
-  if (block.empty()) return false;
-  first_line = next_line_;
-  int64_t lines = std::count(block.begin(), block.end(), '\n');
-  if (block.back() != '\n') ++lines;
-  next_line_ += lines;
-  return true;
+  return !block.empty();
 }
 
 }  // namespace tripod

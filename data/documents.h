@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,10 @@ enum class LineKind { Document, Blank, Bad };
 // hold no document in either format.
 LineKind extract_document(std::string_view line, InputFormat fmt, const std::string& key, std::string& text,
                           std::string& why);
+// The same without a copy of text lines: `doc` is the document, in `line` (text) or in
+// `scratch` (JSONL, unescaped there).
+LineKind extract_document_view(std::string_view line, InputFormat fmt, const std::string& key, std::string& scratch,
+                               std::string_view& doc, std::string& why);
 
 // Reads a file in blocks of whole lines. A block ends after a newline, except the last one of
 // a file that does not end in a newline.
@@ -40,6 +45,9 @@ class BlockReader {
 
   // The next block and the line number (from 1) of its first line; false at the end.
   bool next(std::string& block, int64_t& first_line);
+  // The next block without counting its lines (the caller counts them; the line numbers of
+  // the other overload then no longer hold).
+  bool next(std::string& block);
   int64_t bytes_read() const { return bytes_read_; }
   int64_t file_size() const { return file_size_; }
   const std::string& path() const { return path_; }
@@ -58,8 +66,8 @@ template <typename Fn>
 void for_each_line(std::string_view block, Fn&& fn) {
   size_t start = 0;
   while (start < block.size()) {
-    size_t end = block.find('\n', start);
-    if (end == std::string_view::npos) end = block.size();
+    const void* nl = std::memchr(block.data() + start, '\n', block.size() - start);
+    const size_t end = nl ? static_cast<size_t>(static_cast<const char*>(nl) - block.data()) : block.size();
     std::string_view line = block.substr(start, end - start);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     fn(line);

@@ -226,22 +226,19 @@ IndexedDatasetWriter::~IndexedDatasetWriter() {
   }
 }
 
-void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
-  TRIPOD_CHECK(!finished_, "{}: add_sequence after finish", prefix_);
-  TRIPOD_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
-               "sequence of {} tokens does not fit the index's int32 lengths", tokens.size());
-  const size_t item = static_cast<size_t>(dtype_size(dtype_));
-  size_t at = buffer_.size();
-  buffer_.resize(at + tokens.size() * item);
-  uint8_t* dst = buffer_.data() + at;
+void append_tokens(TokenDType dtype, std::span<const int32_t> tokens, std::vector<uint8_t>& out) {
+  const size_t item = static_cast<size_t>(dtype_size(dtype));
+  const size_t at = out.size();
+  out.resize(at + tokens.size() * item);
+  uint8_t* dst = out.data() + at;
   auto put = [&]<typename T>(T lo, T hi) {
     for (size_t i = 0; i < tokens.size(); ++i) {
-      TRIPOD_CHECK(tokens[i] >= lo && tokens[i] <= hi, "token {} does not fit {}", tokens[i], dtype_name(dtype_));
+      TRIPOD_CHECK(tokens[i] >= lo && tokens[i] <= hi, "token {} does not fit {}", tokens[i], dtype_name(dtype));
       T v = static_cast<T>(tokens[i]);
       std::memcpy(dst + i * sizeof(T), &v, sizeof(T));
     }
   };
-  switch (dtype_) {
+  switch (dtype) {
     case TokenDType::U8: put(uint8_t{0}, uint8_t{255}); break;
     case TokenDType::I8: put(int8_t{-128}, int8_t{127}); break;
     case TokenDType::I16: put(int16_t{-32768}, int16_t{32767}); break;
@@ -254,9 +251,36 @@ void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
       }
       break;
   }
+}
+
+void IndexedDatasetWriter::add_sequence(std::span<const int32_t> tokens) {
+  TRIPOD_CHECK(!finished_, "{}: add_sequence after finish", prefix_);
+  TRIPOD_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()),
+               "sequence of {} tokens does not fit the index's int32 lengths", tokens.size());
+  append_tokens(dtype_, tokens, buffer_);
   lengths_.push_back(static_cast<int32_t>(tokens.size()));
   num_tokens_ += static_cast<int64_t>(tokens.size());
   if (buffer_.size() >= (1u << 22)) flush();
+}
+
+void IndexedDatasetWriter::add_documents(std::span<const uint8_t> tokens, std::span<const int32_t> lengths) {
+  TRIPOD_CHECK(!finished_, "{}: add_documents after finish", prefix_);
+  TRIPOD_CHECK(doc_index_.back() == static_cast<int64_t>(lengths_.size()), "{}: add_documents inside a document",
+               prefix_);
+  int64_t n = 0;
+  for (int32_t len : lengths) {
+    TRIPOD_CHECK(len >= 0, "{}: a document of {} tokens", prefix_, len);
+    n += len;
+  }
+  TRIPOD_CHECK(static_cast<uint64_t>(n) * static_cast<uint64_t>(dtype_size(dtype_)) == tokens.size(),
+               "{}: {} tokens in {} bytes of {}", prefix_, n, tokens.size(), dtype_name(dtype_));
+  // In order after anything buffered, then straight from the caller's buffer (no copy).
+  if (!buffer_.empty()) flush();
+  write_all(bin_, tokens.data(), tokens.size(), bin_tmp_);
+  const int64_t first = static_cast<int64_t>(lengths_.size());
+  lengths_.insert(lengths_.end(), lengths.begin(), lengths.end());
+  for (size_t i = 1; i <= lengths.size(); ++i) doc_index_.push_back(first + static_cast<int64_t>(i));
+  num_tokens_ += n;
 }
 
 void IndexedDatasetWriter::end_document() { doc_index_.push_back(static_cast<int64_t>(lengths_.size())); }

@@ -85,6 +85,10 @@ class IndexedDataset {
   int64_t num_sequences_ = 0, num_doc_entries_ = 0, num_tokens_ = 0;
 };
 
+// Appends `tokens` to `out` as the .bin stores them in `dtype` (little-endian); a token outside
+// the dtype's range is an error.
+void append_tokens(TokenDType dtype, std::span<const int32_t> tokens, std::vector<uint8_t>& out);
+
 // Writes an indexed dataset: tokens stream into PREFIX.bin.tmp-PID, the index is written at
 // finish(), and both files are renamed into place only then. Destroyed before finish(), it
 // removes its temporary files and leaves any existing dataset untouched.
@@ -103,6 +107,9 @@ class IndexedDatasetWriter {
     add_sequence(tokens);
     end_document();
   }
+  // Documents of one sequence each, `lengths[i]` tokens, their tokens already in the dataset's
+  // dtype and back to back in `tokens` (append_tokens): written as they are.
+  void add_documents(std::span<const uint8_t> tokens, std::span<const int32_t> lengths);
   void finish();
 
   int64_t num_documents() const { return static_cast<int64_t>(doc_index_.size()) - 1; }

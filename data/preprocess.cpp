@@ -1,17 +1,20 @@
-// Preprocess: a reader (this thread) cuts the input into blocks of lines, worker threads parse
-// and encode the blocks, and this thread writes the results in block order.
+// Preprocess: worker threads each take the next block of whole lines from the input (a short
+// read under a lock), parse and encode it into the block's own token bytes (already in the
+// dataset's dtype) and document lengths; this thread writes the blocks in input order, one write
+// of their bytes and an append of their lengths each. Blocks are recycled, a fixed number of them
+// in flight, so memory is bounded and the encoding loop allocates nothing once warm. Each worker
+// has its own word cache (a shared one, read without locks, measured no faster).
 #include "data/preprocess.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <atomic>
 #include <condition_variable>
-#include <deque>
 #include <exception>
 #include <filesystem>
-#include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -24,47 +27,57 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct Job {
-  int64_t seq = 0, first_line = 0;
-  std::string block;
-};
-
-struct Result {
-  std::vector<int32_t> tokens;   // every document's tokens, back to back
+// One block of input lines and what a worker made of it.
+struct Chunk {
+  std::string text;              // whole lines of the input
+  std::vector<uint8_t> tokens;   // every document's tokens in the dataset's dtype, back to back
   std::vector<int32_t> lengths;  // tokens per document
-  int64_t bad = 0, blank = 0, bytes = 0;
-  std::string error;             // the first bad line, when bad lines are errors
+  int64_t lines = 0, bad = 0, blank = 0;
+  int64_t error_line = -1;       // the first bad line (0-based in the block) when bad lines are errors
+  std::string why;               // and what is wrong with it
   std::exception_ptr failure;    // anything else that went wrong
 };
 
-// Parses and encodes one block of lines.
-void encode_block(const Job& job, const PreprocessOptions& o, InputFormat fmt, const Tokenizer& tok, WordCache* cache,
-                  Result& r) {
-  r.bytes = static_cast<int64_t>(job.block.size());
-  std::string text, why;
+// A worker's own encoding state: the tokenizer's cache and reused buffers.
+struct Encoder {
+  explicit Encoder(bool word_cache) : cache(size_t{1} << 20, word_cache) {}
+  WordCache cache;
   std::vector<int> ids;
-  int64_t line_no = job.first_line;
-  for_each_line(job.block, [&](std::string_view line) {
-    if (!r.error.empty()) return;
-    LineKind kind = extract_document(line, fmt, o.json_key, text, why);
+  std::string scratch, why;
+};
+
+// Parses and encodes the lines of c.text into c's tokens and lengths.
+void encode_chunk(Chunk& c, const PreprocessOptions& o, InputFormat fmt, const Tokenizer& tok, TokenDType dtype,
+                  Encoder& e) {
+  c.tokens.clear();
+  c.lengths.clear();
+  c.lines = c.bad = c.blank = 0;
+  c.error_line = -1;
+  c.failure = nullptr;
+  for_each_line(c.text, [&](std::string_view line) {
+    if (c.error_line >= 0) return;
+    std::string_view doc;
+    const LineKind kind = extract_document_view(line, fmt, o.json_key, e.scratch, doc, e.why);
     if (kind == LineKind::Bad) {
-      if (o.skip_bad_lines)
-        ++r.bad;
-      else
-        r.error = fmt::format("{}:{}: {} (--skip-bad-lines skips such lines)", o.input, line_no, why);
-    } else if (kind == LineKind::Blank) {
-      ++r.blank;
-    } else {
-      tok.encode(text, ids, cache);
-      if (o.append_eod) ids.push_back(tok.eod_id());
-      if (ids.empty()) {
-        ++r.blank;
+      if (o.skip_bad_lines) {
+        ++c.bad;
       } else {
-        r.tokens.insert(r.tokens.end(), ids.begin(), ids.end());
-        r.lengths.push_back(static_cast<int32_t>(ids.size()));
+        c.error_line = c.lines;
+        c.why = e.why;
+      }
+    } else if (kind == LineKind::Blank) {
+      ++c.blank;
+    } else {
+      tok.encode(doc, e.ids, &e.cache);
+      if (o.append_eod) e.ids.push_back(tok.eod_id());
+      if (e.ids.empty()) {
+        ++c.blank;
+      } else {
+        append_tokens(dtype, e.ids, c.tokens);
+        c.lengths.push_back(static_cast<int32_t>(e.ids.size()));
       }
     }
-    ++line_no;
+    ++c.lines;
   });
 }
 
@@ -102,82 +115,141 @@ class ProgressLine {
   Clock::time_point start_ = Clock::now(), last_{};
 };
 
-// The worker pool and its two queues. The destructor stops and joins the workers, so an
-// exception in the writing thread never leaves them running.
+// The workers and the recycled chunks. Each worker takes a free chunk, reads the next block into
+// it (numbering it, under the read lock), encodes it and hands it to the writer's slot for its
+// number; the writer takes the chunks in number order and gives them back. The destructor stops
+// and joins the workers, so an exception in the writing thread never leaves them running.
 class EncodePool {
  public:
-  EncodePool(int workers, const PreprocessOptions& o, InputFormat fmt, const Tokenizer& tok) {
+  EncodePool(int workers, int chunks, BlockReader& reader, const PreprocessOptions& o, InputFormat fmt,
+             const Tokenizer& tok, TokenDType dtype)
+      : reader_(reader), ready_(static_cast<size_t>(chunks), nullptr) {
+    for (int i = 0; i < chunks; ++i) {
+      storage_.push_back(std::make_unique<Chunk>());
+      free_.push_back(storage_.back().get());
+    }
     for (int i = 0; i < workers; ++i)
-      threads_.emplace_back([this, &o, fmt, &tok] {
-        WordCache cache(size_t{1} << 20, o.word_cache);  // per thread: no locks
-        while (true) {
-          Job job;
-          {
-            std::unique_lock lock(mu_);
-            work_cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-            if (jobs_.empty()) return;  // stopping and nothing left
-            job = std::move(jobs_.front());
-            jobs_.pop_front();
-          }
-          Result r;
-          if (!cancel_) {
-            try {
-              encode_block(job, o, fmt, tok, &cache, r);
-            } catch (...) {
-              r.failure = std::current_exception();
-            }
-          }
-          {
-            std::lock_guard lock(mu_);
-            results_.emplace(job.seq, std::move(r));
-          }
-          done_cv_.notify_all();
+      threads_.emplace_back([this, &o, fmt, &tok, dtype] {
+        Encoder enc(o.word_cache);  // per thread: no locks while encoding
+        while (work_one(o, fmt, tok, dtype, enc)) {
         }
       });
   }
   ~EncodePool() {
-    cancel_ = true;
     {
       std::lock_guard lock(mu_);
       stop_ = true;
     }
-    work_cv_.notify_all();
+    free_cv_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  void push(Job job) {
+
+  // The next chunk in input order, waiting for it; null after the last one. A failure to read
+  // the input is thrown once the blocks before it are taken.
+  Chunk* next() {
+    std::unique_lock lock(mu_);
+    Chunk*& slot = ready_[static_cast<size_t>(next_take_ % static_cast<int64_t>(ready_.size()))];
+    ready_cv_.wait(lock, [&] { return slot != nullptr || (total_ >= 0 && next_take_ >= total_); });
+    if (!slot) {
+      if (read_failure_) std::rethrow_exception(read_failure_);
+      return nullptr;
+    }
+    Chunk* c = slot;
+    slot = nullptr;
+    ++next_take_;
+    return c;
+  }
+  // Gives a chunk from next() back for reuse.
+  void give_back(Chunk* c) {
     {
       std::lock_guard lock(mu_);
-      jobs_.push_back(std::move(job));
+      free_.push_back(c);
     }
-    work_cv_.notify_one();
-  }
-  // The result of block `seq`, waiting for it when `wait`; false when not ready.
-  bool take(int64_t seq, Result& out, bool wait) {
-    std::unique_lock lock(mu_);
-    if (wait) done_cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return results_.count(seq) > 0; });
-    auto it = results_.find(seq);
-    if (it == results_.end()) return false;
-    out = std::move(it->second);
-    results_.erase(it);
-    return true;
+    free_cv_.notify_one();
   }
 
  private:
-  std::mutex mu_;
-  std::condition_variable work_cv_, done_cv_;
-  std::deque<Job> jobs_;
-  std::map<int64_t, Result> results_;
-  std::vector<std::thread> threads_;
+  // One block: false when there is nothing more to do.
+  bool work_one(const PreprocessOptions& o, InputFormat fmt, const Tokenizer& tok, TokenDType dtype, Encoder& enc) {
+    Chunk* c;
+    {
+      std::unique_lock lock(mu_);
+      free_cv_.wait(lock, [&] { return stop_ || !free_.empty(); });
+      if (stop_) return false;
+      c = free_.back();
+      free_.pop_back();
+    }
+    int64_t seq = -1;
+    {
+      std::lock_guard read_lock(read_mu_);
+      if (!read_done_) {
+        std::exception_ptr failure;
+        bool got = false;
+        try {
+          got = reader_.next(c->text);
+        } catch (...) {
+          failure = std::current_exception();
+        }
+        if (got) {
+          seq = next_read_++;
+        } else {
+          read_done_ = true;
+          std::lock_guard lock(mu_);
+          total_ = next_read_;
+          read_failure_ = failure;
+        }
+      }
+    }
+    if (seq < 0) {
+      give_back(c);
+      ready_cv_.notify_all();
+      return false;
+    }
+    try {
+      encode_chunk(*c, o, fmt, tok, dtype, enc);
+    } catch (...) {
+      c->failure = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mu_);
+      ready_[static_cast<size_t>(seq % static_cast<int64_t>(ready_.size()))] = c;
+    }
+    ready_cv_.notify_all();
+    return true;
+  }
+
+  BlockReader& reader_;
+  std::mutex read_mu_;  // the reader, read_done_ and next_read_
+  bool read_done_ = false;
+  int64_t next_read_ = 0;
+
+  std::mutex mu_;  // everything below
+  std::condition_variable free_cv_, ready_cv_;
+  std::vector<std::unique_ptr<Chunk>> storage_;
+  std::vector<Chunk*> free_;
+  // Encoded chunks by number modulo the chunk count: the chunks in flight are fewer than
+  // that, so their numbers never share a slot.
+  std::vector<Chunk*> ready_;
+  int64_t next_take_ = 0, total_ = -1;  // total_: the number of blocks, once the input is read
+  std::exception_ptr read_failure_;
   bool stop_ = false;
-  std::atomic<bool> cancel_{false};
+  std::vector<std::thread> threads_;
 };
+
+// User + system CPU seconds of the process (all threads) or of the calling thread.
+double cpu_seconds(int who) {
+  struct rusage ru {};
+  ::getrusage(who, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
 
 }  // namespace
 
 PreprocessStats preprocess(const PreprocessOptions& o) {
   auto t0 = Clock::now();
-  TRIPOD_INPUT_CHECK(o.workers >= 0 && o.workers <= 256, "--workers {}: must be between 0 (all cores) and 256",
-                     o.workers);
+  TRIPOD_INPUT_CHECK(o.workers >= 0 && o.workers <= kMaxPreprocessWorkers,
+                     "--workers {}: must be between 1 and {}", o.workers, kMaxPreprocessWorkers);
   const int workers = o.workers > 0 ? o.workers : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   TRIPOD_INPUT_CHECK(!o.output_prefix.empty(), "--output-prefix: must not be empty");
   std::error_code ec;
@@ -186,6 +258,7 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
                        out);
   Tokenizer tok(o.tokenizer_model, o.eod_piece, o.tokenizer_pattern);
   const auto loaded = Clock::now();
+  const double cpu0 = cpu_seconds(RUSAGE_SELF), writer_cpu0 = cpu_seconds(RUSAGE_THREAD);
   TRIPOD_INPUT_CHECK(!o.append_eod || tok.eod_id() >= 0,
                      "{}: the tokenizer names no end-of-document token; name one with --eod-piece (or pass --no-eod)",
                      o.tokenizer_model);
@@ -195,40 +268,29 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
   PreprocessStats st;
   st.vocab_size = tok.vocab_size();
   st.dtype = dtype_for_vocab(st.vocab_size);
+  st.workers = workers;
   IndexedDatasetWriter writer(o.output_prefix, st.dtype);
   ProgressLine progress(o.progress, reader.file_size());
   {
-    EncodePool pool(workers, o, fmt, tok);
-    const int64_t max_in_flight = 2 * workers + 2;  // bounds memory: blocks read but not written
-    int64_t next_seq = 0, next_write = 0;
-    auto write_ready = [&](bool wait) {
-      Result r;
-      while (next_write < next_seq && pool.take(next_write, r, wait)) {
-        if (r.failure) std::rethrow_exception(r.failure);
-        size_t at = 0;
-        for (int32_t len : r.lengths) {
-          writer.add_document(std::span<const int32_t>(r.tokens.data() + at, static_cast<size_t>(len)));
-          at += static_cast<size_t>(len);
-        }
-        // Everything before the bad line is written in order; the temporary files go away.
-        if (!r.error.empty()) throw InputError(r.error);
-        st.documents += static_cast<int64_t>(r.lengths.size());
-        st.bad_lines += r.bad;
-        st.blank_lines += r.blank;
-        st.bytes += r.bytes;
-        ++next_write;
-        progress.update(st.bytes, st.documents);
-      }
-    };
-    Job job;
-    while (reader.next(job.block, job.first_line)) {
-      job.seq = next_seq++;
-      pool.push(std::move(job));
-      job = Job{};
-      write_ready(false);
-      while (next_seq - next_write >= max_in_flight) write_ready(true);
+    // In flight: a block per worker being encoded and as many again finished ahead of the one
+    // the writer waits for.
+    EncodePool pool(workers, 2 * workers + 2, reader, o, fmt, tok, st.dtype);
+    int64_t line = 1;  // the first line of the next block
+    while (Chunk* c = pool.next()) {
+      if (c->failure) std::rethrow_exception(c->failure);
+      writer.add_documents(c->tokens, c->lengths);
+      // Everything before a bad line is written in order; the temporary files go away.
+      if (c->error_line >= 0)
+        throw InputError(fmt::format("{}:{}: {} (--skip-bad-lines skips such lines)", o.input, line + c->error_line,
+                                     c->why));
+      line += c->lines;
+      st.documents += static_cast<int64_t>(c->lengths.size());
+      st.bad_lines += c->bad;
+      st.blank_lines += c->blank;
+      st.bytes += static_cast<int64_t>(c->text.size());
+      pool.give_back(c);
+      progress.update(st.bytes, st.documents);
     }
-    while (next_write < next_seq) write_ready(true);
   }
   progress.update(st.bytes, st.documents, true);
   progress.finish();
@@ -238,6 +300,8 @@ PreprocessStats preprocess(const PreprocessOptions& o) {
   writer.finish();
   st.load_seconds = std::chrono::duration<double>(loaded - t0).count();
   st.seconds = std::chrono::duration<double>(Clock::now() - loaded).count();
+  st.cpu_seconds = cpu_seconds(RUSAGE_SELF) - cpu0;
+  st.writer_cpu_seconds = cpu_seconds(RUSAGE_THREAD) - writer_cpu0;
   return st;
 }
 

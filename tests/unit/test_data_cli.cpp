@@ -92,6 +92,19 @@ TEST_F(DataCli, BadDatasetFiles) {
   expect_error(run("data inspect " + quote(p) + " --show-document 8"), {"--show-document 8", "0 to 7"});
 }
 
+TEST_F(DataCli, PreprocessWithMoreWorkersThanCoresWritesTheSameBytes) {
+  make_dataset();  // gen.{bin,idx} with 2 workers
+  const std::string common = " --input " + quote(fixture("genesis_1_8.jsonl")) + " --tokenizer-model " +
+                             quote(dir_ / "tok.model") + " --output-prefix ";
+  for (const char* workers : {"1", "64"}) {
+    CliResult r = run("data preprocess" + common + quote(dir_ / ("w" + std::string(workers))) + " --workers " + workers);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_NE(r.err.find(std::string("with ") + workers + " workers"), std::string::npos) << r.err;
+    EXPECT_EQ(read_bytes(dir_ / ("w" + std::string(workers) + ".bin")), read_bytes(dir_ / "gen.bin")) << workers;
+    EXPECT_EQ(read_bytes(dir_ / ("w" + std::string(workers) + ".idx")), read_bytes(dir_ / "gen.idx")) << workers;
+  }
+}
+
 TEST_F(DataCli, BadInputLines) {
   write_text(dir_ / "in.jsonl", "{\"text\": \"In the beginning\"}\n{\"text\": \"And God said\"}\n{oops}\n");
   CliResult r = run("data train-tokenizer --input " + quote(fixture("genesis_1_8.jsonl")) +
@@ -121,8 +134,13 @@ TEST_F(DataCli, BadInputLines) {
                {dir_ / "not.model", "not a SentencePiece model"});
   expect_error(run("data preprocess --input " + quote(dir_ / "in.jsonl") + common),
                {dir_ / "o.bin", "exists", "--overwrite"});
-  expect_error(run("data preprocess --input " + quote(dir_ / "in.jsonl") + common + " --workers -1"),
-               {"--workers -1"});
+  const std::vector<uint8_t> before = read_bytes(dir_ / "o.bin");
+  for (const std::string bad : {"0", "-1", "abc", "1.5", "2x", "''", "257"}) {
+    expect_error(run("data preprocess --input " + quote(fixture("genesis_1_8.jsonl")) + common + " --overwrite --workers " +
+                     bad),
+                 {"--workers " + bad + ":", "1 to 256"});
+    EXPECT_EQ(read_bytes(dir_ / "o.bin"), before) << "--workers " << bad;  // nothing replaced
+  }
   expect_error(run("data train-tokenizer --input " + quote(dir_ / "in.jsonl") + " --vocab-size 400 --model-prefix " +
                    quote(dir_ / "t2")),
                {dir_ / "in.jsonl:3:", "not valid JSON"});

@@ -195,6 +195,141 @@ TEST_F(DataPreprocess, SameBytesForAnyWorkerCountAndTextInput) {
   EXPECT_EQ(read_bytes(j.output_prefix + ".bin"), first_bin);
 }
 
+// A tiktoken rank file: the 256 bytes, then a few merged tokens. Named cl100k, it brings
+// <|endoftext|> at 100257, so the dataset's tokens are int32.
+std::string small_tiktoken() {
+  auto b64 = [](std::string_view s) {
+    static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    for (size_t i = 0; i < s.size(); i += 3) {
+      uint32_t w = static_cast<uint32_t>(static_cast<unsigned char>(s[i])) << 16;
+      if (i + 1 < s.size()) w |= static_cast<uint32_t>(static_cast<unsigned char>(s[i + 1])) << 8;
+      if (i + 2 < s.size()) w |= static_cast<unsigned char>(s[i + 2]);
+      out += t[w >> 18];
+      out += t[(w >> 12) & 63];
+      out += i + 1 < s.size() ? t[(w >> 6) & 63] : '=';
+      out += i + 2 < s.size() ? t[w & 63] : '=';
+    }
+    return out;
+  };
+  std::string file;
+  int rank = 0;
+  for (int b = 0; b < 256; ++b) file += b64(std::string(1, static_cast<char>(b))) + " " + std::to_string(rank++) + "\n";
+  for (const char* tok : {"th", " t", "he", " the", "in", " a", "nd", " and", "er", "ing", " of", "ed", " God", "ea",
+                          "\xc3\xa9", "\xe2\x80"})
+    file += b64(tok) + " " + std::to_string(rank++) + "\n";
+  return file;
+}
+
+// Documents that stress the splitting of the input among workers: blank and whitespace lines,
+// CR LF endings, characters of 2 to 4 bytes, lines far longer than a block, and no newline at
+// the end. Returns the lines; `docs` gets those that hold a document.
+std::vector<std::string> varied_lines(std::vector<std::string>& docs) {
+  std::vector<std::string> texts = fixture_texts(), lines;
+  for (int rep = 0; rep < 6; ++rep)
+    for (size_t i = 0; i < texts.size(); ++i) {
+      std::string t = texts[i];
+      std::replace(t.begin(), t.end(), '\n', ' ');
+      switch ((rep * texts.size() + i) % 7) {
+        case 0: t = t.substr(0, 20 + rep); break;
+        case 1: t += " caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd 12345"; break;
+        case 2: lines.push_back(""); break;
+        case 3: lines.push_back(" \t "); break;
+        case 4: t = t + " " + t + " " + t; break;
+        default: break;
+      }
+      lines.push_back(t);
+    }
+  for (const auto& l : lines)
+    if (l.find_first_not_of(" \t") != std::string::npos) docs.push_back(l);
+  return lines;
+}
+
+TEST_F(DataPreprocess, SameBytesAsEncodingOneByOneForAnyWorkersAndBlocks) {
+  write_text(dir_ / "cl100k_base.tiktoken", small_tiktoken());
+  std::vector<std::string> docs;
+  std::vector<std::string> lines = varied_lines(docs);
+  std::string text;
+  for (size_t i = 0; i < lines.size(); ++i) text += lines[i] + (i + 1 == lines.size() ? "" : i % 5 ? "\n" : "\r\n");
+  write_text(dir_ / "varied.txt", text);
+  std::string jsonl;
+  for (const auto& l : lines) jsonl += nlohmann::json{{"id", 1}, {"text", l}}.dump() + "\n";
+  write_text(dir_ / "varied.jsonl", jsonl);
+
+  // The JSONL form's whitespace-only lines are documents (their text is not empty).
+  std::vector<std::string> json_docs;
+  for (const auto& l : lines)
+    if (!l.empty()) json_docs.push_back(l);
+
+  for (const std::string& model : {model_, dir_ / "cl100k_base.tiktoken"}) {
+    // The reference: each document encoded alone (no cache), written one by one.
+    Tokenizer tok(model);
+    const TokenDType dtype = dtype_for_vocab(tok.vocab_size());
+    auto reference = [&](const std::vector<std::string>& ds, const std::string& prefix) {
+      IndexedDatasetWriter w(prefix, dtype);
+      std::vector<int> ids;
+      for (const auto& d : ds) {
+        tok.encode(d, ids);
+        ids.push_back(tok.eod_id());
+        w.add_document(std::vector<int32_t>(ids.begin(), ids.end()));
+      }
+      w.finish();
+      return std::make_pair(read_bytes(prefix + ".bin"), read_bytes(prefix + ".idx"));
+    };
+    const auto text_ref = reference(docs, dir_ / "ref_text"), json_ref = reference(json_docs, dir_ / "ref_json");
+    for (const std::string& input : {dir_ / "varied.txt", dir_ / "varied.jsonl"}) {
+      const bool jsonl = input.ends_with(".jsonl");
+      const auto& want = jsonl ? json_ref : text_ref;
+      for (int workers : {1, 2, 3, 8})
+        for (size_t block : {size_t{1}, size_t{300}, size_t{1} << 20}) {
+          PreprocessOptions o = options(input, "out");
+          o.tokenizer_model = model;
+          o.overwrite = true;
+          o.workers = workers;
+          o.block_bytes = block;
+          const std::string what = model + " " + input + " workers " + std::to_string(workers) + " block " +
+                                   std::to_string(block);
+          PreprocessStats st = preprocess(o);
+          EXPECT_EQ(st.dtype, dtype) << what;
+          EXPECT_EQ(st.workers, workers) << what;
+          EXPECT_EQ(st.documents, static_cast<int64_t>(jsonl ? json_docs.size() : docs.size())) << what;
+          EXPECT_EQ(st.blank_lines, static_cast<int64_t>(lines.size() - (jsonl ? json_docs.size() : docs.size())))
+              << what;
+          EXPECT_EQ(st.bytes, static_cast<int64_t>(read_text(input).size())) << what;
+          EXPECT_TRUE(read_bytes(o.output_prefix + ".bin") == want.first) << what;
+          EXPECT_TRUE(read_bytes(o.output_prefix + ".idx") == want.second) << what;
+        }
+    }
+  }
+}
+
+TEST_F(DataPreprocess, BadLineDeepInTheInputNamesItsLineWithManyWorkers) {
+  std::vector<std::string> docs;
+  std::vector<std::string> lines = varied_lines(docs);
+  ASSERT_GT(lines.size(), 40u);
+  for (size_t bad : {size_t{0}, size_t{37}, lines.size() - 1}) {
+    std::vector<std::string> l = lines;
+    l[bad] = "{\"text\": \"fine\"} but \xff not UTF-8";
+    std::string text;
+    for (const auto& x : l) text += x + "\n";
+    write_text(dir_ / "bad.txt", text);
+    for (int workers : {1, 3, 8}) {
+      PreprocessOptions o = options(dir_ / "bad.txt", "bad");
+      o.workers = workers;
+      o.block_bytes = 200;
+      expect_input_error([&] { preprocess(o); }, {dir_ / ("bad.txt:" + std::to_string(bad + 1) + ":"), "UTF-8"});
+      EXPECT_FALSE(fs::exists(o.output_prefix + ".bin"));
+      o.skip_bad_lines = true;
+      PreprocessStats st = preprocess(o);
+      EXPECT_EQ(st.bad_lines, 1);
+      const bool bad_was_doc = lines[bad].find_first_not_of(" \t") != std::string::npos;
+      EXPECT_EQ(st.documents, static_cast<int64_t>(docs.size()) - (bad_was_doc ? 1 : 0));
+      fs::remove(o.output_prefix + ".bin");
+      fs::remove(o.output_prefix + ".idx");
+    }
+  }
+}
+
 TEST_F(DataPreprocess, NoEodAndOneTokenDocuments) {
   write_text(dir_ / "short.txt", "a\nGod\nthe\n");
   PreprocessOptions o = options(dir_ / "short.txt", "short");

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <optional>
@@ -28,6 +29,7 @@ struct DataOptions {
   PreprocessOptions pre;
   std::string pre_format = "auto";
   bool no_eod = false, no_progress = false, no_word_cache = false;
+  std::optional<std::string> pre_workers;  // --workers as written (absent: one per core)
   std::string inspect_prefix, inspect_tokenizer, inspect_eod, inspect_pattern;
   std::optional<int64_t> show_document;
   bool json = false, verbose = false;
@@ -94,8 +96,21 @@ int run_train_tokenizer(DataOptions& o) {
   return 0;
 }
 
+// --workers N: a whole number of threads from 1 to kMaxPreprocessWorkers (more than the cores is
+// allowed; leaving it out means one per core).
+int parse_workers(const std::string& s) {
+  int n = 0;
+  const char* end = s.data() + s.size();
+  auto [p, ec] = std::from_chars(s.data(), end, n);
+  TRIPOD_INPUT_CHECK(!s.empty() && ec == std::errc() && p == end && n >= 1 && n <= kMaxPreprocessWorkers,
+                     "--workers {}: must be a whole number of encoding threads from 1 to {} (leave it out for one "
+                     "per core)", s.empty() ? "''" : s, kMaxPreprocessWorkers);
+  return n;
+}
+
 int run_preprocess(DataOptions& o) {
   init_logging(0, 1, o.verbose);
+  if (o.pre_workers) o.pre.workers = parse_workers(*o.pre_workers);
   o.pre.format = parse_input_format(o.pre_format, "--input-format");
   o.pre.append_eod = !o.no_eod;
   o.pre.progress = !o.no_progress;
@@ -103,11 +118,13 @@ int run_preprocess(DataOptions& o) {
   for (const char* ext : {".bin", ".idx"}) check_output_file(o.pre.output_prefix + ext, "--output-prefix");
   PreprocessStats st = preprocess(o.pre);
   spdlog::info("wrote {0}.bin and {0}.idx: {1} documents, {2} tokens ({3}, vocabulary {4}) from {5:.1f} MB in {6:.2f} "
-               "s ({7:.2f} MB/s; the tokenizer loaded in {10:.2f} s){8}{9}", o.pre.output_prefix, st.documents,
-               st.tokens, dtype_name(st.dtype), st.vocab_size, st.bytes / 1e6, st.seconds,
-               st.bytes / 1e6 / std::max(st.seconds, 1e-9),
+               "s ({7:.2f} MB/s, {11:.2f} CPU s with {12} workers, {13:.2f} of it writing; the tokenizer loaded in "
+               "{10:.2f} s){8}{9}",
+               o.pre.output_prefix, st.documents, st.tokens, dtype_name(st.dtype), st.vocab_size, st.bytes / 1e6,
+               st.seconds, st.bytes / 1e6 / std::max(st.seconds, 1e-9),
                st.bad_lines ? fmt::format("; {} bad lines skipped", st.bad_lines) : "",
-               st.blank_lines ? fmt::format("; {} blank lines", st.blank_lines) : "", st.load_seconds);
+               st.blank_lines ? fmt::format("; {} blank lines", st.blank_lines) : "", st.load_seconds, st.cpu_seconds,
+               st.workers, st.writer_cpu_seconds);
   return 0;
 }
 
@@ -197,7 +214,7 @@ CommandFn add_data_command(CLI::App& app) {
   pp->add_option("--output-prefix", o->pre.output_prefix, "Writes PREFIX.bin and PREFIX.idx")->required();
   pp->add_option("--json-key", o->pre.json_key, "JSONL key holding the document")->capture_default_str();
   pp->add_option("--input-format", o->pre_format, "auto (by extension), text or jsonl")->capture_default_str();
-  pp->add_option("--workers", o->pre.workers, "Encoding threads (0: one per core)")->capture_default_str();
+  pp->add_option("--workers", o->pre_workers, "Encoding threads, 1 to 256 (default: one per core)")->type_name("INT");
   pp->add_option("--eod-piece", o->pre.eod_piece, "End-of-document token (default: the model's end-of-sentence)");
   pp->add_flag("--no-eod", o->no_eod, "Do not append the end-of-document token");
   pp->add_flag("--skip-bad-lines", o->pre.skip_bad_lines, "Count and skip bad input lines instead of failing");
