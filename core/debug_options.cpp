@@ -139,6 +139,7 @@ DebugOptions read_debug_options() {
   };
   o.checkpoint_sleep_ms = millis("TRIPOD_TEST_CKPT_SLEEP_MS");
   o.exit_linger_ms = millis("TRIPOD_TEST_EXIT_LINGER_MS");
+  o.step_sleep_ms = millis("TRIPOD_TEST_STEP_SLEEP_MS");
   o.comm_fault = parse_comm_fault(std::getenv("TRIPOD_TEST_COMM_FAULT"));
   o.launch_status = std::string(env("TRIPOD_LAUNCH_STATUS"));
   const std::string attempt(env("TRIPOD_RESTART_ATTEMPT"));

@@ -66,6 +66,9 @@ struct DebugOptions {
   // TRIPOD_TEST_EXIT_LINGER_MS=N: `tripod train` waits N ms after MPI_Finalize before it exits, so
   // a test can freeze a rank after its peers have finished (test hook).
   int exit_linger_ms = 0;
+  // TRIPOD_TEST_STEP_SLEEP_MS=N: every training step starts with an N ms sleep, so that a test's
+  // faults land mid-run however fast the machine is (test hook).
+  int step_sleep_ms = 0;
   // TRIPOD_SLOW_RANK=RANK:FACTOR (RANK >= 0, FACTOR >= 1), e.g. "3:2": world rank 3 computes at half
   // speed (test hook for straggler detection).
   SlowRank slow_rank = {};

@@ -70,6 +70,7 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                      "{}, but the world has {} ranks (0..{})", debug.slow_rank.rank, par.grid.world_size(),
                      par.grid.world_size() - 1);
   if (debug.slow_rank.rank == par.rank) slow_factor_ = debug.slow_rank.factor;
+  step_sleep_ms_ = debug.step_sleep_ms;
   if (tc.straggler_factor > 0 && par.grid.world_size() > 1)
     stragglers_ = std::make_unique<StragglerMonitor>(tc.straggler_factor, par.grid.world_size());
 
@@ -379,6 +380,8 @@ void Trainer::run() {
   const int64_t last = tc.exit_interval > 0 ? std::min(tc.exit_interval, tc.steps) : tc.steps;
   install_stop_signal_handlers();
   while (step_ < last) {
+    // TRIPOD_TEST_STEP_SLEEP_MS: a tiny run's steps take a fixed minimum time (test hook).
+    if (step_sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms_));
     StepMetrics m = step();
     if (stragglers_ && (m.step % tc.log_interval == 0 || m.step == last))  // collective, as is the condition
       m.stragglers = stragglers_->gather(*par_.world, m.step);

@@ -20,8 +20,8 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using test::slurp;
 
-// 2 layers of width 64 over 32 tokens, pp = 2 (one layer per rank), 180 steps of 8 sequences: slow
-// enough (tens of ms a step) that faults land mid-run, small enough for the suite.
+// 2 layers of width 64 over 32 tokens, pp = 2 (one layer per rank), 180 steps of 8 sequences: small
+// enough for the suite (the soak stretches each step to 25 ms so that faults land mid-run).
 const test::ConfigOverrides kSoak = {{"parallel.pp", "2"},          {"parallel.timeout_s", "2"},
                                      {"model.d_model", "64"},       {"model.seq_len", "32"},
                                      {"train.steps", "180"},        {"train.warmup_steps", "5"},
@@ -110,7 +110,10 @@ TEST_F(Restarts, SoakOfKillsReachesTheLastStepBitIdentically) {
   ASSERT_EQ(r.status, 0) << r.err;
 
   const fs::path run = dir_ / "run", ck = dir_ / "ck";
-  test::Background job(local_sh(fmt::format("2 {} --max-restarts 20 --restart-backoff 0.2 --set train.output_dir={} "
+  // Every step takes at least 25 ms (a test hook): on an idle machine this model's steps take a
+  // few ms, and a restarted attempt would run to the end before the test sees its step.
+  test::Background job("env TRIPOD_TEST_STEP_SLEEP_MS=25 " +
+                       local_sh(fmt::format("2 {} --max-restarts 20 --restart-backoff 0.2 --set train.output_dir={} "
                                             "--set checkpoint.dir={}",
                                             cfg.string(), run.string(), ck.string())),
                        dir_ / "log");
