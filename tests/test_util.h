@@ -6,12 +6,29 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/rng.h"
 #include "core/tensor.h"
 
 namespace tripod::test {
+
+// Standard base64 with padding (tiktoken rank files, which the tests write).
+inline std::string base64(std::string_view s) {
+  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < s.size(); i += 3) {
+    uint32_t w = static_cast<uint32_t>(static_cast<unsigned char>(s[i])) << 16;
+    if (i + 1 < s.size()) w |= static_cast<uint32_t>(static_cast<unsigned char>(s[i + 1])) << 8;
+    if (i + 2 < s.size()) w |= static_cast<unsigned char>(s[i + 2]);
+    out += t[w >> 18];
+    out += t[(w >> 12) & 63];
+    out += i + 1 < s.size() ? t[(w >> 6) & 63] : '=';
+    out += i + 2 < s.size() ? t[w & 63] : '=';
+  }
+  return out;
+}
 
 // A host allocator that lives as long as the test process.
 inline CpuAllocator& host_alloc() {

@@ -10,6 +10,7 @@
 #include "data/preprocess.h"
 #include "data/tokenizer.h"
 #include "test_data_helpers.h"
+#include "test_util.h"
 
 namespace tripod {
 namespace {
@@ -198,20 +199,7 @@ TEST_F(DataPreprocess, SameBytesForAnyWorkerCountAndTextInput) {
 // A tiktoken rank file: the 256 bytes, then a few merged tokens. Named cl100k, it brings
 // <|endoftext|> at 100257, so the dataset's tokens are int32.
 std::string small_tiktoken() {
-  auto b64 = [](std::string_view s) {
-    static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    for (size_t i = 0; i < s.size(); i += 3) {
-      uint32_t w = static_cast<uint32_t>(static_cast<unsigned char>(s[i])) << 16;
-      if (i + 1 < s.size()) w |= static_cast<uint32_t>(static_cast<unsigned char>(s[i + 1])) << 8;
-      if (i + 2 < s.size()) w |= static_cast<unsigned char>(s[i + 2]);
-      out += t[w >> 18];
-      out += t[(w >> 12) & 63];
-      out += i + 1 < s.size() ? t[(w >> 6) & 63] : '=';
-      out += i + 2 < s.size() ? t[w & 63] : '=';
-    }
-    return out;
-  };
+  const auto& b64 = test::base64;
   std::string file;
   int rank = 0;
   for (int b = 0; b < 256; ++b) file += b64(std::string(1, static_cast<char>(b))) + " " + std::to_string(rank++) + "\n";

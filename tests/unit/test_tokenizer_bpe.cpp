@@ -14,6 +14,7 @@
 #include "data/regex_splitter.h"
 #include "data/tokenizer.h"
 #include "test_data_helpers.h"
+#include "test_util.h"
 
 namespace tripod {
 namespace {
@@ -151,20 +152,7 @@ TEST(BpeModel, WordCacheGivesTheSameIds) {
 TEST(BpeModel, TiktokenRanksMergeByTheMergedTokensRank) {
   // Ranks: the 256 bytes, then "ab" (256), "bc" (257), "abc" (258). "abc" is reachable from
   // "ab"+"c" and from "a"+"bc"; tiktoken looks the whole piece up first.
-  auto b64 = [](std::string_view s) {
-    static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    std::string out;
-    for (size_t i = 0; i < s.size(); i += 3) {
-      uint32_t w = static_cast<uint32_t>(static_cast<unsigned char>(s[i])) << 16;
-      if (i + 1 < s.size()) w |= static_cast<uint32_t>(static_cast<unsigned char>(s[i + 1])) << 8;
-      if (i + 2 < s.size()) w |= static_cast<unsigned char>(s[i + 2]);
-      out += t[w >> 18];
-      out += t[(w >> 12) & 63];
-      out += i + 1 < s.size() ? t[(w >> 6) & 63] : '=';
-      out += i + 2 < s.size() ? t[w & 63] : '=';
-    }
-    return out;
-  };
+  const auto& b64 = test::base64;
   std::string file;
   for (int b = 0; b < 256; ++b) file += b64(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
   file += b64("ab") + " 256\n" + b64("bc") + " 257\n" + b64("abc") + " 258\n" + b64("bcd") + " 259\n";
