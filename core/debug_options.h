@@ -69,8 +69,8 @@ struct DebugOptions {
   // TRIPOD_TEST_STEP_SLEEP_MS=N: every training step starts with an N ms sleep, so that a test's
   // faults land mid-run however fast the machine is (test hook).
   int step_sleep_ms = 0;
-  // TRIPOD_SLOW_RANK=RANK:FACTOR (RANK >= 0, FACTOR >= 1), e.g. "3:2": world rank 3 computes at half
-  // speed (test hook for straggler detection).
+  // TRIPOD_SLOW_RANK=RANK:FACTOR (RANK >= 0, FACTOR >= 1), e.g. "3:2": world rank 3 counts its
+  // compute time twice and idles for the extra at each step's end (test hook for stragglers).
   SlowRank slow_rank = {};
   // TRIPOD_TEST_COMM_FAULT (test hook, see CommFault).
   CommFault comm_fault = {};

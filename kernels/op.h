@@ -52,6 +52,15 @@ class Ops {
   virtual void set_timing(bool on) = 0;
   // The times recorded since the previous call (after waiting for queued work); starts anew.
   virtual OpTimes take_times() = 0;
+  // The compute clock: the device's time for the work issued between compute_begin() and
+  // compute_end() (regions do not nest), summed until take_compute_seconds(), which waits for
+  // queued work and starts anew. GPU time between an event pair on CUDA; on the CPU the process's
+  // CPU time, so that a rank descheduled by other processes on its cores (several ranks on one
+  // machine) is not taken for a slow one. Straggler detection times every rank's forward and
+  // backward work with it: host wall time would time only the launches on a GPU.
+  virtual void compute_begin() = 0;
+  virtual void compute_end() = 0;
+  virtual double take_compute_seconds() = 0;
   Tensor empty(Shape shape, DType dtype, MemCategory category) {
     return Tensor::empty(allocator(), std::move(shape), dtype, category);
   }

@@ -188,13 +188,11 @@ void Trainer::run_schedule(Tensor& losses) {
   std::vector<std::vector<ChunkActs>> acts(M, std::vector<ChunkActs>(vp));
   std::vector<std::vector<ChunkPending>> weight_work(M, std::vector<ChunkPending>(vp));
   GradReadyFn ready = [this](const std::vector<Param*>& ps) { on_grads_ready(ps); };
-  // The compute time of the step (straggler detection); TRIPOD_SLOW_RANK stretches it here.
+  // The step's compute time, on the device's compute clock (straggler detection).
   auto timed = [this](auto&& work) {
-    const auto t0 = std::chrono::steady_clock::now();
+    ops_.compute_begin();
     Tensor out = work();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (slow_factor_ > 1) std::this_thread::sleep_for(std::chrono::duration<double>((slow_factor_ - 1) * s));
-    compute_s_ += s * slow_factor_;
+    ops_.compute_end();
     return out;
   };
 
@@ -292,7 +290,6 @@ StepMetrics Trainer::step() {
   const TrainConfig& tc = cfg_.train;
   auto t0 = std::chrono::steady_clock::now();
   ops_.allocator().stats().reset_peaks();
-  compute_s_ = 0;
   reg_.zero_grads(ops_);
   reducer_->begin_step();
 
@@ -358,6 +355,11 @@ StepMetrics Trainer::step() {
     reducer_->all_gather_values();
   }
   ops_.synchronize();
+  double compute_s = ops_.take_compute_seconds();
+  if (slow_factor_ > 1) {  // TRIPOD_SLOW_RANK: the rank idles (slow_factor - 1) x its compute time
+    std::this_thread::sleep_for(std::chrono::duration<double>((slow_factor_ - 1) * compute_s));
+    compute_s *= slow_factor_;
+  }
   if (trace_) trace_->flush();
   m.skipped_total = skipped_total_;
   ++step_;
@@ -367,7 +369,7 @@ StepMetrics Trainer::step() {
   m.mfu = cfg_.model.flops_per_token(par_.grid.tp()) * m.tokens_per_s / peak_flops_;
   m.tflops = cfg_.model.flops_per_token(par_.grid.tp()) * m.tokens_per_s / par_.grid.world_size() / 1e12;
   m.batch_size = tc.global_batch_size;
-  if (stragglers_) stragglers_->add_step(m.step_time_s, compute_s_);
+  if (stragglers_) stragglers_->add_step(m.step_time_s, compute_s);
   const MemoryStats& ms = ops_.allocator().stats();
   for (int c = 0; c < kNumMemCategories; ++c)
     m.memory[std::string(mem_category_name(static_cast<MemCategory>(c)))] = ms.peak(static_cast<MemCategory>(c));

@@ -107,7 +107,6 @@ class Trainer {
   std::unique_ptr<Evaluator> evaluator_;
   std::unique_ptr<CheckpointSaver> saver_;
   std::unique_ptr<StragglerMonitor> stragglers_;  // train.straggler_factor > 0 on more than one rank
-  double compute_s_ = 0;                         // this step's forward and backward time (host)
   double slow_factor_ = 1;                       // TRIPOD_SLOW_RANK on this rank
   int step_sleep_ms_ = 0;                        // TRIPOD_TEST_STEP_SLEEP_MS
   bool stopped_by_signal_ = false;

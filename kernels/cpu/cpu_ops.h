@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <ctime>
 #include <utility>
 
 #include "kernels/op.h"
@@ -21,6 +22,9 @@ class CpuOps final : public Ops {
   double peak_flops() override;
   void set_timing(bool on) override { timing_ = on; }
   OpTimes take_times() override { return std::exchange(times_, OpTimes{}); }
+  void compute_begin() override { compute_start_ = process_cpu_seconds(); }
+  void compute_end() override { compute_s_ += process_cpu_seconds() - compute_start_; }
+  double take_compute_seconds() override { return std::exchange(compute_s_, 0.0); }
 
   void fill(Tensor& t, float value) override;
   void copy(const Tensor& src, Tensor& dst) override;
@@ -95,10 +99,17 @@ class CpuOps final : public Ops {
   };
 
  private:
+  static double process_cpu_seconds() {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  }
+
   CpuAllocator alloc_;
   double peak_flops_ = 0;
   bool timing_ = false;
   OpTimes times_;
+  double compute_start_ = 0, compute_s_ = 0;  // the compute clock
 };
 
 // exp(x) for f32 in plain arithmetic, so loops over it vectorise (Cephes' polynomial, within

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -68,6 +69,11 @@ CudaOps::~CudaOps() {
     cudaEventDestroy(s.start);
     cudaEventDestroy(s.stop);
   }
+  for (auto [start, stop] : compute_spans_) {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  if (compute_start_) cudaEventDestroy(compute_start_);
   for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
   cudaFree(reduce_dev_);
   cudaFreeHost(reduce_host_);
@@ -130,6 +136,34 @@ OpTimes CudaOps::take_times() {
   }
   spans_.clear();
   return out;
+}
+
+void CudaOps::compute_begin() {
+  if (!compute_start_) compute_start_ = take_event();  // a region left open by an error starts again
+  TRIPOD_CUDA_CHECK(cudaEventRecord(compute_start_, compute_), "compute clock event");
+}
+
+void CudaOps::compute_end() {
+  TRIPOD_CHECK(compute_start_, "compute_end() without compute_begin()");
+  cudaEvent_t stop = take_event();
+  const cudaError_t err = cudaEventRecord(stop, compute_);
+  if (err != cudaSuccess) free_events_.push_back(stop);
+  TRIPOD_CUDA_CHECK(err, "compute clock event");
+  compute_spans_.emplace_back(std::exchange(compute_start_, nullptr), stop);
+}
+
+double CudaOps::take_compute_seconds() {
+  TRIPOD_CUDA_CHECK(cudaStreamSynchronize(compute_), "reading the compute clock");
+  double s = 0;
+  for (auto [start, stop] : compute_spans_) {
+    float ms = 0;
+    TRIPOD_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop), "reading the compute clock");
+    s += ms / 1e3;
+    free_events_.push_back(start);
+    free_events_.push_back(stop);
+  }
+  compute_spans_.clear();
+  return s;
 }
 
 // ---- chunk tables and host sums ---------------------------------------------------------------

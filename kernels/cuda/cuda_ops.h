@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/debug_options.h"
@@ -120,6 +121,10 @@ class CudaOps final : public Ops {
   // environment turns it on at construction). take_times() waits for the GPU.
   void set_timing(bool on) override { timing_ = on; }
   OpTimes take_times() override;
+  // The compute clock: an event pair around each region, summed at take (which waits for the GPU).
+  void compute_begin() override;
+  void compute_end() override;
+  double take_compute_seconds() override;
 
   // Records the span of one op (used by the op implementations in this folder).
   class ScopedTimer {
@@ -178,6 +183,8 @@ class CudaOps final : public Ops {
     cudaEvent_t start, stop;
   };
   std::vector<Span> spans_;
+  cudaEvent_t compute_start_ = nullptr;                    // the open region's start
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> compute_spans_;  // closed regions
 };
 
 }  // namespace tripod::cuda

@@ -650,6 +650,32 @@ TEST_F(CudaOpsTest, TimesOpFamilies) {
   EXPECT_EQ(gpu_->take_times().total_calls(), 0);
 }
 
+// The compute clock (straggler detection) times the GPU's work, not the launches: 20 GEMMs of
+// 137 GFLOP each take at least their FLOPs over this GPU's datasheet peak, though the host only
+// queues them inside the region.
+TEST_F(CudaOpsTest, ComputeClockTimesTheGpuWork) {
+  const int64_t n = 4096;
+  Tensor x = gpu_->empty({n, n}, gpu_->compute_dtype(), MemCategory::Workspace);
+  Tensor w = gpu_->empty({n, n}, gpu_->compute_dtype(), MemCategory::Workspace);
+  Tensor y = gpu_->empty({n, n}, gpu_->compute_dtype(), MemCategory::Workspace);
+  gpu_->fill(x, 0.01f);
+  gpu_->fill(w, 0.02f);
+  gpu_->synchronize();
+  EXPECT_EQ(gpu_->take_compute_seconds(), 0.0);
+  gpu_->compute_begin();
+  for (int i = 0; i < 10; ++i) gpu_->linear_forward(x, w, Tensor{}, y);
+  gpu_->compute_end();
+  gpu_->linear_forward(x, w, Tensor{}, y);  // between regions: not counted
+  gpu_->compute_begin();
+  for (int i = 0; i < 10; ++i) gpu_->linear_forward(x, w, Tensor{}, y);
+  gpu_->compute_end();
+  const double s = gpu_->take_compute_seconds();
+  const double floor_s = 20 * 2.0 * n * n * n / gpu_->peak_flops();
+  EXPECT_GE(s, floor_s);
+  EXPECT_LT(s, 100 * floor_s);
+  EXPECT_EQ(gpu_->take_compute_seconds(), 0.0);
+}
+
 // A wrong dtype is a bug in the caller: an error naming the op and the argument, not a crash.
 TEST_F(CudaOpsTest, WrongDtypeNamesTheOp) {
   Tensor x = up(randn({4, 8}, 120), DType::F32), y = poison({4, 8});

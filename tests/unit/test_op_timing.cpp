@@ -2,6 +2,7 @@
 // op counts once in its own family, with the wall time it took.
 #include <chrono>
 #include <functional>
+#include <thread>
 
 #include "kernels/op.h"
 #include "test_util.h"
@@ -146,6 +147,32 @@ TEST(OpTiming, EveryOpCountsOnceInItsFamily) {
   EXPECT_EQ(t.calls_of(OpFamily::Gemm), 1);
   EXPECT_EQ(t.calls_of(OpFamily::Gelu), 1);
   EXPECT_EQ(t.total_calls(), 2);
+}
+
+// The compute clock (straggler detection) sums the CPU time of its regions only: a rank asleep or
+// descheduled inside one is not computing, and work between regions does not count.
+TEST(ComputeClock, CountsTheCpuTimeOfItsRegionsOnly) {
+  auto ops = make_ops(Device::CPU);
+  EXPECT_EQ(ops->take_compute_seconds(), 0.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  ops->compute_begin();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ops->compute_end();
+  EXPECT_GE(seconds_since(t0), 0.3);
+  EXPECT_LT(ops->take_compute_seconds(), 0.05);
+
+  const int64_t N = 256, C = 512;
+  Tensor x = random_tensor({N, C}, 1), w = random_tensor({C, C}, 2), y = host_tensor({N, C});
+  ops->compute_begin();
+  for (int i = 0; i < 5; ++i) ops->linear_forward(x, w, Tensor{}, y);
+  ops->compute_end();
+  for (int i = 0; i < 5; ++i) ops->linear_forward(x, w, Tensor{}, y);  // outside: not counted
+  ops->compute_begin();
+  ops->linear_forward(x, w, Tensor{}, y);
+  ops->compute_end();
+  const double two_regions = ops->take_compute_seconds();
+  EXPECT_GT(two_regions, 0.0);
+  EXPECT_EQ(ops->take_compute_seconds(), 0.0);  // taking starts anew
 }
 
 }  // namespace
