@@ -80,18 +80,68 @@ bool is_blank(std::string_view s) {
   return true;
 }
 
-const char* json_type(const nlohmann::json& j) {
-  switch (j.type()) {
-    case nlohmann::json::value_t::null: return "null";
-    case nlohmann::json::value_t::boolean: return "a boolean";
-    case nlohmann::json::value_t::number_integer:
-    case nlohmann::json::value_t::number_unsigned:
-    case nlohmann::json::value_t::number_float: return "a number";
-    case nlohmann::json::value_t::array: return "an array";
-    case nlohmann::json::value_t::object: return "an object";
-    default: return "not a string";
+// Finds the string under one top-level key of a JSON line with nlohmann's SAX parser: no tree is
+// built and the document's string is moved out of the lexer's buffer, so a line costs little more
+// than the lexer's pass over it. The whole line is still parsed (and so validated); a repeated key
+// counts with its last value, as when the line is parsed into an object.
+class KeyFinder final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  KeyFinder(const std::string& key, std::string& text) : key_(key), text_(text) {}
+
+  const char* top = nullptr;    // the line's value when it is not an object ("an array", ...)
+  const char* found = nullptr;  // the key's value when it is not a string; "" when it is one
+  std::string error;            // the parser's account of a syntax error
+
+  bool null() override { return value("null"); }
+  bool boolean(bool) override { return value("a boolean"); }
+  bool number_integer(number_integer_t) override { return value("a number"); }
+  bool number_unsigned(number_unsigned_t) override { return value("a number"); }
+  bool number_float(number_float_t, const string_t&) override { return value("a number"); }
+  bool binary(binary_t&) override { return value("binary data"); }
+  bool string(string_t& s) override {
+    if (depth_ == 1 && want_) text_.swap(s);  // the lexer clears its buffer before the next token
+    return value("");
   }
-}
+  bool start_object(std::size_t) override {
+    value("an object");
+    ++depth_;
+    return true;
+  }
+  bool end_object() override { return --depth_, true; }
+  bool start_array(std::size_t) override {
+    value("an array");
+    ++depth_;
+    return true;
+  }
+  bool end_array() override { return --depth_, true; }
+  bool key(string_t& k) override {
+    want_ = depth_ == 1 && k == key_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    std::string_view msg = e.what();
+    if (auto pos = msg.find("] "); pos != std::string_view::npos) msg.remove_prefix(pos + 2);
+    error = msg;
+    return false;
+  }
+
+ private:
+  // A value starts at the current depth: the line's own value, or the key's when it was just named.
+  bool value(const char* kind) {
+    if (depth_ == 0) {
+      top = kind == std::string_view("an object") ? nullptr : (*kind ? kind : "a string");
+    } else if (depth_ == 1 && want_) {
+      found = kind;
+      want_ = false;
+    }
+    return true;
+  }
+
+  const std::string& key_;
+  std::string& text_;
+  int depth_ = 0;
+  bool want_ = false;  // the last key at depth 1 was key_ and its value comes next
+};
 
 }  // namespace
 
@@ -115,34 +165,24 @@ LineKind extract_document_view(std::string_view line, InputFormat fmt, const std
     doc = line;
     return LineKind::Document;
   }
-  nlohmann::json j = nlohmann::json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    // Parse again with exceptions for the parser's own account of what is wrong.
-    try {
-      nlohmann::json again = nlohmann::json::parse(line.begin(), line.end());
-      (void)again;
-      why = "not valid JSON";
-    } catch (const nlohmann::json::exception& e) {
-      std::string_view msg = e.what();
-      if (auto pos = msg.find("] "); pos != std::string_view::npos) msg.remove_prefix(pos + 2);
-      why = fmt::format("not valid JSON ({})", msg);
-    }
+  scratch.clear();
+  KeyFinder finder(key, scratch);
+  if (!nlohmann::json::sax_parse(line.begin(), line.end(), &finder)) {
+    why = finder.error.empty() ? "not valid JSON" : fmt::format("not valid JSON ({})", finder.error);
     return LineKind::Bad;
   }
-  if (!j.is_object()) {
-    why = fmt::format("a JSON line must be an object with the document under \"{}\", got {}", key, json_type(j));
+  if (finder.top) {
+    why = fmt::format("a JSON line must be an object with the document under \"{}\", got {}", key, finder.top);
     return LineKind::Bad;
   }
-  auto it = j.find(key);
-  if (it == j.end()) {
+  if (!finder.found) {
     why = fmt::format("the JSON object has no key \"{}\" (choose the key with --json-key)", key);
     return LineKind::Bad;
   }
-  if (!it->is_string()) {
-    why = fmt::format("key \"{}\" holds {}, not a string", key, json_type(*it));
+  if (*finder.found) {
+    why = fmt::format("key \"{}\" holds {}, not a string", key, finder.found);
     return LineKind::Bad;
   }
-  scratch = it->get_ref<const std::string&>();
   if (scratch.empty()) return LineKind::Blank;
   doc = scratch;
   return LineKind::Document;

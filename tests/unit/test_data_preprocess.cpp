@@ -404,6 +404,46 @@ TEST(DataDocuments, Utf8Validation) {
   EXPECT_EQ(find_invalid_utf8("abcdefgh\xe2\x82"), 8u);        // truncated at the end
 }
 
+// The JSONL reader takes the named key of the line's own object only (not a nested one), its last
+// value when the key repeats, and decodes every escape: as nlohmann's parse into an object would.
+TEST(DataDocuments, JsonKeyIsTopLevelAndDecodedAsAParsedObjectWouldHaveIt) {
+  std::string text, why;
+  for (const std::string line : {
+           R"({"meta": {"text": "inner"}, "text": "outer", "n": [1, {"text": 2}]})",
+           R"({"text": "first", "text": "last"})",
+           R"({"text": "esc\"aped \\ \/ \u00e9 \ud83d\ude00 \n\t\r\b\f"})",
+           R"( { "id" : 7 , "text" : "spaced" } )",
+           R"({"meta": ["text", "no"], "text": "after an array"})",
+       }) {
+    SCOPED_TRACE(line);
+    ASSERT_EQ(extract_document(line, InputFormat::Jsonl, "text", text, why), LineKind::Document) << why;
+    EXPECT_EQ(text, nlohmann::json::parse(line)["text"].get<std::string>());
+  }
+  EXPECT_EQ(extract_document(R"({"id": 3, "text": ""})", InputFormat::Jsonl, "text", text, why), LineKind::Blank);
+  struct Bad {
+    std::string line, what;
+  } bad[] = {
+      {R"({"text": {"x": 1}})", "holds an object, not a string"},
+      {R"({"text": ["a"]})", "holds an array, not a string"},
+      {R"({"text": null})", "holds null, not a string"},
+      {R"({"text": true})", "holds a boolean, not a string"},
+      {R"({"text": "a", "text": 1.5})", "holds a number, not a string"},
+      {R"("just a string")", "must be an object with the document under \"text\", got a string"},
+      {R"([{"text": "a"}])", "got an array"},
+      {R"({"meta": ["text", "no"]})", "no key \"text\""},
+      {R"({"meta": {"text": "nested"}})", "no key \"text\""},
+      {R"({"text": "a"} trailing)", "not valid JSON"},
+      {R"([1, 2)", "not valid JSON"},
+      {R"({"text": "bad escape \x"})", "not valid JSON"},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.line);
+    why.clear();
+    EXPECT_EQ(extract_document(b.line, InputFormat::Jsonl, "text", text, why), LineKind::Bad);
+    EXPECT_NE(why.find(b.what), std::string::npos) << why;
+  }
+}
+
 TEST(DataDocuments, BlockReaderKeepsLinesWholeAndCountsThem) {
   TempDir dir;
   std::string text;
