@@ -2,7 +2,7 @@
 # How `tripod data preprocess` scales with --workers: the runs of each worker count take turns
 # (1, 2, 1, 2, ...), so a change in the machine's load hits them alike; the table gives medians.
 #   bench/preprocess_workers.sh [BUILD_DIR] [RUNS] [WORKERS] [REPEAT]
-#     (defaults: build, 7, "1 2", 4)
+#     (defaults: build, 7, "1 2", 16)
 # Input: build/corpus/kjv.txt and kjv.jsonl (scripts/prepare_corpus.sh: one chapter per line)
 # repeated REPEAT times. Tokenizer: cl100k_base.tiktoken from tests/tokenizer/compare.sh when it
 # is there, else the corpus's SentencePiece model; TOKENIZER=FILE picks another.
@@ -17,7 +17,7 @@ set -euo pipefail
 build=$(cd "${1:-build}" && pwd)
 runs=${2:-7}
 read -r -a workers <<<"${3:-1 2}"
-repeat=${4:-4}
+repeat=${4:-16}
 tripod=$build/bin/tripod
 [ -x "$tripod" ] || { echo "error: $tripod not found; build first" >&2; exit 2; }
 corpus=$build/corpus
@@ -42,6 +42,9 @@ load_before=$(cut -d' ' -f1 /proc/loadavg)
 for f in kjv.txt kjv.jsonl; do
   for ((r = 0; r < runs; ++r)); do
     for w in "${workers[@]}"; do
+      # Each run writes a new dataset: replacing the last run's output would free its page cache
+      # inside the timed span (tens of ms for 66 MB, on every worker count alike).
+      rm -f "$tmp/out_$w.bin" "$tmp/out_$w.idx"
       line=$("$tripod" data preprocess --input "$tmp/$f" --tokenizer-model "$tok" --output-prefix "$tmp/out_$w" \
         --workers "$w" --overwrite --no-progress 2>&1 | grep 'info: wrote') || {
         echo "error: tripod data preprocess --workers $w failed on $tmp/$f" >&2

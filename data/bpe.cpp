@@ -153,7 +153,30 @@ bool parse_rank(std::string_view s, int64_t& v) {
   return true;
 }
 
-uint32_t hash32(std::string_view s) { return static_cast<uint32_t>(hash_string(s)); }
+// The hash of a piece or token for the in-memory tables (the vocabulary's index, the word cache):
+// pieces average a few bytes, so one multiply per 8 bytes and a short finish, where hash_bytes
+// (for files, and stable) spends five finalisers on any length.
+uint64_t piece_hash(std::string_view s) {
+  const char* p = s.data();
+  const size_t n = s.size();
+  uint64_t h = 0x9e3779b97f4a7c15ull * (n + 1);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 29;
+  }
+  if (i < n) {
+    uint64_t w = 0;
+    for (size_t k = 0; i + k < n; ++k) w |= static_cast<uint64_t>(static_cast<unsigned char>(p[i + k])) << (8 * k);
+    h = (h ^ w) * 0xbf58476d1ce4e5b9ull;
+  }
+  h = (h ^ (h >> 32)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 29);
+}
+
+uint32_t hash32(std::string_view s) { return static_cast<uint32_t>(piece_hash(s)); }
 
 }  // namespace
 
@@ -792,19 +815,22 @@ void BpeModel::encode_piece(std::string_view piece, BpeScratch& s, std::vector<i
       return;
     }
   }
-  if (ignore_merges_) {
-    const int id = index_.find(piece, tokens_);
-    if (id >= 0) {
-      ids.push_back(id);
-      return;
-    }
-  }
+  // The thread's own cache first: a piece seen before costs one hash and one probe of a small
+  // table, where the vocabulary's index (shared, 100K+ tokens) would cost cache misses.
   uint64_t h = 0;
   if (s.cache_on_) {
-    h = hash_string(piece);
+    h = piece_hash(piece);
     size_t m = 0;
     if (const int* hit = s.find(piece, h, m)) {
       ids.insert(ids.end(), hit, hit + m);
+      return;
+    }
+  }
+  if (ignore_merges_) {
+    const int id = index_.find(piece, tokens_);
+    if (id >= 0) {
+      if (s.cache_on_) s.insert(piece, h, &id, 1);
+      ids.push_back(id);
       return;
     }
   }

@@ -24,7 +24,7 @@ struct PreprocessOptions {
   bool overwrite = false;
   bool progress = true;  // a progress line on stderr, only when stderr is a terminal
   bool word_cache = true;  // encode each distinct word / piece once (same ids)
-  size_t block_bytes = 64 << 10;  // input bytes a worker takes at a time (whole lines); small, so the last blocks end together
+  size_t block_bytes = 256 << 10;  // input bytes a worker takes at a time (whole lines); small, so the last blocks end together
 };
 
 struct PreprocessStats {
