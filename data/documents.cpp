@@ -80,6 +80,205 @@ bool is_blank(std::string_view s) {
   return true;
 }
 
+// The common JSONL line, read in one pass: an object whose `key` holds a string. It checks the
+// whole line against JSON's grammar (RFC 8259; the line's UTF-8 is checked before) and decodes the
+// key's last string value into `text`; anything else (not an object, no such key, a value of
+// another type, a syntax error, nesting deeper than kMaxDepth) gives false, and the SAX parser
+// below then reads the line and says what is wrong. The tests and a fuzzer hold it to nlohmann.
+class FastLine {
+ public:
+  FastLine(std::string_view line, const std::string& key, std::string& text)
+      : p_(line.data()), end_(line.data() + line.size()), key_(key), text_(text) {}
+
+  bool read() {
+    bool found = false;
+    ws();
+    if (!eat('{')) return false;
+    ws();
+    if (eat('}')) return false;  // {}: no key
+    for (;;) {
+      const char* k = p_;
+      if (!string(nullptr)) return false;
+      const bool ours = same_key(k + 1, p_ - 1);
+      ws();
+      if (!eat(':')) return false;
+      ws();
+      if (ours) {
+        if (p_ == end_ || *p_ != '"') return false;  // not a string: the SAX reader names its type
+        text_.clear();
+        if (!string(&text_)) return false;
+        found = true;
+      } else if (!value(1)) {
+        return false;
+      }
+      ws();
+      if (eat('}')) break;
+      if (!eat(',')) return false;
+      ws();
+    }
+    ws();
+    return found && p_ == end_;
+  }
+
+ private:
+  static constexpr int kMaxDepth = 64;
+
+  bool eat(char c) {
+    if (p_ == end_ || *p_ != c) return false;
+    ++p_;
+    return true;
+  }
+  void ws() {
+    while (p_ != end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
+  }
+  static int hex(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  }
+  bool hex4(uint32_t& v) {
+    if (end_ - p_ < 4) return false;
+    v = 0;
+    for (int i = 0; i < 4; ++i) {
+      const int h = hex(p_[i]);
+      if (h < 0) return false;
+      v = v << 4 | static_cast<uint32_t>(h);
+    }
+    p_ += 4;
+    return true;
+  }
+  static void put_utf8(uint32_t cp, std::string& out) {
+    if (cp < 0x80) {
+      out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      out += static_cast<char>(0xC0 | cp >> 6);
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += static_cast<char>(0xE0 | cp >> 12);
+      out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      out += static_cast<char>(0xF0 | cp >> 18);
+      out += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
+      out += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+      out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+  // A string at p_ (its opening quote), decoded into *out when out is given.
+  bool string(std::string* out) {
+    if (!eat('"')) return false;
+    for (;;) {
+      const char* run = p_;
+      while (p_ != end_ && *p_ != '"' && *p_ != '\\' && static_cast<unsigned char>(*p_) >= 0x20) ++p_;
+      if (out) out->append(run, p_);
+      if (p_ == end_ || static_cast<unsigned char>(*p_) < 0x20) return false;
+      if (*p_++ == '"') return true;
+      if (p_ == end_) return false;
+      const char e = *p_++;
+      char plain = 0;
+      switch (e) {
+        case '"': plain = '"'; break;
+        case '\\': plain = '\\'; break;
+        case '/': plain = '/'; break;
+        case 'b': plain = '\b'; break;
+        case 'f': plain = '\f'; break;
+        case 'n': plain = '\n'; break;
+        case 'r': plain = '\r'; break;
+        case 't': plain = '\t'; break;
+        case 'u': {
+          uint32_t cp;
+          if (!hex4(cp)) return false;
+          if (cp >= 0xDC00 && cp <= 0xDFFF) return false;  // a low surrogate alone
+          if (cp >= 0xD800 && cp <= 0xDBFF) {               // must pair with a low one
+            uint32_t lo;
+            if (end_ - p_ < 2 || p_[0] != '\\' || p_[1] != 'u') return false;
+            p_ += 2;
+            if (!hex4(lo) || lo < 0xDC00 || lo > 0xDFFF) return false;
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          }
+          if (out) put_utf8(cp, *out);
+          continue;
+        }
+        default: return false;
+      }
+      if (out) *out += plain;
+    }
+  }
+  bool digits() {
+    const char* s = p_;
+    while (p_ != end_ && *p_ >= '0' && *p_ <= '9') ++p_;
+    return p_ != s;
+  }
+  bool number() {
+    eat('-');
+    if (eat('0')) {
+    } else if (p_ != end_ && *p_ >= '1' && *p_ <= '9') {
+      digits();
+    } else {
+      return false;
+    }
+    if (eat('.') && !digits()) return false;
+    if (p_ != end_ && (*p_ == 'e' || *p_ == 'E')) {
+      ++p_;
+      if (!eat('+')) eat('-');
+      if (!digits()) return false;
+    }
+    return true;
+  }
+  bool word(std::string_view w) {
+    if (static_cast<size_t>(end_ - p_) < w.size() || std::string_view(p_, w.size()) != w) return false;
+    p_ += w.size();
+    return true;
+  }
+  bool value(int depth) {
+    if (p_ == end_) return false;
+    switch (*p_) {
+      case '"': return string(nullptr);
+      case 't': return word("true");
+      case 'f': return word("false");
+      case 'n': return word("null");
+      case '{':
+      case '[': {
+        if (depth >= kMaxDepth) return false;
+        const char close = *p_++ == '{' ? '}' : ']';
+        ws();
+        if (eat(close)) return true;
+        for (;;) {
+          if (close == '}') {
+            if (!string(nullptr)) return false;
+            ws();
+            if (!eat(':')) return false;
+            ws();
+          }
+          if (!value(depth + 1)) return false;
+          ws();
+          if (eat(close)) return true;
+          if (!eat(',')) return false;
+          ws();
+        }
+      }
+      default: return number();
+    }
+  }
+  // Whether the raw key between its quotes names key_ (a key with escapes is decoded first).
+  bool same_key(const char* b, const char* e) {
+    std::string_view raw(b, static_cast<size_t>(e - b));
+    if (raw.find('\\') == std::string_view::npos) return raw == key_;
+    std::string decoded;
+    const char* keep = p_;
+    p_ = b - 1;
+    string(&decoded);
+    p_ = keep;
+    return decoded == key_;
+  }
+
+  const char* p_;
+  const char* const end_;
+  const std::string& key_;
+  std::string& text_;
+};
+
 // Finds the string under one top-level key of a JSON line with nlohmann's SAX parser: no tree is
 // built and the document's string is moved out of the lexer's buffer, so a line costs little more
 // than the lexer's pass over it. The whole line is still parsed (and so validated); a repeated key
@@ -164,6 +363,10 @@ LineKind extract_document_view(std::string_view line, InputFormat fmt, const std
   if (fmt != InputFormat::Jsonl) {
     doc = line;
     return LineKind::Document;
+  }
+  if (FastLine(line, key, scratch).read()) {
+    doc = scratch;
+    return scratch.empty() ? LineKind::Blank : LineKind::Document;
   }
   scratch.clear();
   KeyFinder finder(key, scratch);

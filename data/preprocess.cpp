@@ -211,7 +211,7 @@ class EncodePool {
       c->failure = std::current_exception();
     }
     // Only the chunk the writer waits for wakes it: a wake is a system call on each side, and
-    // one per block (64 KB) was a few percent of the run.
+    // one per 64 KB block was a few percent of the run.
     bool wanted;
     {
       std::lock_guard lock(mu_);

@@ -15,7 +15,7 @@ secs=${1:-60}
 [ $# -gt 0 ] && shift
 names=("$@")
 [ ${#names[@]} -eq 0 ] && names=(indexed_dataset index_cache safetensors checkpoint_metadata piece_attributes config
-                                  schedule_csv hf_config tokenizer_json tiktoken gpt2_bpe)
+                                  schedule_csv hf_config tokenizer_json tiktoken gpt2_bpe jsonl_line)
 if [ $build = 1 ]; then
   command -v clang++-14 >/dev/null || { echo "fuzz.sh: clang++-14 is needed (apt-get install clang-14 libclang-rt-14-dev)"; exit 1; }
   launcher=()

@@ -4,8 +4,11 @@
 #include <nlohmann/json.hpp>
 #include <sentencepiece_trainer.h>
 
+#include <random>
+
 #include "core/error.h"
 #include "input_error.h"
+#include "jsonl_reference.h"
 #include "data/indexed_dataset.h"
 #include "data/preprocess.h"
 #include "data/tokenizer.h"
@@ -442,6 +445,53 @@ TEST(DataDocuments, JsonKeyIsTopLevelAndDecodedAsAParsedObjectWouldHaveIt) {
     EXPECT_EQ(extract_document(b.line, InputFormat::Jsonl, "text", text, why), LineKind::Bad);
     EXPECT_NE(why.find(b.what), std::string::npos) << why;
   }
+}
+
+// Lines mutated at random from valid ones (edits drawn from JSON's own characters, so most
+// mutants are near misses) are read exactly as nlohmann's parse into an object reads them.
+TEST(DataDocuments, JsonlLinesAgreeWithAParseIntoAnObject) {
+  const std::string seeds[] = {
+      R"({"text": "In the beginning God created the heaven and the earth."})",
+      R"({"id": 12, "meta": {"text": [1, -2.5e+3, true, false, null, {}]}, "text": "a\u00e9\ud83d\ude00\n\"q\" \\ \/"})",
+      R"( {"text":"first","n":0.5E-1,"text" : "last"} )",
+      R"({"t\u0065xt": "escaped key", "x": [[[]]], "y": ""})",
+      R"({"text": "caf\u00c3 tab\there", "list": ["text", 1e5]})",
+  };
+  const std::string alphabet = "{}[]\":,\\ \t\r/0123456789-+.eEabfnrtuDdcC\x7f";
+  std::mt19937 rng(7);
+  int documents = 0, bad = 0;
+  for (int i = 0; i < 40000; ++i) {
+    std::string line = seeds[rng() % std::size(seeds)];
+    for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0; --edits) {
+      const size_t at = rng() % (line.size() + 1);
+      const char c = alphabet[rng() % alphabet.size()];
+      switch (rng() % 3) {
+        case 0:
+          line.insert(at, 1, c);
+          break;
+        case 1:
+          if (at < line.size()) line.erase(at, 1);
+          break;
+        default:
+          if (at < line.size()) line[at] = c;
+      }
+    }
+    std::string text, why, want;
+    const LineKind got = extract_document(line, InputFormat::Jsonl, "text", text, why);
+    const LineKind expected = test::reference_jsonl_line(line, "text", want);
+    ASSERT_EQ(static_cast<int>(got), static_cast<int>(expected)) << line << "\nwhy: " << why;
+    if (got == LineKind::Document) {
+      ASSERT_EQ(text, want) << line;
+    }
+    if (got == LineKind::Bad) {
+      ASSERT_FALSE(why.empty()) << line;
+    }
+    documents += got == LineKind::Document;
+    bad += got == LineKind::Bad;
+  }
+  // Both outcomes are common, so neither side of the reader goes untested.
+  EXPECT_GT(documents, 4000);
+  EXPECT_GT(bad, 4000);
 }
 
 TEST(DataDocuments, BlockReaderKeepsLinesWholeAndCountsThem) {
