@@ -1,12 +1,12 @@
 // Stragglers: ranks whose compute time per step stays above the median of all ranks'.
 //
 // Every rank sums its step time and its compute time (the forward and backward work of its
-// pipeline actions, on the backend's compute clock: Ops::compute_begin) over a log interval; at the interval's end one all-gather of two
-// numbers per rank gives every rank the same table, and each applies the same rule: a rank whose
-// compute time per step exceeds `factor` x the median of all ranks' for kIntervals intervals in a
-// row is a straggler (named until an interval finds it back under the bar). Compute time, not step
-// time, tells them apart: at every synchronisation the others wait for the slow rank, so their
-// step times match its own.
+// pipeline actions, on the backend's compute clock: Ops::compute_begin) over a log interval; at
+// the interval's end one all-gather of two numbers per rank gives every rank the same table, and
+// each applies the same rule: a rank whose compute time per step exceeds `factor` x the median of
+// all ranks' for kIntervals intervals in a row is a straggler (named until an interval finds it
+// back under the bar). Compute time, not step time, tells them apart: at every synchronisation
+// the others wait for the slow rank, so their step times match its own.
 //
 // Example (factor 1.3, 4 ranks, compute ms per step over three intervals):
 //   rank   0    1    2    3
