@@ -38,6 +38,19 @@ for f in kjv.txt kjv.jsonl; do
 done
 
 median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
+# One worker pinned to each core in turn, before and after: N workers can reach N x one worker
+# only when the cores run alike (a virtual machine's cores may not: one was seen at 0.6x).
+core_speeds() {
+  command -v taskset >/dev/null || { echo "(no taskset)"; return; }
+  local out="" c
+  for ((c = 0; c < $(nproc); ++c)); do
+    rm -f "$tmp/pin.bin" "$tmp/pin.idx"
+    out+="core $c $(taskset -c "$c" "$tripod" data preprocess --input "$tmp/kjv.txt" --tokenizer-model "$tok" \
+      --output-prefix "$tmp/pin" --workers 1 --no-progress 2>&1 | sed -nE 's/.*\(([0-9.]+) MB\/s.*/\1/p') MB/s; "
+  done
+  echo "${out%; }"
+}
+speeds_before=$(core_speeds)
 load_before=$(cut -d' ' -f1 /proc/loadavg)
 for f in kjv.txt kjv.jsonl; do
   for ((r = 0; r < runs; ++r)); do
@@ -62,11 +75,13 @@ for f in kjv.txt kjv.jsonl; do
   }
 done
 load_after=$(cut -d' ' -f1 /proc/loadavg)
+speeds_after=$(core_speeds)
 
 echo "tripod data preprocess --workers N: $(basename "$tok"), build/corpus/kjv.{txt,jsonl} x$repeat" \
   "(one chapter per line), median of $runs interleaved runs"
 echo "$(nproc) cores; load average $load_before before, $load_after after (other work on the machine slows the" \
   "wall-clock figures most); outputs identical for every worker count"
+echo "one worker pinned to each core (text), before: $speeds_before; after: $speeds_after"
 echo
 echo "| input | MB | workers | MB/s | vs ${workers[0]} worker(s) | CPU s per MB | writing, CPU s per MB | MB/s of each run |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
