@@ -124,17 +124,19 @@ console.log(fmtRow(["---", "---:", "---:", "---:", "---:", "---"]));
 for (const r of rows)
   console.log(fmtRow([r[0], r[1].toFixed(2), r[2].toFixed(2), r[3].toFixed(2), r[4].toFixed(2) + "x", r[5]]));
 
-// preprocess: the documents four times over (17 MB), one per line, with 1 and 2 encoding
+// preprocess: the documents sixteen times over (69 MB), one per line, with 1 and 2 encoding
 // threads; tripod's own figures (reading, encoding, writing; the tokenizer's loading apart): MB/s
 // and CPU seconds of all threads per MB (the same for both when nothing serial is added).
 // bench/preprocess_workers.sh measures the scaling alone, without the npm references.
-const bigFile = path.join(files, "kjv_docs_x4.txt");
-if (!fs.existsSync(bigFile)) fs.writeFileSync(bigFile, fs.readFileSync(textFile, "utf8").repeat(4));
+const bigFile = path.join(files, "kjv_docs_x16.txt");
+if (!fs.existsSync(bigFile)) fs.writeFileSync(bigFile, fs.readFileSync(textFile, "utf8").repeat(16));
 // The worker counts take turns (1, 2, 1, 2, ...), so a change in the machine's load hits both.
 const counts = [1, 2];
 const speeds = counts.map(() => []), cpus = counts.map(() => []);
 for (let r = 0; r < Math.max(3, runs); ++r) {
   counts.forEach((workers, i) => {
+    // A new dataset each run: replacing the last one would free its page cache inside the timed span.
+    for (const ext of [".bin", ".idx"]) fs.rmSync(path.join(files, "bench_pre" + ext), { force: true });
     const p = spawnSync(path.join(build, "bin", "tripod"), ["data", "preprocess", "--input", bigFile,
       "--input-format", "text", "--tokenizer-model", path.join(files, "cl100k_base.tiktoken"), "--output-prefix",
       path.join(files, "bench_pre"), "--workers", String(workers), "--overwrite", "--no-progress"], { encoding: "utf8" });
