@@ -15,7 +15,7 @@ Shape ParamSpec::local_shape() const {
 
 Param& ParamRegistry::add(ParamSpec spec) {
   TRIPOD_CHECK(!values_.defined(), "parameter {} registered after allocation", spec.name);
-  TRIPOD_CHECK(find(spec.name) == nullptr, "parameter {} registered twice", spec.name);
+  TRIPOD_CHECK(!by_name_.contains(spec.name), "parameter {} registered twice", spec.name);
   if (spec.shard_dim >= 0)
     TRIPOD_CHECK(spec.shard_dim < static_cast<int>(spec.global_shape.size()) && spec.shard_size > 0 &&
                      spec.shard_offset + spec.shard_size <= spec.global_shape[spec.shard_dim],
@@ -28,6 +28,7 @@ Param& ParamRegistry::add(ParamSpec spec) {
   p.offset = at;
   int64_t end = at + p.spec.local_numel();
   size_ = (end + kAlign - 1) / kAlign * kAlign;
+  by_name_.emplace(p.spec.name, &p);
   return p;
 }
 
@@ -44,9 +45,8 @@ void ParamRegistry::allocate(Ops& ops) {
 }
 
 Param* ParamRegistry::find(const std::string& name) {
-  for (Param& p : params_)
-    if (p.spec.name == name) return &p;
-  return nullptr;
+  const auto it = by_name_.find(name);
+  return it == by_name_.end() ? nullptr : it->second;
 }
 
 Tensor ParamRegistry::packed_view(const Tensor& flat, std::span<Param* const> parts) {

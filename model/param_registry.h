@@ -12,6 +12,7 @@
 #include <deque>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor.h"
@@ -64,6 +65,12 @@ class ParamRegistry {
  public:
   static constexpr int64_t kAlign = 64;
 
+  ParamRegistry() = default;
+  ParamRegistry(const ParamRegistry&) = delete;  // the name index points into params_
+  ParamRegistry& operator=(const ParamRegistry&) = delete;
+  ParamRegistry(ParamRegistry&&) = default;  // a deque's elements keep their addresses
+  ParamRegistry& operator=(ParamRegistry&&) = default;
+
   // Registers a parameter; the returned reference stays valid (tensors bound by allocate()).
   Param& add(ParamSpec spec);
   // Allocates the flat buffers and binds every parameter's views.
@@ -85,7 +92,8 @@ class ParamRegistry {
   int64_t flat_size() const { return size_; }
 
  private:
-  std::deque<Param> params_;
+  std::deque<Param> params_;                        // a deque: the Param& handed out stay valid
+  std::unordered_map<std::string, Param*> by_name_;  // every parameter by its global name
   int64_t size_ = 0;
   Tensor values_, grads_;
 };
