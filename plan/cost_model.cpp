@@ -66,8 +66,16 @@ double tp_region(const LayerShape& s, const Hardware& hw, bool intra) {
   return hw.collective_time(Collective::AllReduce, s.t, bytes, intra);
 }
 
+// The weight-gradient share of a GEMM's backward (dX = dY W and dW = dY^T X, timed together by
+// Hardware::gemm_time): dW's time as a GEMM of its own shape over both.
+double weight_grad_time(const Hardware& hw, int64_t m, int64_t n, int64_t k) {
+  const double dx = hw.gemm_time(m, k, n, false), dw = hw.gemm_time(n, k, m, false);
+  return dx + dw > 0 ? hw.gemm_time(m, n, k, true) * dw / (dx + dw) : 0;
+}
+
 struct LayerTimes {
   double fwd = 0, bwd = 0, comm = 0, attn_fwd = 0;  // comm: per direction (TP, and CP's exposed part)
+  double weight = 0;                               // the GEMMs' weight gradients: W's share of bwd
   double cp_fwd = 0, cp_bwd = 0;                   // context parallelism's exposed exchanges
 };
 
@@ -80,6 +88,7 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
   for (const auto& g : gemms) {
     l.fwd += hw.gemm_time(g[0], g[1], g[2], false);
     l.bwd += hw.gemm_time(g[0], g[1], g[2], true);
+    l.weight += weight_grad_time(hw, g[0], g[1], g[2]);
   }
   // Under context parallelism a rank computes 1/cp of a sequence's causal (query, key) pairs: as
   // many as cp causal sequences of its T = seq_len / cp tokens.
@@ -113,13 +122,6 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
   // Two regions (attention, MLP) per layer, in each direction.
   l.comm = 2 * tp_region(s, hw, intra);
   return l;
-}
-
-// The weight-gradient share of a GEMM's backward (dX = dY W and dW = dY^T X, timed together by
-// Hardware::gemm_time): dW's time as a GEMM of its own shape over both.
-double weight_grad_time(const Hardware& hw, int64_t m, int64_t n, int64_t k) {
-  const double dx = hw.gemm_time(m, k, n, false), dw = hw.gemm_time(n, k, m, false);
-  return dx + dw > 0 ? hw.gemm_time(m, n, k, true) * dw / (dx + dw) : 0;
 }
 
 // The pieces every stage is made of: a layer (by its index within the chunk, for recomputation)
@@ -157,18 +159,13 @@ StageParts stage_parts(const Config& cfg, const Hardware& hw) {
   const LayerTimes layer = layer_times(s, hw, pl.tp_intra, pl.cp_intra, p.cp_comm);
   StageParts parts;
   parts.recompute = &cfg.recompute;
-  // W: the weight gradients of the four GEMMs (the same shapes as layer_times').
-  const int64_t Cl = s.C / s.t, Fl = s.F / s.t, qkv = (s.H + 2 * s.KV) * s.D / s.t;
-  const int64_t gemms[4][3] = {{s.N, qkv, s.C}, {s.N, s.C, Cl}, {s.N, (s.swiglu ? 2 : 1) * Fl, s.C}, {s.N, s.C, Fl}};
-  double layer_w = 0;
-  for (const auto& g : gemms) layer_w += weight_grad_time(hw, g[0], g[1], g[2]);
   for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
     ChunkTimes& c = parts.layer[static_cast<int>(mode)];
     c.forward = layer.fwd + layer.comm + layer.cp_fwd;
     c.forward_comm = layer.comm + layer.cp_fwd;
     c.backward = layer.bwd + layer.comm + layer.cp_bwd;
     c.backward_comm = layer.comm + layer.cp_bwd;
-    c.weight = layer_w;
+    c.weight = layer.weight;
     if (mode == RecomputeMode::Full) {  // the layer's whole forward again, collectives included
       c.backward += layer.fwd + layer.comm + layer.cp_fwd;
       c.backward_comm += layer.comm + layer.cp_fwd;
