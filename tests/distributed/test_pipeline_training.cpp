@@ -117,6 +117,39 @@ TEST_F(PipelineTraining, CustomCsvScheduleTrainsAndBrokenOneIsRefused) {
   }
 }
 
+// The balanced split on the V placement (zbv, 2 chunks per rank): 4 virtual stages, the head's on
+// rank 0's second chunk, which gets fewer layers than the first stage; training matches serial.
+TEST_F(PipelineTraining, AutoLayerSplitOnTheVPlacementMatchesSerial) {
+  auto config = [] {
+    Config cfg = base_config();
+    cfg.model.vocab_size = 4096;
+    return cfg;
+  };
+  test::RunResult ref;
+  {
+    auto self = test::make_selfworld(*ops);
+    ref = test::run_training(config(), *ops, *self.par, data);
+  }
+  RankGrid grid(1, 1, 2);
+  auto w = test::make_subworld(*ops, grid);
+  if (!w.par) return;
+  Config cfg = config();
+  cfg.parallel.pp = 2;
+  cfg.parallel.dp = 1;
+  cfg.parallel.vp = 2;
+  cfg.parallel.placement = Placement::V;
+  cfg.parallel.schedule = ScheduleKind::Zbv;
+  cfg.parallel.balance_layers = true;
+  validate_layout(cfg, 2);
+  const std::string line = resolve_layer_split(cfg);
+  const std::vector<int>& split = cfg.parallel.layers_per_stage;
+  ASSERT_EQ(split.size(), 4u) << line;
+  EXPECT_EQ(split[0] + split[1] + split[2] + split[3], 8) << line;
+  EXPECT_LT(split[3], split[0]) << line;
+  test::expect_matches(test::run_training(cfg, *ops, *w.par, data), ref, "pp=2 vp=2 zbv auto split",
+                       w.par->rank == 0);
+}
+
 // parallel.layers_per_stage = "auto" at pp = 2 (balanced by the cost model on the built-in CPU
 // figures: with a 4096-token head the last stage gets fewer layers) trains as the serial run
 // does, and a checkpoint saved on that split loads on the even one and goes on the same way.
