@@ -7,6 +7,7 @@
 // query heads per key/value head). out, dout (B, T, H, D): tokens H*D apart. lse, delta
 // (B, H, T). Lane l of a warp holds elements d = l, l + 32, ... of a head row.
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/device_utils.cuh"
 
@@ -397,6 +398,19 @@ __global__ void columns_kernel(const In* src, Out* dst, int64_t N, int64_t W, in
     dst[n * W + off + e] = from_float<Out>(to_float(src[i]));
 }
 
+// Calls f with the elements of a head row per lane, NPL, as a compile-time constant: D up to
+// 32, 64, 128 or more gives 1, 2, 4 or 8.
+template <class F> void by_head_size(int64_t D, F&& f) {
+  if (D <= 32)
+    f(std::integral_constant<int, 1>{});
+  else if (D <= 64)
+    f(std::integral_constant<int, 2>{});
+  else if (D <= 128)
+    f(std::integral_constant<int, 4>{});
+  else
+    f(std::integral_constant<int, 8>{});
+}
+
 }  // namespace
 
 void attention_block_forward(const bf16* q, const bf16* kv, float* out, float* lse, int64_t B, int64_t Tq, int64_t Tk,
@@ -404,14 +418,9 @@ void attention_block_forward(const bf16* q, const bf16* kv, float* out, float* l
                              cudaStream_t s) {
   const BlockGeometry g{B, Tq, Tk, Wq, H, Hkv, D, causal};
   if (B * H * Tq == 0) return;
-  if (D <= 32)
-    run_block_forward<1>(dev(q), dev(kv), out, lse, g, scale, s);
-  else if (D <= 64)
-    run_block_forward<2>(dev(q), dev(kv), out, lse, g, scale, s);
-  else if (D <= 128)
-    run_block_forward<4>(dev(q), dev(kv), out, lse, g, scale, s);
-  else
-    run_block_forward<8>(dev(q), dev(kv), out, lse, g, scale, s);
+  by_head_size(D, [&](auto npl) {
+    run_block_forward<decltype(npl)::value>(dev(q), dev(kv), out, lse, g, scale, s);
+  });
 }
 
 void attention_block_backward(const bf16* dout, const bf16* q, const bf16* kv, const bf16* out, const float* lse,
@@ -419,14 +428,9 @@ void attention_block_backward(const bf16* dout, const bf16* q, const bf16* kv, c
                               int64_t H, int64_t Hkv, int64_t D, bool causal, float scale, cudaStream_t s) {
   const BlockGeometry g{B, Tq, Tk, Wq, H, Hkv, D, causal};
   if (B * H * Tq == 0) return;
-  if (D <= 32)
-    run_block_backward<1>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
-  else if (D <= 64)
-    run_block_backward<2>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
-  else if (D <= 128)
-    run_block_backward<4>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
-  else
-    run_block_backward<8>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
+  by_head_size(D, [&](auto npl) {
+    run_block_backward<decltype(npl)::value>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
+  });
 }
 
 void attention_kv_pack(const bf16* qkv, bf16* kv, int64_t N, int64_t W, int64_t w, cudaStream_t s) {
@@ -453,28 +457,19 @@ void attention_decode(const bf16* qkv, bf16* k_cache, bf16* v_cache, bf16* out, 
   if (elems == 0) return;
   kv_append_kernel<<<static_cast<unsigned>((elems + kThreads - 1) / kThreads), kThreads, 0, s>>>(
       dev(qkv), dev(k_cache), dev(v_cache), B, n, H, Hkv, D, Tmax, pos);
-  if (D <= 32)
-    run_decode<1>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, Hkv, D, Tmax, pos, scale, s);
-  else if (D <= 64)
-    run_decode<2>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, Hkv, D, Tmax, pos, scale, s);
-  else if (D <= 128)
-    run_decode<4>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, Hkv, D, Tmax, pos, scale, s);
-  else
-    run_decode<8>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, Hkv, D, Tmax, pos, scale, s);
+  by_head_size(D, [&](auto npl) {
+    run_decode<decltype(npl)::value>(dev(qkv), dev(k_cache), dev(v_cache), dev(out), B, n, H, Hkv, D, Tmax, pos,
+                                     scale, s);
+  });
 }
 
 void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
                        int64_t D, float scale, cudaStream_t s) {
   const Geometry g{B, T, H, Hkv, D};
   if (B * H * T == 0) return;
-  if (D <= 32)
-    run_forward<1>(dev(qkv), dev(out), lse, g, scale, s);
-  else if (D <= 64)
-    run_forward<2>(dev(qkv), dev(out), lse, g, scale, s);
-  else if (D <= 128)
-    run_forward<4>(dev(qkv), dev(out), lse, g, scale, s);
-  else
-    run_forward<8>(dev(qkv), dev(out), lse, g, scale, s);
+  by_head_size(D, [&](auto npl) {
+    run_forward<decltype(npl)::value>(dev(qkv), dev(out), lse, g, scale, s);
+  });
 }
 
 void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, const float* lse, bf16* dqkv,
@@ -482,14 +477,9 @@ void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, cons
                         cudaStream_t s) {
   const Geometry g{B, T, H, Hkv, D};
   if (B * H * T == 0) return;
-  if (D <= 32)
-    run_backward<1>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);
-  else if (D <= 64)
-    run_backward<2>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);
-  else if (D <= 128)
-    run_backward<4>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);
-  else
-    run_backward<8>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);
+  by_head_size(D, [&](auto npl) {
+    run_backward<decltype(npl)::value>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);
+  });
 }
 
 }  // namespace tripod::cuda::k
