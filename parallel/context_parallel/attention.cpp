@@ -48,8 +48,10 @@ constexpr int kKvTag = 0, kGradTag = 1;
 TraceRecorder::Span cp_span(TraceRecorder* trace, std::string_view name) {
   return trace ? trace->span(name, TraceCategory::ContextParallel) : TraceRecorder::Span{};
 }
-// Advances the ring's transfers in flight (MPI moves data only inside its calls): called between
-// the blocks of a step, so that the next block's keys and values arrive while this one computes.
+// Advances the ring's transfers in flight: called once they are posted and between the blocks of
+// a step, so that the next block's keys and values arrive while this one computes (MPI moves data
+// only inside its calls; NCCL launches the queued sends and receives then, as one group, after
+// the compute stream's work so far).
 void progress(std::initializer_list<CommRequest*> requests) {
   for (CommRequest* r : requests)
     if (r) r->progress();
@@ -104,6 +106,7 @@ void cp_attention_forward(Ops& ops, Communicator& comm, CpComm mode, const CpAtt
       auto span = cp_span(trace, kRingForward);
       recv = comm.irecv(other, prev, kKvTag);
       send = comm.isend(kv, next, kKvTag);
+      progress({recv.get(), send.get()});
     }
     compute(k, kv, [&] { progress({recv.get(), send.get()}); });
     if (send) {
@@ -165,8 +168,11 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
     comm.reduce_scatter(dall, mine);
   } else {
     // Ring: each key/value block travels with the sum of the gradients the ranks it visited gave
-    // it; after cp hops the sum is back at its owner. The block of step k + 1 and the sum of its
-    // gradients so far (the previous rank's step k) arrive while step k computes.
+    // it; after cp hops the sum is back at its owner. The block of step k + 1 arrives while step k
+    // computes; the sums travel after it (each rank sends its own once computed, so the receive
+    // of the previous rank's is posted beside that send: NCCL launches a send and a receive
+    // posted together as one group, and a group holding a receive whose send comes later would
+    // wait on every rank at once).
     const int next = (r + 1) % cp, prev = (r + cp - 1) % cp;
     Tensor other = ops.empty({N, kvw}, ops.compute_dtype(), MemCategory::Workspace);
     Tensor acc = ops.empty({N, kvw}, DType::F32, MemCategory::Workspace);
@@ -174,18 +180,17 @@ void cp_attention_backward(Ops& ops, Communicator& comm, CpComm mode, const CpAt
     ops.fill(acc, 0.f);
     for (int k = 0; k < cp; ++k) {
       std::unique_ptr<CommRequest> send_kv, recv_kv, recv_acc, send_acc;
-      {
+      if (k + 1 < cp) {
         auto span = cp_span(trace, kRingBackward);
-        if (k + 1 < cp) {
-          recv_kv = comm.irecv(other, prev, kKvTag);
-          send_kv = comm.isend(kv, next, kKvTag);
-        }
-        recv_acc = comm.irecv(mine, prev, kGradTag);
+        recv_kv = comm.irecv(other, prev, kKvTag);
+        send_kv = comm.isend(kv, next, kKvTag);
+        progress({recv_kv.get(), send_kv.get()});
       }
       ops.fill(part, 0.f);
-      compute(k, kv, part, [&] { progress({recv_kv.get(), send_kv.get(), recv_acc.get()}); });
+      compute(k, kv, part, [&] { progress({recv_kv.get(), send_kv.get()}); });
       ops.accumulate(acc, part);
       auto span = cp_span(trace, kRingBackward);
+      recv_acc = comm.irecv(mine, prev, kGradTag);
       send_acc = comm.isend(acc, next, kGradTag);
       if (send_kv) {
         send_kv->wait();
