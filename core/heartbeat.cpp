@@ -8,22 +8,14 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "core/log.h"
+
 namespace tripod {
-
-namespace {
-
-// This process's world rank as the launcher gives it (MPI may not be initialized yet).
-std::string launcher_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
-    if (const char* v = std::getenv(var)) return v;
-  return "0";
-}
-
-}  // namespace
 
 Heartbeat::Heartbeat(const std::string& status_path, double timeout_s) {
   if (status_path.empty()) return;
-  path_ = status_path + ".rank" + launcher_rank();
+  const char* rank = launcher_rank();
+  path_ = status_path + ".rank" + (rank ? rank : "0");
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
   host_ = host;

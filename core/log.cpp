@@ -3,7 +3,15 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <cstdlib>
+
 namespace tripod {
+
+const char* launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+    if (const char* v = std::getenv(var)) return v;
+  return nullptr;
+}
 
 void init_logging(int rank, int world_size, bool verbose) {
   auto logger = std::make_shared<spdlog::logger>(

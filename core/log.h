@@ -9,4 +9,8 @@ namespace tripod {
 // level to debug. Safe to call again (e.g. once the rank is known).
 void init_logging(int rank, int world_size, bool verbose = false);
 
+// This process's world rank as the launcher (mpirun, Slurm, PMI) puts it in the environment,
+// readable before MPI is initialized; null when no launcher did.
+const char* launcher_rank();
+
 }  // namespace tripod
