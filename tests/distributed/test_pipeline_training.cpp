@@ -40,9 +40,16 @@ class PipelineTraining : public ::testing::Test {
  protected:
   std::unique_ptr<Ops> ops = make_ops(Device::CPU);
   SyntheticSource data{16, 100, 3};
-  test::RunResult serial(bool llama = false) {
+  test::RunResult serial(bool llama = false) { return serial_of(base_config(llama)); }
+  test::RunResult serial_of(const Config& cfg) {
     auto self = test::make_selfworld(*ops);
-    return test::run_training(base_config(llama), *ops, *self.par, data);
+    return test::run_training(cfg, *ops, *self.par, data);
+  }
+  // A 4096-token vocabulary: the head outweighs a layer, so a balanced split gives its stage fewer.
+  static Config head_heavy_config() {
+    Config cfg = base_config();
+    cfg.model.vocab_size = 4096;
+    return cfg;
   }
   void check(const Case& c, const test::RunResult& ref, const std::string& schedule_file = "", bool llama = false) {
     SCOPED_TRACE(c.str());
@@ -120,20 +127,11 @@ TEST_F(PipelineTraining, CustomCsvScheduleTrainsAndBrokenOneIsRefused) {
 // The balanced split on the V placement (zbv, 2 chunks per rank): 4 virtual stages, the head's on
 // rank 0's second chunk, which gets fewer layers than the first stage; training matches serial.
 TEST_F(PipelineTraining, AutoLayerSplitOnTheVPlacementMatchesSerial) {
-  auto config = [] {
-    Config cfg = base_config();
-    cfg.model.vocab_size = 4096;
-    return cfg;
-  };
-  test::RunResult ref;
-  {
-    auto self = test::make_selfworld(*ops);
-    ref = test::run_training(config(), *ops, *self.par, data);
-  }
+  const test::RunResult ref = serial_of(head_heavy_config());
   RankGrid grid(1, 1, 2);
   auto w = test::make_subworld(*ops, grid);
   if (!w.par) return;
-  Config cfg = config();
+  Config cfg = head_heavy_config();
   cfg.parallel.pp = 2;
   cfg.parallel.dp = 1;
   cfg.parallel.vp = 2;
@@ -154,21 +152,12 @@ TEST_F(PipelineTraining, AutoLayerSplitOnTheVPlacementMatchesSerial) {
 // figures: with a 4096-token head the last stage gets fewer layers) trains as the serial run
 // does, and a checkpoint saved on that split loads on the even one and goes on the same way.
 TEST_F(PipelineTraining, AutoLayerSplitMatchesSerialAndItsCheckpointLoadsOnTheEvenSplit) {
-  auto config = [] {
-    Config cfg = base_config();
-    cfg.model.vocab_size = 4096;
-    return cfg;
-  };
-  test::RunResult ref;
-  {
-    auto self = test::make_selfworld(*ops);
-    ref = test::run_training(config(), *ops, *self.par, data);
-  }
+  const test::RunResult ref = serial_of(head_heavy_config());
   const test::SharedDir dir("pp_auto_split");
   RankGrid grid(1, 1, 2);
   auto w = test::make_subworld(*ops, grid);
   if (!w.par) return;
-  Config cfg = config();
+  Config cfg = head_heavy_config();
   cfg.parallel.pp = 2;
   cfg.parallel.dp = 1;
   cfg.parallel.balance_layers = true;
@@ -185,7 +174,7 @@ TEST_F(PipelineTraining, AutoLayerSplitMatchesSerialAndItsCheckpointLoadsOnTheEv
     t.save_checkpoint();
     t.finish_checkpoints();
   }
-  Config even = config();
+  Config even = head_heavy_config();
   even.parallel.pp = 2;
   even.parallel.dp = 1;
   even.checkpoint.load = (dir / "iter_0000003").string();
