@@ -61,6 +61,15 @@ ModelConfig small_model() {
   return m;
 }
 
+// small_model() in micro-batches of 2, 8 sequences a step (the layout not yet validated).
+Config small_config() {
+  Config cfg;
+  cfg.model = small_model();
+  cfg.train.micro_batch_size = 2;
+  cfg.train.global_batch_size = 8;
+  return cfg;
+}
+
 TEST(Hardware, SingleGemmFromTheEfficiencyCurve) {
   Hardware hw = parse_hardware(kHardware, "test.toml");
   // 2 * 1000 * 400 * 300 FLOPs at 100 TFLOP/s * 0.5 * 300 / (300 + 100).
@@ -147,10 +156,7 @@ TEST(CostModel, OneF1BWithEqualStagesGivesTheClosedFormBubble) {
 TEST(CostModel, StepTimeAddsUpOnOneDevice) {
   // One rank: the step is every micro-batch's forward and backward plus the optimizer.
   Hardware hw = parse_hardware(kHardware, "test.toml");
-  Config cfg;
-  cfg.model = small_model();
-  cfg.train.micro_batch_size = 2;
-  cfg.train.global_batch_size = 8;
+  Config cfg = small_config();
   cfg.train.device = Device::CUDA;
   validate_layout(cfg, 1);
   StepPrediction p = predict_step(cfg, hw);
@@ -170,10 +176,7 @@ TEST(CostModel, StepTimeAddsUpOnOneDevice) {
 TEST(CostModel, LlamaShapes) {
   // Grouped-query attention shrinks the QKV GEMM; SwiGLU adds the gate GEMM.
   Hardware hw = parse_hardware(kHardware, "test.toml");
-  Config cfg;
-  cfg.model = small_model();
-  cfg.train.micro_batch_size = 2;
-  cfg.train.global_batch_size = 8;
+  Config cfg = small_config();
   validate_layout(cfg, 1);
   Config llama = cfg;
   llama.model.mlp = MlpKind::SwiGlu;
@@ -222,12 +225,9 @@ TEST(CostModel, AutoSplitMinimisesTheLargestStageCostLikeBruteForce) {
         for (int tp : {1, 2})
           for (int rc : {0, 2}) {
             if (layers < pp * vp) continue;
-            Config cfg;
-            cfg.model = small_model();
+            Config cfg = small_config();
             cfg.model.n_layers = layers;
             cfg.model.vocab_size = vocab;
-            cfg.train.micro_batch_size = 2;
-            cfg.train.global_batch_size = 8;
             cfg.train.device = Device::CUDA;
             cfg.parallel.tp = tp;
             cfg.parallel.pp = pp;
@@ -286,10 +286,7 @@ TEST(CostModel, WeightGradientIsHalfTheBackwardGemmsOnTheDatasheet) {
   // Without measured GEMMs dX and dW of a GEMM cost the same, so W is half of each backward GEMM
   // (the layers' four and the head's) plus the embedding's gradient; I is the rest.
   Hardware hw = parse_hardware(kHardware, "test.toml");
-  Config cfg;
-  cfg.model = small_model();
-  cfg.train.micro_batch_size = 2;
-  cfg.train.global_batch_size = 8;
+  Config cfg = small_config();
   validate_layout(cfg, 1);
   const ChunkTimes t = stage_times(cfg, hw)[0];
   const int64_t N = 64, C = 64, V = cfg.model.padded_vocab(1);
