@@ -18,8 +18,8 @@ namespace tripod {
 struct CpAttentionShape;
 
 // Shape of a micro-batch: B sequences of T tokens on this rank, N = B*T. Under context
-// parallelism (cp > 1) T is seq_len / cp: the rank's two chunks of every sequence, chunks cp_rank
-// and 2cp-1-cp_rank of c = T/2 tokens, stored slot-major (parallel/context_parallel/attention.h).
+// parallelism (cp > 1) T is seq_len / cp: the rank's two chunks of every sequence, chunks
+// cp_chunk(cp, cp_rank, 0 and 1) of c = T/2 tokens (parallel/grid.h), stored slot-major.
 struct MicroShape {
   int64_t B = 0, T = 0;
   int cp = 1, cp_rank = 0;
@@ -28,7 +28,7 @@ struct MicroShape {
   // Tokens per sequence of one slot, and its first position in the sequence.
   int64_t slot_tokens() const { return T / slots(); }
   int64_t slot_position(int slot) const {
-    return cp > 1 ? static_cast<int64_t>(slot == 0 ? cp_rank : 2 * cp - 1 - cp_rank) * slot_tokens() : 0;
+    return static_cast<int64_t>(cp_chunk(cp, cp_rank, slot)) * slot_tokens();
   }
 };
 

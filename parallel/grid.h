@@ -36,6 +36,11 @@ struct Coords {
   bool operator==(const Coords&) const = default;
 };
 
+// Context parallelism cuts every sequence into 2cp chunks and CP rank r holds two of them (load
+// balance under the causal mask): slot 0 is chunk r, slot 1 chunk 2cp-1-r. Example, cp = 2: rank 0
+// holds chunks 0 and 3, rank 1 chunks 1 and 2. The one definition of where a rank's tokens sit.
+inline int cp_chunk(int cp, int cp_rank, int slot) { return slot == 0 ? cp_rank : 2 * cp - 1 - cp_rank; }
+
 class RankGrid {
  public:
   RankGrid() = default;

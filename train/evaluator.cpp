@@ -6,7 +6,7 @@
 #include "data/sampler.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
-#include "train/trainer.h"
+#include "train/microbatch.h"
 
 namespace tripod {
 

@@ -120,45 +120,6 @@ Trainer::~Trainer() {
   if (par_.trace == trace_.get()) par_.trace = nullptr;
 }
 
-void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayout& layout, Ops& ops,
-                     int64_t consumed, int micro, MicroBatch& mb) {
-  const int64_t B = layout.micro_batch_size, T = cfg.model.seq_len;
-  const bool tokens = layout.has_embedding, targets = layout.has_head;
-  // Under context parallelism this rank holds two chunks of c tokens of every sequence, slot-major.
-  const int cp = layout.grid.cp(), cp_rank = layout.coords.cp;
-  const int64_t Tl = T / cp, c = Tl / (cp > 1 ? 2 : 1);
-  mb.shape = {.B = B, .T = Tl, .cp = cp, .cp_rank = cp_rank};
-  if (!tokens && !targets) return;
-  TRIPOD_CHECK(data, "rank {} holds the embedding or head but has no data", layout.rank);
-  // The samples depend on (step, micro, DP rank) only through the global index (data/sampler.h).
-  const SampleOrder order{.global_batch = cfg.train.global_batch_size, .micro_batch = B, .dp = layout.grid.dp()};
-  const int64_t base = order.index(consumed, micro, layout.coords.dp, 0);
-  CpuAllocator host;
-  Tensor in = Tensor::empty(host, {B * Tl}, DType::I32, MemCategory::Workspace);
-  Tensor tg = Tensor::empty(host, {B * Tl}, DType::I32, MemCategory::Workspace);
-  std::vector<int32_t> sample(T + 1);
-  for (int64_t b = 0; b < B; ++b) {
-    data->get(base + b, sample);
-    for (int32_t t : sample)
-      TRIPOD_INPUT_CHECK(t >= 0 && t < cfg.model.vocab_size,
-                         "sample {} holds token id {} but model.vocab_size = {} (the data was made with another "
-                         "tokenizer?)", base + b, t, cfg.model.vocab_size);
-    for (int s = 0; s < mb.shape.slots(); ++s) {
-      const int64_t p0 = mb.shape.slot_position(s), at = (s * B + b) * c;
-      std::copy(sample.begin() + p0, sample.begin() + p0 + c, in.data<int32_t>() + at);
-      std::copy(sample.begin() + p0 + 1, sample.begin() + p0 + c + 1, tg.data<int32_t>() + at);
-    }
-  }
-  if (tokens) {
-    mb.tokens = ops.empty({B * Tl}, DType::I32, MemCategory::Activations);
-    ops.copy(in, mb.tokens);
-  }
-  if (targets) {
-    mb.targets = ops.empty({B * Tl}, DType::I32, MemCategory::Activations);
-    ops.copy(tg, mb.targets);
-  }
-}
-
 void Trainer::load_microbatch(int64_t step, int micro, MicroBatch& mb) {
   const TrainConfig& tc = cfg_.train;
   mb.grad_scale = 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * cfg_.model.seq_len);

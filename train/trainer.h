@@ -18,17 +18,11 @@
 #include "parallel/pipeline/trace.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/microbatch.h"
 #include "train/optimizer.h"
 #include "train/straggler.h"
 
 namespace tripod {
-
-// Fills micro-batch `micro` of the global batch that starts after `consumed` samples of `data`
-// (data/sampler.h's order, for the layout's DP rank): its shape, and on the device its input
-// tokens (when the rank holds the embedding) and next-token targets (when it holds the head). A
-// token id outside model.vocab_size is an InputError.
-void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayout& layout, Ops& ops,
-                     int64_t consumed, int micro, MicroBatch& mb);
 
 class Evaluator;
 struct EvalResult;

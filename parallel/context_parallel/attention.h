@@ -36,9 +36,6 @@
 
 namespace tripod {
 
-// The chunk (0 .. 2cp-1) that slot `slot` (0 or 1) of CP rank `cp_rank` holds.
-inline int cp_chunk(int cp, int cp_rank, int slot) { return slot == 0 ? cp_rank : 2 * cp - 1 - cp_rank; }
-
 // One block: this rank's queries of slot q_slot against the keys of slot kv_slot of the step's
 // source rank.
 struct CpBlock {
