@@ -57,6 +57,7 @@ const std::vector<StoredPiece>& CheckpointReader::index() {
     for (auto& p : file(path).index()) index_.push_back(std::move(p));
   }
   for (const StoredPiece& p : index_) {
+    if (p.spec.kind == StateKind::Fp8) continue;  // scaling state, not a tensor of the model
     auto [it, fresh] = tensors_.emplace(p.spec.name, p.spec.geom.global_shape);
     TRIPOD_INPUT_CHECK(fresh || it->second == p.spec.geom.global_shape,
                        "checkpoint file {}: tensor {} is {} in dataset {} but {} elsewhere", p.file, p.spec.name,
@@ -107,6 +108,23 @@ uint32_t crc32c_2threads(const float* data, int64_t n) {
 }
 
 }  // namespace
+
+std::vector<std::pair<std::string, std::vector<float>>> CheckpointReader::fp8_state() {
+  std::vector<std::pair<std::string, std::vector<float>>> out;
+  for (const StoredPiece& p : index()) {
+    if (p.spec.kind != StateKind::Fp8) continue;
+    const Shape& g = p.spec.geom.global_shape;
+    TRIPOD_INPUT_CHECK(g.size() == 2 && g[0] == 3 && g[1] >= 2 && p.spec.geom.shard_dim < 0 && p.spec.geom.whole_box() &&
+                           p.spec.geom.box_size == g[0],
+                       "checkpoint file {}: dataset {} (FP8 state of {}) is {}, not one whole (3, 1 + history) piece",
+                       p.file, p.dataset, p.spec.name, shape_str(g));
+    for (const auto& [name, v] : out)
+      TRIPOD_INPUT_CHECK(name != p.spec.name, "checkpoint {}: the FP8 state of {} is stored twice (in {})", dir_,
+                         name, p.file);
+    out.emplace_back(p.spec.name, read_piece(p));
+  }
+  return out;
+}
 
 void CheckpointReader::assemble(const std::string& name, StateKind kind, const std::vector<Target>& targets) {
   auto t = tensors().find(name);

@@ -29,8 +29,12 @@ class CheckpointReader {
   int64_t iteration() const;
   // The pieces of every file (their attributes; read on first use).
   const std::vector<StoredPiece>& index();
-  // Global tensors: name -> global shape as saved. InputError when pieces disagree.
+  // Global tensors: name -> global shape as saved (the model's: FP8 scaling state is not among
+  // them). InputError when pieces disagree.
   const std::map<std::string, Shape>& tensors();
+  // The FP8 scaling state (StateKind::Fp8) of every FP8 linear saved, read and checked: (name,
+  // (3, 1 + history) floats). InputError on a damaged or malformed piece.
+  std::vector<std::pair<std::string, std::vector<float>>> fp8_state();
   bool has_kind(StateKind kind);
 
   // One slice to fill: a piece geometry of tensor `name` and where its numel() floats go.

@@ -16,6 +16,7 @@ const char* state_kind_name(StateKind k) {
     case StateKind::Master: return "master";
     case StateKind::M: return "m";
     case StateKind::V: return "v";
+    case StateKind::Fp8: return "fp8";
   }
   return "?";
 }
@@ -23,7 +24,7 @@ const char* state_kind_name(StateKind k) {
 StateKind parse_state_kind(const std::string& s) {
   for (StateKind k : kAllStateKinds)
     if (s == state_kind_name(k)) return k;
-  throw InputError(fmt::format("unknown state kind '{}' (valid: value, master, m, v)", s));
+  throw InputError(fmt::format("unknown state kind '{}' (valid: value, master, m, v, fp8)", s));
 }
 
 int64_t PieceGeom::outer() const {

@@ -40,9 +40,13 @@ template <class T> struct UninitAllocator : std::allocator<T> {
 };
 using HostFloats = std::vector<float, UninitAllocator<float>>;
 
-enum class StateKind { Value, Master, M, V };
-inline constexpr StateKind kAllStateKinds[] = {StateKind::Value, StateKind::Master, StateKind::M, StateKind::V};
-const char* state_kind_name(StateKind k);  // "value", "master", "m", "v"
+// Value, Master, M, V: a parameter's values and optimizer state. Fp8: not a parameter's, the
+// scaling state of one FP8 linear (delayed recipe, model/fp8.h), named after the linear
+// ("h.3.attn.qkv"), one whole replicated piece of (3, 1 + history) floats.
+enum class StateKind { Value, Master, M, V, Fp8 };
+inline constexpr StateKind kAllStateKinds[] = {StateKind::Value, StateKind::Master, StateKind::M, StateKind::V,
+                                               StateKind::Fp8};
+const char* state_kind_name(StateKind k);  // "value", "master", "m", "v", "fp8"
 StateKind parse_state_kind(const std::string& s);  // throws InputError
 
 // Where a piece lies in its global tensor (no data, no file).

@@ -44,7 +44,17 @@ VerifyResult verify_checkpoint(const std::string& dir) {
   // the optimizer, master when any was saved.
   std::map<std::string, Shape> shapes;
   std::set<StateKind> kinds;
+  std::map<std::string, int> fp8_pieces;  // FP8 scaling state: one whole piece per linear
   for (const StoredPiece& p : pieces) {
+    if (p.spec.kind == StateKind::Fp8) {
+      if (++fp8_pieces[p.spec.name] == 2)
+        out.problems.push_back(fmt::format("the FP8 state of {} is stored more than once (again in {})", p.spec.name,
+                                           p.file));
+      if (!p.spec.geom.whole_box() || p.spec.geom.shard_dim >= 0)
+        out.problems.push_back(fmt::format("{}: dataset {} (FP8 state of {}) is not one whole piece", p.file,
+                                           p.dataset, p.spec.name));
+      continue;
+    }
     shapes.emplace(p.spec.name, p.spec.geom.global_shape);
     kinds.insert(p.spec.kind);
   }

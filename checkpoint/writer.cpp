@@ -17,6 +17,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/hdf5_file.h"
 #include "checkpoint/metadata.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/reshard.h"
 #include "core/error.h"
 #include "core/version.h"
@@ -91,6 +92,20 @@ Snapshot take_snapshot(ParamRegistry& reg, Ops& ops, const std::vector<Optimizer
         }
       }
   return s;
+}
+
+void add_fp8_state(Snapshot& snap, const std::vector<std::pair<std::string, std::vector<float>>>& state) {
+  for (const auto& [name, v] : state) {
+    const int64_t n = static_cast<int64_t>(v.size());
+    TRIPOD_CHECK(n >= 6 && n % 3 == 0, "FP8 state of {}: {} floats", name, n);
+    snap.specs.push_back({.name = name, .kind = StateKind::Fp8, .geom = PieceGeom::whole({3, n / 3})});
+    snap.data.emplace_back(v.begin(), v.end());
+  }
+}
+
+std::vector<std::pair<std::string, std::vector<float>>> read_fp8_state(const std::string& ckpt_dir) {
+  CheckpointReader r(ckpt_dir);
+  return r.fp8_state();
 }
 
 int64_t write_snapshot(Snapshot& snap, const std::string& dir, int sleep_after_first_ms) {

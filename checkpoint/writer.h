@@ -64,6 +64,11 @@ bool rank_writes_file(const Coords& c, bool distributed_optimizer, bool with_opt
 // `opt` empty: a params-only snapshot.
 Snapshot take_snapshot(ParamRegistry& reg, Ops& ops, const std::vector<OptimizerShardRef>& opt, const Coords& c,
                        bool distributed_optimizer);
+// Appends FP8 scaling state (model/fp8.h, Fp8Registry::state(): per linear its name and
+// (3, 1 + history) floats) to a snapshot, as whole replicated pieces of kind Fp8.
+void add_fp8_state(Snapshot& snap, const std::vector<std::pair<std::string, std::vector<float>>>& state);
+// The FP8 scaling state a checkpoint holds (CheckpointReader::fp8_state), for Fp8Registry::load_state.
+std::vector<std::pair<std::string, std::vector<float>>> read_fp8_state(const std::string& ckpt_dir);
 // Writes a snapshot to DIR/snapshot.file (checksums computed here), fsyncs it; returns its bytes.
 // Test hook: sleeps `sleep_after_first_ms` after the first tensor, so a test can kill the process
 // mid-save (DebugOptions::checkpoint_sleep_ms).

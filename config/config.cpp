@@ -232,7 +232,12 @@ std::vector<Field> fields(TrainConfig& t) {
           {"max_bad_steps", &t.max_bad_steps},
           {"trace", &t.trace},
           {"tensorboard_dir", &t.tensorboard_dir},
-          {"straggler_factor", &t.straggler_factor}};
+          {"straggler_factor", &t.straggler_factor},
+          {"precision", EnumRef(&t.precision)},
+          {"fp8_recipe", EnumRef(&t.fp8_recipe)},
+          {"fp8_amax_history", &t.fp8_amax_history},
+          {"fp8_margin", &t.fp8_margin},
+          {"fp8_bf16_layers", &t.fp8_bf16_layers}};
 }
 std::vector<Field> fields(RecomputeConfig& r) { return {{"mode", EnumRef(&r.mode)}, {"num_layers", &r.num_layers}}; }
 std::vector<Field> fields(DataConfig& d) {
@@ -362,6 +367,13 @@ void TrainConfig::validate(const std::string& origin, bool training) const {
   require(max_bad_steps >= 1, origin, "train.max_bad_steps", fmt::format("must be >= 1, got {}", max_bad_steps));
   require(straggler_factor == 0 || straggler_factor > 1, origin, "train.straggler_factor",
           fmt::format("must be > 1 (or 0 for no straggler detection), got {}", straggler_factor));
+  require(fp8_amax_history >= 1 && fp8_amax_history <= 1000000, origin, "train.fp8_amax_history",
+          fmt::format("must be in [1, 1000000] (steps of amax history of the delayed recipe), got {}",
+                      fp8_amax_history));
+  require(fp8_margin >= 0 && fp8_margin <= 64, origin, "train.fp8_margin",
+          fmt::format("must be in [0, 64] (FP8 scales are divided by 2^margin), got {}", fp8_margin));
+  require(fp8_bf16_layers >= 0, origin, "train.fp8_bf16_layers",
+          fmt::format("must be >= 0 (the first and last layers kept in bf16), got {}", fp8_bf16_layers));
 }
 
 void DataConfig::validate(const std::string& origin, bool reads_data) const {
@@ -420,6 +432,20 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   c.recompute.validate(origin);
   c.data.validate(origin, use.data);
   c.checkpoint.validate(origin);
+  if (c.train.fp8()) {
+    // cuBLASLt's FP8 GEMMs take dimensions that are multiples of 16 (model/fp8.h); the CPU's
+    // emulation refuses what the GPU would, so a config that trains here trains there.
+    require(m.d_model % 16 == 0, origin, "model.d_model",
+            fmt::format("= {} must be a multiple of 16 with train.precision = \"fp8\" (FP8 GEMM dimensions "
+                        "are multiples of 16)", m.d_model));
+    require(m.ffn() % 16 == 0, origin, "model.ffn_hidden",
+            fmt::format("= {} must be a multiple of 16 with train.precision = \"fp8\" (FP8 GEMM dimensions "
+                        "are multiples of 16)", m.ffn()));
+    require(2 * c.train.fp8_bf16_layers < m.n_layers, origin, "train.fp8_bf16_layers",
+            fmt::format("= {} keeps the first and last {} of model.n_layers = {} layers in bf16, which leaves none "
+                        "in fp8: give at most {}", c.train.fp8_bf16_layers, c.train.fp8_bf16_layers, m.n_layers,
+                        (m.n_layers - 1) / 2));
+  }
   return c;
 }
 
@@ -518,6 +544,25 @@ void validate_layout(Config& cfg, int world_size) {
                        m.n_layers, p.pp, p.vp, p.pp * p.vp);
   else
     layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
+  if (t.fp8()) {
+    // Every FP8 GEMM dimension a multiple of 16 (cuBLASLt's rule): the TP shards' widths and the
+    // tokens of a micro-batch, which the weight gradients' GEMMs sum over.
+    const int64_t tokens = static_cast<int64_t>(t.micro_batch_size) * m.seq_len / p.cp;
+    TRIPOD_INPUT_CHECK(tokens % 16 == 0,
+                       "train.precision = \"fp8\": a micro-batch's train.micro_batch_size * model.seq_len{} = {} "
+                       "tokens must be a multiple of 16 (FP8 GEMM dimensions are multiples of 16)",
+                       p.cp > 1 ? " / parallel.cp" : "", tokens);
+    const int64_t D = m.head_dim();
+    const std::pair<const char*, int64_t> widths[] = {{"the attention heads' width n_heads * head_dim", m.n_heads * D},
+                                                      {"the QKV width (n_heads + 2 n_kv_heads) * head_dim",
+                                                       (m.n_heads + 2 * m.kv_heads()) * D},
+                                                      {"the MLP width model.ffn_hidden", m.ffn()}};
+    for (const auto& [what, width] : widths)
+      TRIPOD_INPUT_CHECK(width % (16 * p.tp) == 0,
+                         "train.precision = \"fp8\": parallel.tp = {} splits {} = {} into {} per rank, which must "
+                         "be a multiple of 16 (FP8 GEMM dimensions are multiples of 16)",
+                         p.tp, what, width, static_cast<double>(width) / p.tp);
+  }
 }
 
 nlohmann::json model_to_json(const ModelConfig& model) {

@@ -76,6 +76,18 @@ struct TrainConfig {
   bool trace = true;          // record the per-rank timeline in output_dir/trace/
   std::string tensorboard_dir;    // TensorBoard event files (train/tensorboard.h); "": none
   double straggler_factor = 1.3;  // a rank computing this much over the median is a straggler; 0: off
+  // The linear layers' GEMMs (model/config.h, model/fp8.h): bf16 (the backend's compute dtype) or
+  // fp8 with its recipe, amax history (delayed), margin and the first/last layers kept out of FP8.
+  Precision precision = Precision::Bf16;
+  Fp8Recipe fp8_recipe = Fp8Recipe::Tensorwise;
+  int fp8_amax_history = 1024;
+  int fp8_margin = 0;
+  int fp8_bf16_layers = 0;
+  bool fp8() const { return precision == Precision::Fp8; }
+  Fp8Config fp8_config() const {
+    return {.recipe = fp8_recipe, .amax_history = fp8_amax_history, .margin = fp8_margin,
+            .bf16_layers = fp8_bf16_layers};
+  }
 
   // `training`: train.steps must be given (>= 1).
   void validate(const std::string& origin, bool training) const;

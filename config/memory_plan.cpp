@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "model/fp8.h"
 #include "model/memory_estimate.h"
 
 namespace tripod {
@@ -18,6 +19,8 @@ RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   m.rank = l.rank;
   m.coords = l.coords;
   m.params = l.flat_elements * act_bytes;
+  // FP8 linears keep their weights' casts (and transposes) and scaling state (model/fp8.h).
+  if (cfg.train.fp8()) m.params += fp8_persistent_bytes(cfg.model, cfg.train.fp8_config(), l.grid.tp(), l.chunks);
   m.grads = l.flat_elements * 4;
   // Adam's two moments (and an f32 master copy when computing in bf16) over the owned ranges.
   m.optimizer = l.owned_elements() * (cuda ? 12 : 8);

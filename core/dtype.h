@@ -9,7 +9,9 @@
 namespace tripod {
 
 // F64: host-side reductions only (sums across ranks that must not round at f32).
-enum class DType : uint8_t { F32, BF16, I32, F64 };
+// F8E4M3, F8E5M2: the OCP FP8 formats (kernels/fp8.h), operands of FP8 GEMMs (train.precision =
+// "fp8"); written only by Ops::fp8_quantize, copied only as they are (no conversion).
+enum class DType : uint8_t { F32, BF16, I32, F64, F8E4M3, F8E5M2 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -17,9 +19,13 @@ constexpr size_t dtype_size(DType t) {
     case DType::BF16: return 2;
     case DType::I32: return 4;
     case DType::F64: return 8;
+    case DType::F8E4M3: return 1;
+    case DType::F8E5M2: return 1;
   }
   return 0;
 }
+
+constexpr bool is_fp8(DType t) { return t == DType::F8E4M3 || t == DType::F8E5M2; }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
@@ -27,6 +33,8 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::BF16: return "bf16";
     case DType::I32: return "i32";
     case DType::F64: return "f64";
+    case DType::F8E4M3: return "f8e4m3";
+    case DType::F8E5M2: return "f8e5m2";
   }
   return "?";
 }

@@ -138,6 +138,38 @@ class Ops {
     gelu_forward(pre, y);
   }
 
+  // db (O) f32 += sum_n dy (N, O): a bias's gradient alone (FP8 linears compute their weight
+  // gradient with fp8_gemm and their bias gradient from the high-precision dy, as here).
+  virtual void bias_backward(const Tensor& dy, Tensor& db) = 0;
+
+  // ---- FP8 linear layers (train.precision = "fp8"; kernels/fp8.h has the formats) -------------
+  // A tensor x is held as q = fp8(x * s) with a per-tensor scale s; a GEMM of two such operands
+  // multiplies its f32 result by 1/s of each. Scales live on the device as (2) f32 = {s, 1/s}.
+  // The CPU backend computes exactly what the GPU holds: the same FP8 bytes from the same inputs
+  // and scales, then the GEMM in f32 (the GPU's accumulation order is its own).
+  //
+  // amax (1) f32 = max |x| over x (compute dtype); NaN when x holds a NaN.
+  virtual void fp8_amax(const Tensor& x, Tensor& amax) = 0;
+  // amaxes (P) f32 -> scale (2) f32 = {s, 1/s}, s = fp8_scale_from_amax(a = the max of the P
+  // amaxes, fmt_max, 2^-margin, 1); record (1) f32, when defined, = max(record, a). (Delayed
+  // scaling computes its scales on the host, from the amax history.)
+  virtual void fp8_scale(const Tensor& amaxes, float fmt_max, int margin, Tensor& scale, Tensor& record) = 0;
+  // q (R, C) = fp8(x * scale[0]) (x (R, C) in the compute dtype; q F8E4M3 or F8E5M2: round to
+  // nearest even, saturating, NaN kept); qt (C, R) the same bytes transposed. Either may be
+  // undefined (not both).
+  // When defined: amax (1) f32 = max(amax, max |x|) (an amax kept over a step's calls, computed
+  // in the same pass as the cast), and saturated (1) f32 += the number of elements whose scaled
+  // value is clipped to the format's largest (fp8_clipped).
+  virtual void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& q, Tensor& qt, Tensor& amax,
+                            Tensor& saturated) = 0;
+  // out (R, C) = (a (R, K) . b (C, K)^T) * a_scale[1] * b_scale[1] + bias (C, optional): the "TN"
+  // GEMM of two FP8 operands stored with K contiguous (not both F8E5M2), f32 accumulation. out is
+  // in the compute dtype, or f32 with `accumulate` (out +=; no bias). out_amax (1) f32, when
+  // defined, becomes max(out_amax, max |out|) (cuBLASLt's amax of D, kept over a step's calls).
+  // K and C must be multiples of 16.
+  virtual void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                        const Tensor& bias, bool accumulate, Tensor& out, Tensor& out_amax) = 0;
+
   // ---- GELU, tanh approximation ---------------------------------------------------------------
   virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;
   // dx = dy * gelu'(x); dx may alias dy.

@@ -40,7 +40,7 @@ AttentionParams AttentionParams::find(ParamRegistry& reg, const ModelConfig& cfg
 }
 
 Attention::Attention(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg,
-                     const std::string& prefix, int chunk)
+                     const std::string& prefix, int chunk, Fp8Registry* fp8, int layer)
     : ops_(ops),
       par_(par),
       cfg_(cfg),
@@ -79,13 +79,17 @@ Attention::Attention(Ops& ops, const ParallelContext& par, const ModelConfig& cf
            .shard_size = Ql, .decay = true, .init = Init::Normal, .stddev = proj_std, .chunk = chunk});
   if (cfg.bias) reg.add({.name = prefix + ".proj.bias", .global_shape = {C}, .init = Init::Zeros, .chunk = chunk});
   p_ = AttentionParams::find(reg, cfg, prefix);
+  if (fp8 && fp8->fp8_layer(layer)) {
+    qkv_fp8_ = fp8->add(prefix + ".qkv", layer, 0, /*row_parallel=*/false, (H_local_ + 2 * KV_local_) * D, C);
+    proj_fp8_ = fp8->add(prefix + ".proj", layer, 1, /*row_parallel=*/true, C, Ql);
+  }
 }
 
 void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_probs, AttentionActs& a,
                         Tensor& out_partial) {
   const int64_t N = ms.N(), heads = H_local_ + 2 * KV_local_;
   a.qkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), MemCategory::Activations);
-  ops_.linear_forward(h_full, p_.qkv.weight(), p_.qkv.bias(), a.qkv);
+  linear_forward(ops_, qkv_fp8_, h_full, p_.qkv.weight(), p_.qkv.bias(), a.qkv);
   if (cfg_.rope()) rope_slots(ops_, a.qkv, ms, heads, H_local_ + KV_local_, D_, cfg_.rope_theta, /*inverse=*/false);
   a.att = ops_.empty({N, H_local_ * D_}, ops_.compute_dtype(), MemCategory::Activations);
   if (ms.cp > 1) {
@@ -96,7 +100,8 @@ void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_pr
     Tensor o = direct ? a.att : ops_.empty({N, H_local_ * D_}, DType::F32, MemCategory::Workspace);
     cp_attention_forward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), a.qkv, o, a.lse, par_.trace);
     if (!direct) ops_.copy(o, a.att);
-    ops_.linear_forward(a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
+    linear_forward(ops_, proj_fp8_, a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{},
+                   out_partial);
     return;
   }
   a.lse = ops_.empty({ms.B, H_local_, ms.T}, DType::F32, MemCategory::Activations);
@@ -105,7 +110,8 @@ void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_pr
   Tensor att4 = a.att.view({ms.B, ms.T, H_local_, D_});
   ops_.attention_forward(a.qkv.view({ms.B, ms.T, heads, D_}), att4, a.lse, a.probs);
   // The replicated bias joins the partial sums once, on TP rank 0.
-  ops_.linear_forward(a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
+  linear_forward(ops_, proj_fp8_, a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{},
+                   out_partial);
 }
 
 CpAttentionShape Attention::cp_shape(const MicroShape& ms) const {
@@ -124,7 +130,7 @@ Tensor Attention::backward_input(const Tensor& dout_full, const MicroShape& ms, 
                                  Tensor& dh_full, MemCategory dqkv_category) {
   const int64_t N = ms.N(), heads = H_local_ + 2 * KV_local_;
   Tensor datt = ops_.empty({N, H_local_ * D_}, ops_.compute_dtype(), MemCategory::Workspace);
-  ops_.linear_backward_input(dout_full, p_.proj.weight(), datt);
+  linear_backward_input(ops_, proj_fp8_, dout_full, p_.proj.weight(), datt);
   Tensor dqkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), dqkv_category);
   Tensor dqkv4 = dqkv.view({ms.B, ms.T, heads, D_});
   if (ms.cp > 1)
@@ -136,7 +142,7 @@ Tensor Attention::backward_input(const Tensor& dout_full, const MicroShape& ms, 
   datt = Tensor{};
   // Back through the rotation of q and k.
   if (cfg_.rope()) rope_slots(ops_, dqkv, ms, heads, H_local_ + KV_local_, D_, cfg_.rope_theta, /*inverse=*/true);
-  ops_.linear_backward_input(dqkv, p_.qkv.weight(), dh_full);
+  linear_backward_input(ops_, qkv_fp8_, dqkv, p_.qkv.weight(), dh_full);
   return dqkv;
 }
 
@@ -144,9 +150,9 @@ void Attention::backward_weight(const Tensor& dout_full, const Tensor& att, cons
                                 const Tensor& h_full) {
   // Every TP rank sees the whole output gradient, so the replicated bias gets the same gradient everywhere.
   Tensor proj_wgrad = p_.proj.weight_grad(), proj_bgrad = p_.proj.bias_grad();
-  ops_.linear_backward_weight(dout_full, att, proj_wgrad, proj_bgrad);
+  linear_backward_weight(ops_, proj_fp8_, dout_full, att, proj_wgrad, proj_bgrad);
   Tensor qkv_wgrad = p_.qkv.weight_grad(), qkv_bgrad = p_.qkv.bias_grad();
-  ops_.linear_backward_weight(dqkv, h_full, qkv_wgrad, qkv_bgrad);
+  linear_backward_weight(ops_, qkv_fp8_, dqkv, h_full, qkv_wgrad, qkv_bgrad);
   // With learned positions the key bias adds q.b_k to every score of a row, which the softmax
   // ignores: its gradient is exactly zero, and what the sum above holds is rounding noise. Adam
   // would divide that noise by its eps and walk the key bias randomly (differently on every

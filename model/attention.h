@@ -10,6 +10,7 @@
 #pragma once
 
 #include "model/config.h"
+#include "model/fp8.h"
 #include "model/param_registry.h"
 #include "parallel/context.h"
 
@@ -54,8 +55,10 @@ struct AttentionParams {
 
 class Attention {
  public:
+  // With `fp8` (train.precision = "fp8") the QKV and projection GEMMs of an FP8 layer (`layer`)
+  // run in FP8 (model/fp8.h).
   Attention(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg,
-            const std::string& prefix, int chunk);
+            const std::string& prefix, int chunk, Fp8Registry* fp8 = nullptr, int layer = 0);
   // h_full (N, C), the norm output as every TP rank sees it -> partial output (N, C)
   // of this rank's heads (the bias added on TP rank 0 only; summed by the caller).
   void forward(const Tensor& h_full, const MicroShape& ms, bool keep_probs, AttentionActs& a, Tensor& out_partial);
@@ -77,6 +80,8 @@ class Attention {
   const ModelConfig cfg_;
   int64_t C_, H_local_, KV_local_, D_;
   AttentionParams p_;
+  Fp8Linear* qkv_fp8_ = nullptr;   // null: the backend's own GEMMs
+  Fp8Linear* proj_fp8_ = nullptr;
 };
 
 }  // namespace tripod

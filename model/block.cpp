@@ -8,14 +8,14 @@
 namespace tripod {
 
 Block::Block(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, int layer, int chunk,
-             RecomputeMode recompute)
+             RecomputeMode recompute, Fp8Registry* fp8)
     : ops_(ops),
       par_(par),
       recompute_(recompute),
       ln1_(Norm::make(reg, fmt::format("h.{}.ln_1", layer), cfg, chunk)),
       ln2_(Norm::make(reg, fmt::format("h.{}.ln_2", layer), cfg, chunk)),
-      attn_(ops, par, cfg, reg, fmt::format("h.{}.attn", layer), chunk),
-      mlp_(ops, par, cfg, reg, fmt::format("h.{}.mlp", layer), chunk) {
+      attn_(ops, par, cfg, reg, fmt::format("h.{}.attn", layer), chunk, fp8, layer),
+      mlp_(ops, par, cfg, reg, fmt::format("h.{}.mlp", layer), chunk, fp8, layer) {
   // The four sub-layers registered their parameters in construction order; gather them.
   const std::string prefix = fmt::format("h.{}.", layer);
   for (Param& p : reg.params())

@@ -37,7 +37,7 @@ struct BlockPending {
 class Block {
  public:
   Block(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, int layer, int chunk,
-        RecomputeMode recompute);
+        RecomputeMode recompute, Fp8Registry* fp8 = nullptr);
   // x (Ns, C) -> output (Ns, C), charged as an activation (it is the next block's input).
   Tensor forward(const Tensor& x, const MicroShape& ms, BlockActs& a);
   // dres (Ns, C), the gradient of the block's output, is turned in place into the gradient of its

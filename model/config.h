@@ -121,4 +121,25 @@ struct RecomputeConfig {
   void validate(const std::string& origin) const;
 };
 
+// The precision of the linear layers' GEMMs (train.precision): the backend's compute dtype (bf16
+// on GPUs, f32 on the CPU), or FP8 (model/fp8.h) with one of two scaling recipes. tensorwise: each
+// tensor scaled from its own amax when it is cast (current scaling: torchao's float8 tensorwise,
+// Megatron's "tensorwise"); delayed: Transformer Engine's DelayedScaling, a scale per tensor from
+// the max of the amaxes of the last `amax_history` steps.
+enum class Precision { Bf16, Fp8 };
+enum class Fp8Recipe { Tensorwise, Delayed };
+template <> struct EnumNames<Precision> { static constexpr std::array<std::string_view, 2> names{"bf16", "fp8"}; };
+template <> struct EnumNames<Fp8Recipe> {
+  static constexpr std::array<std::string_view, 2> names{"tensorwise", "delayed"};
+};
+
+struct Fp8Config {
+  Fp8Recipe recipe = Fp8Recipe::Tensorwise;
+  int amax_history = 1024;  // delayed: steps of amax history
+  int margin = 0;           // scales are divided by 2^margin (headroom below the format's largest value)
+  int bf16_layers = 0;      // the first and the last this many layers keep the compute dtype
+  // Whether layer `layer` of `n_layers` runs its GEMMs in FP8.
+  bool fp8_layer(int layer, int n_layers) const { return layer >= bf16_layers && layer < n_layers - bf16_layers; }
+};
+
 }  // namespace tripod

@@ -47,7 +47,8 @@ std::vector<ChunkLayout> rank_chunks(const std::vector<int>& counts, int pp, int
 }
 
 GptModel::GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
-                   const std::vector<ChunkLayout>& chunks, const RecomputeConfig& recompute, ParamRegistry& reg)
+                   const std::vector<ChunkLayout>& chunks, const RecomputeConfig& recompute, ParamRegistry& reg,
+                   Fp8Registry* fp8)
     : ops_(ops), cfg_(cfg) {
   auto added_since = [&reg](size_t before) {
     std::vector<Param*> out;
@@ -67,7 +68,7 @@ GptModel::GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
     for (int l = ch.layout.layer_begin; l < ch.layout.layer_end; ++l) {
       bool recompute_here = recompute.mode != RecomputeMode::None && recompute.applies_to(l - ch.layout.layer_begin);
       ch.blocks.push_back(std::make_unique<Block>(ops, par, cfg, reg, l, c,
-                                                  recompute_here ? recompute.mode : RecomputeMode::None));
+                                                  recompute_here ? recompute.mode : RecomputeMode::None, fp8));
     }
     if (ch.layout.has_head) {
       size_t before = reg.params().size();

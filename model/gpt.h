@@ -66,8 +66,9 @@ struct ChunkPending {
 
 class GptModel {
  public:
+  // `fp8` (train.precision = "fp8"): the registry the FP8 layers' linears join (model/fp8.h).
   GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, const std::vector<ChunkLayout>& chunks,
-           const RecomputeConfig& recompute, ParamRegistry& reg);
+           const RecomputeConfig& recompute, ParamRegistry& reg, Fp8Registry* fp8 = nullptr);
   int num_chunks() const { return static_cast<int>(chunks_.size()); }
   const ChunkLayout& layout(int chunk) const { return chunks_[chunk].layout; }
   const ModelConfig& config() const { return cfg_; }

@@ -23,7 +23,7 @@ MlpParams MlpParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std:
 }
 
 Mlp::Mlp(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, const std::string& prefix,
-         int chunk)
+         int chunk, Fp8Registry* fp8, int layer)
     : ops_(ops), par_(par), swiglu_(cfg.swiglu()), F_local_(cfg.ffn() / par.grid.tp()) {
   const int r = par.coords.tp;
   const int64_t C = cfg.d_model, F = cfg.ffn(), Fl = F_local_;
@@ -42,12 +42,20 @@ Mlp::Mlp(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegi
            .shard_size = Fl, .decay = true, .init = Init::Normal, .stddev = proj_std, .chunk = chunk});
   if (cfg.bias) reg.add({.name = prefix + ".proj.bias", .global_shape = {C}, .init = Init::Zeros, .chunk = chunk});
   p_ = MlpParams::find(reg, cfg, prefix);
+  if (fp8 && fp8->fp8_layer(layer)) {
+    fc_fp8_ = fp8->add(prefix + ".fc", layer, 2, /*row_parallel=*/false, (swiglu_ ? 2 : 1) * Fl, C);
+    proj_fp8_ = fp8->add(prefix + ".proj", layer, 3, /*row_parallel=*/true, C, Fl);
+  }
 }
 
-void Mlp::activate(Ops& ops, bool swiglu, const MlpParams& p, const Tensor& h, Tensor& fc, Tensor& act) {
+void Mlp::activate(Ops& ops, bool swiglu, const MlpParams& p, const Tensor& h, Tensor& fc, Tensor& act,
+                   Fp8Linear* fc_fp8) {
   if (swiglu) {
-    ops.linear_forward(h, p.fc.weight(), p.fc.bias(), fc);
+    linear_forward(ops, fc_fp8, h, p.fc.weight(), p.fc.bias(), fc);
     ops.swiglu_forward(fc, act);
+  } else if (fc_fp8) {
+    fc_fp8->forward(h, p.fc.weight(), p.fc.bias(), fc);
+    ops.gelu_forward(fc, act);
   } else {
     ops.linear_gelu_forward(h, p.fc.weight(), p.fc.bias(), fc, act);  // one GEMM epilogue on CUDA
   }
@@ -57,8 +65,9 @@ void Mlp::forward(const Tensor& h_full, MlpActs& a, Tensor& out_partial) {
   const int64_t N = h_full.size(0);
   a.fc = ops_.empty({N, (swiglu_ ? 2 : 1) * F_local_}, ops_.compute_dtype(), MemCategory::Activations);
   a.act = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Activations);
-  activate(ops_, swiglu_, p_, h_full, a.fc, a.act);
-  ops_.linear_forward(a.act, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
+  activate(ops_, swiglu_, p_, h_full, a.fc, a.act, fc_fp8_);
+  linear_forward(ops_, proj_fp8_, a.act, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{},
+                 out_partial);
 }
 
 void Mlp::backward(const Tensor& dout_full, const Tensor& h_full, const MlpActs& a, Tensor& dh_full) {
@@ -70,7 +79,7 @@ Tensor Mlp::backward_input(const Tensor& dout_full, const MlpActs& a, Tensor& dh
   const int64_t N = dout_full.size(0);
   // With GELU the activation's gradient is formed in place: da becomes dfc.
   Tensor da = ops_.empty({N, F_local_}, ops_.compute_dtype(), swiglu_ ? MemCategory::Workspace : dfc_category);
-  ops_.linear_backward_input(dout_full, p_.proj.weight(), da);
+  linear_backward_input(ops_, proj_fp8_, dout_full, p_.proj.weight(), da);
   Tensor dfc = da;
   if (swiglu_) {
     dfc = ops_.empty({N, 2 * F_local_}, ops_.compute_dtype(), dfc_category);
@@ -79,15 +88,15 @@ Tensor Mlp::backward_input(const Tensor& dout_full, const MlpActs& a, Tensor& dh
   } else {
     ops_.gelu_backward(a.fc, da, da);
   }
-  ops_.linear_backward_input(dfc, p_.fc.weight(), dh_full);
+  linear_backward_input(ops_, fc_fp8_, dfc, p_.fc.weight(), dh_full);
   return dfc;
 }
 
 void Mlp::backward_weight(const Tensor& dout_full, const Tensor& act, const Tensor& dfc, const Tensor& h_full) {
   Tensor proj_wgrad = p_.proj.weight_grad(), proj_bgrad = p_.proj.bias_grad();
-  ops_.linear_backward_weight(dout_full, act, proj_wgrad, proj_bgrad);
+  linear_backward_weight(ops_, proj_fp8_, dout_full, act, proj_wgrad, proj_bgrad);
   Tensor fc_wgrad = p_.fc.weight_grad(), fc_bgrad = p_.fc.bias_grad();
-  ops_.linear_backward_weight(dfc, h_full, fc_wgrad, fc_bgrad);
+  linear_backward_weight(ops_, fc_fp8_, dfc, h_full, fc_wgrad, fc_bgrad);
 }
 
 }  // namespace tripod

@@ -21,8 +21,9 @@ struct MlpParams {
 
 class Mlp {
  public:
+  // With `fp8` the two GEMMs of an FP8 layer (`layer`) run in FP8 (model/fp8.h).
   Mlp(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, const std::string& prefix,
-      int chunk);
+      int chunk, Fp8Registry* fp8 = nullptr, int layer = 0);
   // h_full (N, C) -> partial output (N, C) (bias on TP rank 0 only).
   void forward(const Tensor& h_full, MlpActs& a, Tensor& out_partial);
   // dout_full (N, C) -> dh_full (N, C).
@@ -34,8 +35,10 @@ class Mlp {
   // (MlpActs::act), the input projection's from dfc and h_full (N, C).
   void backward_weight(const Tensor& dout_full, const Tensor& act, const Tensor& dfc, const Tensor& h_full);
 
-  // The activation part shared with inference: fc (N, F/tp or 2F/tp) from h, then act (N, F/tp).
-  static void activate(Ops& ops, bool swiglu, const MlpParams& p, const Tensor& h, Tensor& fc, Tensor& act);
+  // The activation part shared with inference: fc (N, F/tp or 2F/tp) from h, then act (N, F/tp)
+  // (the input GEMM through `fc_fp8` when set).
+  static void activate(Ops& ops, bool swiglu, const MlpParams& p, const Tensor& h, Tensor& fc, Tensor& act,
+                       Fp8Linear* fc_fp8 = nullptr);
 
  private:
   Ops& ops_;
@@ -43,6 +46,8 @@ class Mlp {
   bool swiglu_;
   int64_t F_local_;
   MlpParams p_;
+  Fp8Linear* fc_fp8_ = nullptr;  // null: the backend's own GEMMs
+  Fp8Linear* proj_fp8_ = nullptr;
 };
 
 }  // namespace tripod

@@ -88,12 +88,26 @@ void MetricsLog::log_step(const StepMetrics& m) {
     }
     j["stragglers"] = std::move(list);
   }
+  std::string fp8_note;
+  if (m.fp8 && !m.fp8->names.empty()) {
+    // Per FP8 linear: the scales of x, w, dy the step used, the amaxes of x, w, dy and the output
+    // y, and the values clipped to the format's largest (saturated) of x, w, dy.
+    const Fp8Stats& f = *m.fp8;
+    nlohmann::json linears = nlohmann::json::object();
+    double clipped = 0;
+    for (size_t i = 0; i < f.names.size(); ++i) {
+      linears[f.names[i]] = {{"scale", f.scale[i]}, {"amax", f.amax[i]}, {"saturated", f.saturated[i]}};
+      for (double c : f.saturated[i]) clipped += c;
+    }
+    j["fp8"] = std::move(linears);
+    if (clipped > 0) fp8_note = fmt::format(" | fp8 saturated {:.0f}", clipped);
+  }
   log_json(j);
   write_scalars(m.step, m.consumed_samples, tensorboard_scalars(m));
   double eta = m.step_time_s * static_cast<double>(m.steps - m.step);
-  spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}{}{}",
+  spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}{}{}{}",
                m.step, m.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, format_duration(eta),
-               m.skipped ? " | SKIPPED (non-finite)" : "", straggler_note);
+               m.skipped ? " | SKIPPED (non-finite)" : "", fp8_note, straggler_note);
   if (m.stragglers) {
     const StragglerSummary& s = *m.stragglers;
     for (const Straggler& g : s.stragglers)

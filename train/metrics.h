@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "model/fp8.h"
 #include "train/straggler.h"
 #include "train/tensorboard.h"
 
@@ -27,6 +28,7 @@ struct StepMetrics {
   int64_t skipped_total = 0;
   nlohmann::json memory;  // peak bytes per category (per rank when gathered)
   std::optional<StragglerSummary> stragglers;  // at the end of a log interval (train.straggler_factor)
+  std::optional<Fp8Stats> fp8;                 // logged steps of an FP8 run: per linear, on world rank 0
 };
 
 struct EvalMetrics {

@@ -41,11 +41,13 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
       ops_(ops), par_(par), data_(train_data), eval_data_(eval_data), faults_(debug.inject_nan) {
   const ParallelConfig& pc = cfg_.parallel;
   const TrainConfig& tc = cfg_.train;
-  model_ = std::make_unique<GptModel>(ops, par, cfg_.model, layout_.chunks, cfg_.recompute, reg_);
+  if (tc.fp8()) fp8_ = std::make_unique<Fp8Registry>(ops, par, tc.fp8_config(), cfg_.model.n_layers);
+  model_ = std::make_unique<GptModel>(ops, par, cfg_.model, layout_.chunks, cfg_.recompute, reg_, fp8_.get());
   TRIPOD_CHECK(reg_.flat_size() == layout_.flat_elements, "rank {} registered {} parameter elements, its layout {}",
                par.rank, reg_.flat_size(), layout_.flat_elements);
   reg_.allocate(ops);
   reg_.initialize(ops, tc.seed);
+  if (fp8_) fp8_->allocate();
   wte_ = model_->wte();
   // The tied table's two copies sit on the first and last pipeline ranks under the loop
   // placement and sum their gradients over the embedding group; under V both ends are on rank 0,
@@ -108,6 +110,11 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                "{:.2f}M parameters",
                enum_name(mc.arch), enum_name(mc.norm), enum_name(mc.position), enum_name(mc.mlp), mc.n_layers, mc.d_model, mc.n_heads, mc.kv_heads(), mc.seq_len,
                mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6);
+  if (tc.fp8())
+    spdlog::info("precision fp8: recipe {}{}, margin {}, {} of {} layers in FP8 (e4m3 forward, e5m2 gradients)",
+                 enum_name(tc.fp8_recipe),
+                 tc.fp8_recipe == Fp8Recipe::Delayed ? fmt::format(" (amax history {})", tc.fp8_amax_history) : "",
+                 tc.fp8_margin, mc.n_layers - 2 * tc.fp8_bf16_layers, mc.n_layers);
   spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {}{} (vp {}, placement {}); "
                "device {}", par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
                layout_.schedule.kind, auto_chosen_.empty() ? "" : " (" + auto_chosen_ + ")", pc.vp,
@@ -253,6 +260,7 @@ StepMetrics Trainer::step() {
   ops_.allocator().stats().reset_peaks();
   reg_.zero_grads(ops_);
   reducer_->begin_step();
+  if (fp8_) fp8_->begin_step();
 
   if (trace_) trace_->set_step(step_ + 1);
   if (par_.flight) par_.flight->set_step(step_ + 1);
@@ -301,7 +309,11 @@ StepMetrics Trainer::step() {
   m.lr = lr_.at(step_);
   m.loss = loss;
   m.grad_norm = grad_norm;
-  if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
+  const bool bad = !std::isfinite(loss) || !std::isfinite(grad_norm);
+  // The delayed recipe's amaxes of this step (reduced over every rank) join the histories, and
+  // the next step's scales follow (model/fp8.h); a skipped step leaves them as they were.
+  if (fp8_) fp8_->end_step(bad);
+  if (bad) {
     m.skipped = true;
     ++skipped_total_;
     ++bad_in_a_row_;
@@ -314,6 +326,7 @@ StepMetrics Trainer::step() {
     // Adam's bias correction counts the updates applied; the LR follows the iteration.
     optimizer_->step(m.lr, optimizer_->steps_taken() + 1, clip);
     reducer_->all_gather_values();
+    if (fp8_) fp8_->weights_changed();  // the weights' FP8 casts are stale
   }
   ops_.synchronize();
   double compute_s = ops_.take_compute_seconds();
@@ -348,6 +361,8 @@ void Trainer::run() {
     StepMetrics m = step();
     if (stragglers_ && (m.step % tc.log_interval == 0 || m.step == last))  // collective, as is the condition
       m.stragglers = stragglers_->gather(*par_.world, m.step);
+    if (fp8_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped))  // collective (skipped is agreed)
+      m.fp8 = fp8_->gather_stats(m.step, *par_.world);
     if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m);
     if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) evaluate();
     if (bad_in_a_row_ >= tc.max_bad_steps) {
@@ -407,6 +422,10 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       // The schedule itself when it was chosen at start-up, so that a resume runs the same one.
       {"schedule_csv", layout_.schedule.kind == "auto" ? schedule_csv(layout_.schedule) : std::string()},
       {"has_optimizer", true},
+      {"precision", tc.fp8() ? nlohmann::json{{"precision", "fp8"}, {"fp8_recipe", enum_name(tc.fp8_recipe)},
+                                              {"fp8_amax_history", tc.fp8_amax_history},
+                                              {"fp8_margin", tc.fp8_margin}, {"fp8_bf16_layers", tc.fp8_bf16_layers}}
+                             : nlohmann::json{{"precision", "bf16"}}},
       {"lr_schedule", {{"lr", lr_.lr}, {"min_lr", lr_.min_lr}, {"warmup_steps", lr_.warmup_steps},
                        {"total_steps", lr_.total_steps}, {"decay", enum_name(lr_.decay)}, {"next_step", step_},
                        {"next_lr", lr_.at(step_)}}},
@@ -426,7 +445,12 @@ void Trainer::save_checkpoint() {
   FlightPhase phase(par_.flight.get(), "checkpoint");
   auto t0 = std::chrono::steady_clock::now();
   saver_->finish();  // commits the previous asynchronous save, if any
-  Snapshot snap = take_snapshot(reg_, ops_, optimizer_state(), checkpoint_coords(par_.grid, par_.coords), cfg_.parallel.distributed_optimizer);
+  const Coords cc = checkpoint_coords(par_.grid, par_.coords);
+  Snapshot snap = take_snapshot(reg_, ops_, optimizer_state(), cc, cfg_.parallel.distributed_optimizer);
+  // The delayed recipe's scales and histories: the same on every TP and DP x CP rank of a layer
+  // (reduced every step), saved once per layer by its TP rank 0 of DP x CP rank 0.
+  if (fp8_ && cfg_.train.fp8_recipe == Fp8Recipe::Delayed && !snap.file.empty() && cc.tp == 0 && cc.dp == 0)
+    add_fp8_state(snap, fp8_->state());
   const int64_t bytes = snap.bytes();
   saver_->save(step_, std::move(snap), checkpoint_metadata());
   last_checkpoint_ = (std::filesystem::path(cfg_.checkpoint.dir) / iter_dir_name(step_)).string();
@@ -471,6 +495,17 @@ void Trainer::load_checkpoint_state() {
   auto t0 = std::chrono::steady_clock::now();
   LoadResult r = load_checkpoint(dir, reg_, ops_, optimizer_state(), *par_.world);
   step_ = r.metadata["iteration"].get<int64_t>();
+  if (fp8_) {
+    fp8_->weights_changed();
+    if (cfg_.train.fp8_recipe == Fp8Recipe::Delayed && r.optimizer_loaded) {
+      // Every rank reads its own layers' state (checked by its checksum); a checkpoint without it
+      // (trained in bf16, or tensorwise) starts the histories afresh.
+      const int restored = fp8_->load_state(read_fp8_state(dir));
+      if (par_.rank == 0 && restored < fp8_->size())
+        spdlog::info("checkpoint {} holds no delayed-scaling state for {} of rank 0's {} FP8 linears: their amax "
+                     "histories start empty", dir, fp8_->size() - restored, fp8_->size());
+    }
+  }
   if (r.optimizer_loaded && r.metadata.contains("trainer")) {
     const nlohmann::json& t = r.metadata["trainer"];
     skipped_total_ = t.value("skipped_total", int64_t{0});

@@ -11,6 +11,7 @@
 #include "config/layout.h"
 #include "core/debug_options.h"
 #include "data/sample_source.h"
+#include "model/fp8.h"
 #include "model/gpt.h"
 #include "parallel/context.h"
 #include "parallel/data_parallel/grad_reducer.h"
@@ -62,6 +63,8 @@ class Trainer {
 
   int64_t completed_steps() const { return step_; }
   ParamRegistry& registry() { return reg_; }
+  // The FP8 linears' state (train.precision = "fp8"), else null.
+  Fp8Registry* fp8() { return fp8_.get(); }
   GptModel& model() { return *model_; }
   const Config& config() const { return cfg_; }
   const Schedule& schedule() const { return layout_.schedule; }
@@ -92,6 +95,7 @@ class Trainer {
   const SampleSource* eval_data_;
   std::vector<FaultInjection> faults_;
   ParamRegistry reg_;
+  std::unique_ptr<Fp8Registry> fp8_;  // train.precision = "fp8"
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<AdamW> optimizer_;

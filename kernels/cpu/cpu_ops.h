@@ -55,6 +55,14 @@ class CpuOps final : public Ops {
                        Tensor& db) override;
   void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
   void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) override;
+  void bias_backward(const Tensor& dy, Tensor& db) override;
+
+  void fp8_amax(const Tensor& x, Tensor& amax) override;
+  void fp8_scale(const Tensor& amaxes, float fmt_max, int margin, Tensor& scale, Tensor& record) override;
+  void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& q, Tensor& qt, Tensor& amax,
+                    Tensor& saturated) override;
+  void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale, const Tensor& bias,
+                bool accumulate, Tensor& out, Tensor& out_amax) override;
 
   void gelu_forward(const Tensor& x, Tensor& y) override;
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
@@ -136,6 +144,9 @@ inline float fast_exp(float x) {
   result = x > hi ? INFINITY : result;
   return x != x ? x : result;
 }
+
+// db (O) += the column sums of dy (N, O), in blocks of columns (linear_backward's bias gradient).
+void column_sums(const float* dy, int64_t N, int64_t O, float* db);
 
 // Splits [0, n) into the fixed block size used for order-independent reductions.
 inline constexpr int64_t kReduceBlock = 1 << 14;

@@ -43,21 +43,22 @@ void weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) {
   const float* pdy = dy.data<float>();
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, O, I, N, 1.f, pdy, O, x.data<float>(), I, 1.f,
               dw.data<float>(), I);
-  if (db.defined()) {
-    float* pdb = db.data<float>();
-    constexpr int64_t kCols = 256;
-    int64_t nblk = (O + kCols - 1) / kCols;
-#pragma omp parallel for schedule(static)
-    for (int64_t blk = 0; blk < nblk; ++blk) {
-      int64_t c0 = blk * kCols, c1 = std::min(O, c0 + kCols);
-      float s[kCols] = {};
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t c = c0; c < c1; ++c) s[c - c0] += pdy[n * O + c];
-      for (int64_t c = c0; c < c1; ++c) pdb[c] += s[c - c0];
-    }
-  }
+  if (db.defined()) column_sums(pdy, N, O, db.data<float>());
 }
 }  // namespace
+
+void column_sums(const float* dy, int64_t N, int64_t O, float* db) {
+  constexpr int64_t kCols = 256;
+  int64_t nblk = (O + kCols - 1) / kCols;
+#pragma omp parallel for schedule(static)
+  for (int64_t blk = 0; blk < nblk; ++blk) {
+    int64_t c0 = blk * kCols, c1 = std::min(O, c0 + kCols);
+    float s[kCols] = {};
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t c = c0; c < c1; ++c) s[c - c0] += dy[n * O + c];
+    for (int64_t c = c0; c < c1; ++c) db[c] += s[c - c0];
+  }
+}
 
 void CpuOps::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
                              Tensor& db) {

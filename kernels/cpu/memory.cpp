@@ -31,6 +31,8 @@ template <class Src> void convert_to(const Src* s, const Tensor& dst, int64_t n)
     case DType::BF16: convert(s, dst.data<bf16>(), n); break;
     case DType::I32: convert(s, dst.data<int32_t>(), n); break;
     case DType::F64: convert(s, dst.data<double>(), n); break;
+    case DType::F8E4M3:
+    case DType::F8E5M2: TRIPOD_FAIL("copy to {}: FP8 tensors are written by fp8_quantize only", dst.str());
   }
 }
 
@@ -63,6 +65,8 @@ void CpuOps::fill(Tensor& t, float value) {
       for (int64_t i = 0; i < n; ++i) p[i] = value;
       break;
     }
+    case DType::F8E4M3:
+    case DType::F8E5M2: TRIPOD_FAIL("fill {}: FP8 tensors are written by fp8_quantize only", t.str());
   }
 }
 
@@ -81,6 +85,8 @@ void CpuOps::copy(const Tensor& src, Tensor& dst) {
     case DType::BF16: convert_to(src.data<bf16>(), dst, n); break;
     case DType::I32: convert_to(src.data<int32_t>(), dst, n); break;
     case DType::F64: convert_to(src.data<double>(), dst, n); break;
+    case DType::F8E4M3:
+    case DType::F8E5M2: TRIPOD_FAIL("copy {} -> {}: an FP8 tensor copies only to the same format", src.str(), dst.str());
   }
 }
 

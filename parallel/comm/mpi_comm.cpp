@@ -19,7 +19,9 @@ MPI_Datatype mpi_type(DType t) {
     case DType::F32: return MPI_FLOAT;
     case DType::I32: return MPI_INT;
     case DType::F64: return MPI_DOUBLE;
-    case DType::BF16: break;
+    case DType::BF16:
+    case DType::F8E4M3:
+    case DType::F8E5M2: break;
   }
   TRIPOD_FAIL("MPI has no native type for {}", dtype_name(t));
 }

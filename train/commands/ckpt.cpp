@@ -87,6 +87,9 @@ int run_inspect(const CkptOptions& o) {
     total += shape_numel(shape);
   }
   fmt::print("  {} tensors, {} parameters\n", r.tensors().size(), total);
+  int64_t fp8 = 0;
+  for (const StoredPiece& p : r.index()) fp8 += p.spec.kind == StateKind::Fp8 ? 1 : 0;
+  if (fp8 > 0) fmt::print("  FP8 delayed-scaling state (scales and amax histories) of {} linears\n", fp8);
   return 0;
 }
 
