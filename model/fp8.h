@@ -85,8 +85,9 @@ class Fp8Linear {
 };
 
 // Per-layer FP8 figures of one step for the report (metrics.jsonl "fp8"): the scales the step
-// used (tensorwise: the smallest over its casts), the amaxes and the clipped (saturated) counts,
-// summed and maxed over every rank.
+// used (tensorwise: the smallest over its casts), the amaxes (of x, w, dy, and the forward output
+// y: cuBLASLt's amax of D, for a row-parallel linear under TP that of its partial sums, before the
+// all-reduce) and the clipped (saturated) counts, summed and maxed over every rank.
 struct Fp8Stats {
   int64_t step = 0;
   std::vector<std::string> names;  // "h.3.attn.qkv": the model's FP8 GEMMs, by layer

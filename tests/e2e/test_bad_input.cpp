@@ -259,6 +259,20 @@ TEST_F(BadInput, Battery) {
            {"checkpoint.keep=-1", "checkpoint.keep"}, {"checkpoint.interval=1", "checkpoint.dir"},
            {"checkpoint.overwrite=2", "checkpoint.overwrite"}})
     refused(train("--set " + set), key);
+  // FP8 (train.precision = "fp8"): cuBLASLt's FP8 GEMMs take dimensions that are multiples of 16.
+  const std::string fp8 = "--set train.precision=fp8 --set train.micro_batch_size=2 --set train.global_batch_size=2 "
+                          "--set model.seq_len=8 ";
+  for (auto [set, key] : std::vector<std::pair<std::string, std::string>>{
+           {fp8 + "--set model.d_model=24", "model.d_model = 24 must be a multiple of 16"},
+           {fp8 + "--set model.ffn_hidden=40", "model.ffn_hidden = 40 must be a multiple of 16"},
+           {"--set train.fp8_recipe='hybrid'", "train.fp8_recipe = \"hybrid\" is not one of \"tensorwise\", \"delayed\""},
+           {"--set train.fp8_amax_history=0", "train.fp8_amax_history"},
+           {"--set train.precision='fp16'", "train.precision = \"fp16\" is not one of \"bf16\", \"fp8\""},
+           {"--set train.fp8_margin=-1", "train.fp8_margin"},
+           {fp8 + "--set train.fp8_bf16_layers=1", "train.fp8_bf16_layers = 1"},
+           {"--set train.precision=fp8", "tokens must be a multiple of 16"}})
+    refused(train(set), key);
+  refused(train(fp8 + "--set parallel.tp=2"), "parallel.tp = 2 splits", 2);
   refused("train --config " + q(file("syntax.toml", "[model\nn_layers = 2\n")), "syntax.toml");
   refused("train --config " + q(file("section.toml", base + "[optimizer]\nlr = 1\n")), "[optimizer]");
   refused("train --config " + q(file("table.toml", "model = 3\n")), "model");
