@@ -17,7 +17,6 @@
 #include <math.h>
 
 #include <cstdint>
-#include <cstring>
 
 #if defined(__CUDACC__)
 #define TRIPOD_FP8_FN __host__ __device__ __forceinline__
@@ -48,12 +47,12 @@ namespace fp8_detail {
 
 TRIPOD_FP8_FN uint32_t bits_of(float f) {
   uint32_t u;
-  std::memcpy(&u, &f, 4);
+  __builtin_memcpy(&u, &f, 4);
   return u;
 }
 TRIPOD_FP8_FN float float_of(uint32_t u) {
   float f;
-  std::memcpy(&f, &u, 4);
+  __builtin_memcpy(&f, &u, 4);
   return f;
 }
 

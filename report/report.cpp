@@ -884,6 +884,67 @@ std::string straggler_panel(const RunMetrics& m, const ConfigView& cfg, json& ch
   return h + "</section>\n";
 }
 
+// FP8 (train.precision = "fp8"): each layer's scales over the steps (log2, the smallest of its
+// linears' per operand: x, w, dy) and, per linear, the values clipped over the logged steps.
+std::string fp8_panel(const RunMetrics& m, json& charts) {
+  std::map<int, int> layer_index;  // layer -> series index
+  std::map<std::string, std::array<double, 3>> clipped;
+  std::map<std::string, const Fp8Record*> last;
+  for (const auto& r : m.train)
+    for (const auto& [name, f] : r.fp8) {
+      int layer = -1;
+      if (std::sscanf(name.c_str(), "h.%d.", &layer) == 1 && layer >= 0) layer_index.try_emplace(layer, 0);
+      auto& c = clipped[name];
+      for (int o = 0; o < 3; ++o) c[o] += std::isfinite(f.saturated[o]) ? f.saturated[o] : 0;
+      last[name] = &f;
+    }
+  if (clipped.empty()) return "";
+  const std::vector<std::string> colors = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                                           "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+  std::string h = "<section class=\"panel\" id=\"fp8\"><h2>FP8 scales and saturation</h2>\n";
+  h += "<div class=\"panel-sub\">log2 of each layer's scale per logged step (the smallest of its FP8 linears': "
+       "q = fp8(x \u00b7 scale)), for the inputs and weights (e4m3) and the output gradients (e5m2)</div>\n";
+  const char* operands[3] = {"inputs x", "weights w", "output gradients dy"};
+  std::string grid;
+  std::vector<Series> legend;
+  for (int o = 0; o < 3; ++o) {
+    LineChart c = make_chart(fmt::format("fp8_scale_{}", o), ValueFormat::Plain, false, "log2 scale", 400, 240);
+    for (const auto& [layer, unused] : layer_index) {
+      Series s;
+      s.name = fmt::format("layer {}", layer);
+      s.color = colors[layer % colors.size()];
+      const std::string prefix = fmt::format("h.{}.", layer);
+      for (const auto& r : m.train) {
+        double lo = kNaN;
+        for (const auto& [name, f] : r.fp8)
+          if (name.rfind(prefix, 0) == 0 && f.scale[o] > 0 && !(f.scale[o] >= lo)) lo = f.scale[o];
+        if (!std::isfinite(lo)) continue;
+        s.x.push_back(static_cast<double>(r.step));
+        s.y.push_back(std::log2(lo));
+      }
+      if (!s.x.empty()) c.series.push_back(std::move(s));
+    }
+    if (legend.size() < c.series.size()) legend = c.series;
+    grid += "<div><h3>" + std::string(operands[o]) + "</h3>" + render_line_chart(c, charts) +
+            fmt::format("<div class=\"readout\" id=\"readout-{0}\" data-hint=\"{1}\">{1}</div></div>\n", c.id,
+                        "hover over the chart for values");
+  }
+  h += legend_html(legend, false) + "<div class=\"grid3\">\n" + grid + "</div>\n";
+  double total = 0;
+  for (const auto& [name, c] : clipped) total += c[0] + c[1] + c[2];
+  h += fmt::format("<details{}><summary>values clipped to the largest FP8 value: {:.0f} over the logged steps"
+                   "</summary>\n<table class=\"fp8\"><tr><th>linear</th><th>x</th><th>w</th><th>dy</th>"
+                   "<th>last scales x, w, dy</th><th>last amax of y</th></tr>\n",
+                   total > 0 ? " open" : "", total);
+  for (const auto& [name, c] : clipped) {
+    const Fp8Record& f = *last[name];
+    h += fmt::format("<tr><td>{}</td><td>{:.0f}</td><td>{:.0f}</td><td>{:.0f}</td><td>{:.4g}, {:.4g}, {:.4g}</td>"
+                     "<td>{:.4g}</td></tr>\n",
+                     esc(name), c[0], c[1], c[2], f.scale[0], f.scale[1], f.scale[2], f.amax[3]);
+  }
+  return h + "</table></details>\n</section>\n";
+}
+
 std::string config_panel(const ConfigView& cfg) {
   if (!cfg.present) return "";
   return "<section class=\"panel\" id=\"config\"><details><summary>config.toml (resolved)</summary><pre>" +
@@ -982,6 +1043,27 @@ RunMetrics read_metrics(const std::string& path) {
                                 static_cast<int>(std::isfinite(number_field(g, "intervals", where))
                                                      ? number_field(g, "intervals", where)
                                                      : 0)});
+      }
+    }
+    if (auto f8 = j.find("fp8"); f8 != j.end()) {
+      TRIPOD_INPUT_CHECK(f8->is_object(), "{}: \"fp8\" must be an object of FP8 linears, got {}", where,
+                         f8->dump().substr(0, 80));
+      for (const auto& [name, f] : f8->items()) {
+        Fp8Record rec;
+        auto numbers = [&](const char* key, double* out, size_t n) {
+          auto it = f.find(key);
+          TRIPOD_INPUT_CHECK(f.is_object() && it != f.end() && it->is_array() && it->size() == n,
+                             "{}: fp8 {}: \"{}\" must be a list of {} numbers", where, name, key, n);
+          for (size_t k = 0; k < n; ++k) {
+            TRIPOD_INPUT_CHECK((*it)[k].is_number() || (*it)[k].is_null(), "{}: fp8 {}: \"{}\" must be a list of {} "
+                               "numbers, got {}", where, name, key, n, it->dump());
+            out[k] = (*it)[k].is_null() ? kNaN : (*it)[k].get<double>();
+          }
+        };
+        numbers("scale", rec.scale, 3);
+        numbers("amax", rec.amax, 4);
+        numbers("saturated", rec.saturated, 3);
+        r.fp8[name] = rec;
       }
     }
     m.superseded += train.count(r.step);
@@ -1090,6 +1172,7 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
   body += restarts_panel(restarts);
   body += performance_panels(m, charts);
   body += straggler_panel(m, cfg, charts);
+  body += fp8_panel(m, charts);
   body += timeline_html(tl) + memory_panel(m) + optimizer_panels(m, charts) + config_panel(cfg);
   if (m.unfinished_line)
     info.notes.push_back(fmt::format("The last line of {} is unfinished (being written?) and was left out.",

@@ -8,7 +8,9 @@
 //   metrics.jsonl    one object per logged step {"step","loss","lr",...,"mem_peak_bytes":{...}}
 //                    (at the end of a log interval of a multi-rank run also "rank_compute_s":
 //                    {"median","max","max_rank"} and "stragglers":[{"rank","compute_s","ratio",
-//                    "intervals"}], train/straggler.h), and eval records
+//                    "intervals"}], train/straggler.h; with train.precision = "fp8" also "fp8":
+//                    {LINEAR: {"scale": [x, w, dy], "amax": [x, w, dy, y], "saturated": [x, w, dy]}}),
+//                    and eval records
 //                    {"eval":true,"split","step","loss","perplexity"}
 //   trace/rank_R.jsonl  the ranks' timelines (parallel/pipeline/trace.h)
 //   restarts.jsonl   the launcher's restarts (cause, step resumed from, time lost), when any
@@ -25,12 +27,22 @@
 
 namespace tripod {
 
+inline constexpr double kNaNd = std::numeric_limits<double>::quiet_NaN();
+
 // One logged training step. Absent or null numbers are NaN (a skipped step logs a null loss).
 // A rank named as a straggler at a step (train/straggler.h).
 struct StragglerRecord {
   int rank = 0;
   double compute_s = 0, ratio = 0;
   int intervals = 0;
+};
+
+// One FP8 linear's figures at a step (train.precision = "fp8"; model/fp8.h): the scales of its
+// input, weight and output gradient, their amaxes and the output's, and the clipped counts.
+struct Fp8Record {
+  double scale[3] = {kNaNd, kNaNd, kNaNd};
+  double amax[4] = {kNaNd, kNaNd, kNaNd, kNaNd};
+  double saturated[3] = {0, 0, 0};
 };
 
 struct TrainRecord {
@@ -46,6 +58,7 @@ struct TrainRecord {
   double compute_median_s = std::numeric_limits<double>::quiet_NaN(), compute_max_s = compute_median_s;
   int compute_max_rank = -1;
   std::vector<StragglerRecord> stragglers;
+  std::map<std::string, Fp8Record> fp8;  // by linear ("h.3.attn.qkv"), on the logged steps of FP8 runs
 };
 
 struct EvalRecord {

@@ -17,6 +17,11 @@
 #   bench-124m     tripod_gpu_bench GPT-2 124M, seq 1024, 20 timed steps (tokens/s, MFU, memory, split)
 #   torch-eager    the PyTorch baseline on the same shape and micro-batch, eager, and the ratio
 #   grid           the (2,2,2) quick-start grid as 8 ranks on one GPU against one rank
+#   fp8            FP8 (train.precision = "fp8"): the casts and FP8 GEMMs against the CPU's emulation
+#                  (every f32 converted as the CPU does; bytes equal, GEMMs within f32 noise), 50
+#                  quick-start steps in fp8 (both recipes) against the bf16 curve, and
+#                  tripod_gpu_bench --precision both: the Llama-3.2-1B shape at seq 2048 and GPT-2
+#                  350M, fp8 tokens/s against bf16 in the same process (targets 1.3x and 1.15x)
 #   torch-compile  the PyTorch baseline with torch.compile (when the budget still allows)
 #   comm           cuda_comm_test (2 ranks), cuda_grid_test (4 ranks), cuda_cli_test
 #   bench-350m     tripod_gpu_bench GPT-2 350M
@@ -44,7 +49,8 @@ RESERVE=20 GRACE=5
 
 # name  estimate  cap  minimum (seconds). Estimates: the times the stages took on an H200 on
 # 2026-11-27 (rounded up; torch-compile, bench-1b, sanitize and profile did not complete there, so
-# theirs are still guesses from the shapes and step counts).
+# theirs are still guesses from the shapes and step counts; fp8's is a guess too: it has not run on
+# a GPU yet).
 STAGE_TABLE="
 probe          7   30   5
 ops           12  120  10
@@ -53,6 +59,7 @@ train         15  180  10
 bench-124m    30  150  20
 torch-eager   35  120  25
 grid          10  150  10
+fp8           75  240  45
 torch-compile 90  180  60
 comm           5  120   5
 bench-350m    50  120  40
@@ -364,6 +371,25 @@ profile() {
   [ "$DRY" = 0 ] && python3 "$B/src/bench/gpu/summary.py" --ncu "$D/profile.log" > "$D/profile_top.txt" 2>&1
 }
 
+fp8_stage() {
+  gtest fp8-ops cuda_kernels_test --gtest_filter='Fp8Conversion.*:CudaOpsTest.Fp8*:CudaOpsTest.BiasBackwardMatchesCpu'
+  train_test fp8-train 'CudaTrain.Fp8FollowsTheBf16Curve'
+  gtest_note
+  # bf16 and then fp8 in one process, at one micro-batch, timed steps only (no per-op split).
+  cmd bench-1b "$B/bin/tripod_gpu_bench" --model 1B --seq 2048 --micro-batch 4 --precision both --steps 4 --warmup 2 \
+    --no-split --json "$D/bench_fp8_1B.json"
+  cmd bench-350m "$B/bin/tripod_gpu_bench" --model 350M --seq 1024 --micro-batch 8 --precision both --steps 4 --warmup 2 \
+    --no-split --json "$D/bench_fp8_350M.json"
+  if [ "$DRY" = 0 ]; then
+    local jsons=()
+    for f in "$D"/bench_fp8_1B.json "$D"/bench_fp8_350M.json; do [ -f "$f" ] && jsons+=("$f"); done
+    if [ ${#jsons[@]} -gt 0 ]; then
+      python3 "$B/src/bench/gpu/summary.py" --fp8 "${jsons[@]}" > "$D/fp8_bench.txt" 2>&1
+      note "$(awk 'NR > 2 && $6 ~ /x$/ {printf "%s%s %s", sep, $1, $6; sep = ", "}' "$D/fp8_bench.txt")"
+    fi
+  fi
+}
+
 run_stage() {
   case $1 in
     probe) probe ;;
@@ -371,6 +397,7 @@ run_stage() {
     step) gtest cuda_model_test cuda_model_test; train_test onestep 'CudaTrain.OneStepMatchesCpu'; gtest_note ;;
     train) train_test train 'CudaTrain.FiftyStepsFollowTheCpuCurve:CudaTrain.CheckpointsMoveBetweenDevices'; gtest_note ;;
     grid) train_test grid 'CudaTrain.GridOnOneGpuMatchesSingleRank'; gtest_note ;;
+    fp8) fp8_stage ;;
     comm) cmd cuda_comm_test "${MPIRUN[@]}" -np 2 "$B/bin/cuda_comm_test" --gtest_output="xml:$D/cuda_comm_test.xml"
           cmd cuda_grid_test "${MPIRUN[@]}" -np 4 "$B/bin/cuda_grid_test" --gtest_output="xml:$D/cuda_grid_test.xml"
           gtest cuda_cli_test cuda_cli_test; gtest_note ;;
@@ -409,7 +436,8 @@ write_summary() {
       [ "$QUICK" = 1 ] && echo "; --quick after $PREVIOUS")"
     stage_table
     [ -f "$D/probe.txt" ] && { echo; cat "$D/probe.txt"; }
-    for f in "$D"/step/*/onestep.txt "$D"/train/*/curve.txt "$D"/train/*/evals.txt "$D"/grid/*/curve.txt; do
+    for f in "$D"/step/*/onestep.txt "$D"/train/*/curve.txt "$D"/train/*/evals.txt "$D"/grid/*/curve.txt \
+             "$D"/fp8/*/curve_fp8_*.txt "$D"/fp8_bench.txt; do
       [ -f "$f" ] && { echo; cat "$f"; }
     done
     local jsons=()

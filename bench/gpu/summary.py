@@ -8,6 +8,8 @@ are merged, and an eager and a compiled torch run of one model both show.
 
   summary.py RESULT.json [RESULT.json ...]
   summary.py --ncu NCU_CSV_LOG      (the per-kernel times of run.sh's profile stage, top 25)
+  summary.py --fp8 RESULT.json ...  (tripod_gpu_bench --precision both: fp8 against bf16 per model and
+                                     the targets, 1.3x at the Llama-3.2-1B shape and 1.15x at 350M)
 """
 import csv
 import json
@@ -16,6 +18,7 @@ from collections import defaultdict
 
 MFU_TARGET = {"124M": 0.40, "350M": 0.50}
 RATIO_TARGET = 1.15
+FP8_TARGET = {"1B": 1.30, "350M": 1.15}
 
 
 def merge(docs):
@@ -27,9 +30,9 @@ def merge(docs):
                 m = dict(m, torch=d.get("torch", "?"))
                 torch[m["model"]]["compiled" if m.get("compiled", True) else "eager"] = m
         elif tripod is None:
-            tripod = dict(d, models=list(d["models"]))
+            tripod = dict(d, models=[m for m in d["models"] if m.get("precision", "bf16") == "bf16"])
         else:
-            tripod["models"] += d["models"]
+            tripod["models"] += [m for m in d["models"] if m.get("precision", "bf16") == "bf16"]
     return tripod, torch
 
 
@@ -62,6 +65,31 @@ def bench_table(tripod, torch_runs):
         else:
             row += f" {'-':>7} {'-':>12} {'-':>6} {'-':>9} {'-':>6}"
         lines.append(row + "  " + ", ".join(notes))
+    return "\n".join(lines)
+
+
+def fp8_table(docs):
+    """fp8 against bf16 tokens/s per (model, seq) of tripod_gpu_bench --precision both results."""
+    runs = defaultdict(dict)
+    gpu = "?"
+    for d in docs:
+        gpu = d.get("gpu", gpu)
+        for m in d["models"]:
+            runs[(m["model"], m.get("seq_len", d.get("seq_len")))][m.get("precision", "bf16")] = m
+    lines = [f"FP8 against bf16 on {gpu} (the same process, micro-batch and steps)",
+             f"{'model':>6} {'seq':>5} {'B':>4} {'bf16 tok/s':>11} {'fp8 tok/s':>10} {'ratio':>6} {'peak GiB bf16/fp8':>18}"
+             "  target"]
+    for (model, seq), r in runs.items():
+        b, f = r.get("bf16"), r.get("fp8")
+        if not b or not f:
+            lines.append(f"{model:>6} {seq:>5}  incomplete: {', '.join(sorted(r))} only")
+            continue
+        ratio = f["tokens_per_s"] / b["tokens_per_s"]
+        goal = FP8_TARGET.get(model)
+        note = f"{'ok' if ratio >= goal else 'below'} ({goal:.2f}x)" if goal else ""
+        recipe = f.get("fp8_recipe") or "?"
+        lines.append(f"{model:>6} {seq:>5} {f['micro_batch']:>4} {b['tokens_per_s']:>11.0f} {f['tokens_per_s']:>10.0f} "
+                     f"{ratio:>5.2f}x {b['peak_gib']:>8.2f} / {f['peak_gib']:<7.2f}  {note} [{recipe}]")
     return "\n".join(lines)
 
 
@@ -101,6 +129,13 @@ def ncu_table(path, top=25):
 def main(argv):
     if len(argv) == 2 and argv[0] == "--ncu":
         print(ncu_table(argv[1]))
+        return 0
+    if len(argv) >= 2 and argv[0] == "--fp8":
+        docs = []
+        for p in argv[1:]:
+            with open(p) as f:
+                docs.append(json.load(f))
+        print(fp8_table(docs))
         return 0
     if not argv or any(a.startswith("-") for a in argv):
         print(__doc__, file=sys.stderr)

@@ -252,6 +252,8 @@ template <class S> void host_convert_from(const S* s, const Tensor& dst, int64_t
     case DType::BF16: host_convert_typed(s, dst.data<bf16>(), n); break;
     case DType::I32: host_convert_typed(s, dst.data<int32_t>(), n); break;
     case DType::F64: host_convert_typed(s, dst.data<double>(), n); break;
+    case DType::F8E4M3:
+    case DType::F8E5M2: TRIPOD_FAIL("copy to {}: FP8 tensors are written by fp8_quantize only", dst.str());
   }
 }
 
@@ -267,6 +269,8 @@ void host_convert(const Tensor& src, const Tensor& dst) {
     case DType::BF16: host_convert_from(src.data<bf16>(), dst, n); break;
     case DType::I32: host_convert_from(src.data<int32_t>(), dst, n); break;
     case DType::F64: host_convert_from(src.data<double>(), dst, n); break;
+    case DType::F8E4M3:
+    case DType::F8E5M2: TRIPOD_FAIL("copy {} -> {}: an FP8 tensor copies only to the same format", src.str(), dst.str());
   }
 }
 
@@ -282,10 +286,13 @@ void CudaOps::fill(Tensor& t, float value) {
       case DType::BF16: std::fill_n(t.data<bf16>(), n, bf16(value)); break;
       case DType::I32: std::fill_n(t.data<int32_t>(), n, static_cast<int32_t>(value)); break;
       case DType::F64: std::fill_n(t.data<double>(), n, static_cast<double>(value)); break;
+      case DType::F8E4M3:
+      case DType::F8E5M2: TRIPOD_FAIL("fill {}: FP8 tensors are written by fp8_quantize only", t.str());
     }
     return;
   }
   TRIPOD_CHECK(t.dtype() != DType::F64, "fill {}: f64 tensors live on the host only", t.str());
+  TRIPOD_CHECK(!is_fp8(t.dtype()), "fill {}: FP8 tensors are written by fp8_quantize only", t.str());
   k::fill(t.raw(), t.dtype(), t.numel(), value, compute_);
   TRIPOD_CUDA_LAUNCHED("fill {} with {}", t.str(), value);
 }
@@ -325,6 +332,8 @@ void CudaOps::copy(const Tensor& src, Tensor& dst) {
   const bool src_host = src.device() == Device::CPU, dst_host = dst.device() == Device::CPU;
   const int64_t n = src.numel();
   if (n == 0) return;
+  TRIPOD_CHECK(src.dtype() == dst.dtype() || (!is_fp8(src.dtype()) && !is_fp8(dst.dtype())),
+               "copy {} -> {}: an FP8 tensor copies only to the same format", src.str(), dst.str());
   if (src_host && dst_host) {
     host_convert(src, dst);
     return;

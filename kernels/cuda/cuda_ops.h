@@ -83,6 +83,16 @@ class CudaOps final : public Ops {
                        Tensor& db) override;
   void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
   void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) override;
+  void bias_backward(const Tensor& dy, Tensor& db) override;
+
+  // FP8 (gemm.cpp): casts in one pass over 32 x 32 tiles with the hardware's saturating
+  // conversion, cuBLASLt FP8 GEMMs with scale pointers and the amax of D.
+  void fp8_amax(const Tensor& x, Tensor& amax) override;
+  void fp8_scale(const Tensor& amaxes, float fmt_max, int margin, Tensor& scale, Tensor& record) override;
+  void fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& q, Tensor& qt, Tensor& amax,
+                    Tensor& saturated) override;
+  void fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale, const Tensor& bias,
+                bool accumulate, Tensor& out, Tensor& out_amax) override;
 
   void gelu_forward(const Tensor& x, Tensor& y) override;
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
@@ -160,6 +170,7 @@ class CudaOps final : public Ops {
   DeviceAllocator device_alloc_;
   PinnedAllocator pinned_alloc_;
   std::unique_ptr<GemmRunner> gemm_;
+  bool fp8_amax_d_ = true;  // cuBLASLt computes the amax of a bf16 D (false once it declined)
   std::unique_ptr<AttentionRunner> attention_;
 
   // Reductions: kReduceBlocks partial sums and the result on the device, the result on the host.

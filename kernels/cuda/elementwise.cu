@@ -1,7 +1,10 @@
 // Elementwise kernels of the CUDA backend: fill, dtype conversion, add, accumulate, scale, GELU,
 // rotary embeddings, SwiGLU,
 // the embedding lookup and its gradient, deterministic sums and the multi-range AdamW.
+#include <cuda_fp8.h>
+
 #include "kernels/cuda/device_utils.cuh"
+#include "kernels/fp8.h"
 
 namespace tripod::cuda::k {
 
@@ -106,6 +109,8 @@ template <class S> void convert_from(const S* src, void* dst, DType ddt, int64_t
     case DType::BF16: map1(src, static_cast<bf16_t*>(dst), n, Identity{}, s); break;
     case DType::I32: map1(src, static_cast<int32_t*>(dst), n, Identity{}, s); break;
     case DType::F64: break;  // host-only (reductions): CudaOps refuses f64 on the device
+    case DType::F8E4M3:
+    case DType::F8E5M2: break;  // written by fp8_quantize only: CudaOps refuses conversions
   }
 }
 
@@ -213,6 +218,8 @@ void fill(void* p, DType dt, int64_t n, float value, cudaStream_t s) {
       fill_kernel<<<blocks, kThreads, 0, s>>>(static_cast<int32_t*>(p), n, static_cast<int32_t>(value));
       break;
     case DType::F64: break;  // host-only (reductions): CudaOps refuses f64 on the device
+    case DType::F8E4M3:
+    case DType::F8E5M2: break;  // written by fp8_quantize only: CudaOps refuses fills
   }
 }
 
@@ -222,6 +229,8 @@ void convert(const void* src, DType sdt, void* dst, DType ddt, int64_t n, cudaSt
     case DType::BF16: convert_from(static_cast<const bf16_t*>(src), dst, ddt, n, s); break;
     case DType::I32: convert_from(static_cast<const int32_t*>(src), dst, ddt, n, s); break;
     case DType::F64: break;  // host-only (reductions): CudaOps refuses f64 on the device
+    case DType::F8E4M3:
+    case DType::F8E5M2: break;  // copied as they are only: CudaOps refuses conversions
   }
 }
 
@@ -349,5 +358,137 @@ void adamw(float* p, const float* g, float* m, float* v, bf16* copy, const Chunk
   const unsigned blocks = static_cast<unsigned>(nchunks < 4096 ? nchunks : 4096);
   adamw_kernel<<<blocks, kThreads, 0, s>>>(p, g, m, v, dev(copy), chunks, nchunks, a);
 }
+
+// ---- FP8 casts -------------------------------------------------------------------------------
+namespace {
+
+constexpr int kTile = 32, kTileRows = 8;  // a 32 x 32 tile per block of 32 x 8 threads
+
+__device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
+
+__device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ int warp_sum_int(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Adds a block's max |x| (as bits) and clipped count to the running results; every thread calls it.
+template <int kWarps>
+__device__ void block_amax_count(uint32_t m, int clipped, float* amax, float* saturated) {
+  __shared__ uint32_t wm[kWarps];
+  __shared__ int wc[kWarps];
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, warp = tid / 32, lane = tid % 32;
+  m = warp_max_u32(m);
+  clipped = warp_sum_int(clipped);
+  if (lane == 0) {
+    wm[warp] = m;
+    wc[warp] = clipped;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    uint32_t bm = 0;
+    int bc = 0;
+    for (int w = 0; w < kWarps; ++w) {
+      bm = max(bm, wm[w]);
+      bc += wc[w];
+    }
+    if (amax) atomicMax(reinterpret_cast<unsigned int*>(amax), bm);
+    if (saturated && bc) atomicAdd(saturated, static_cast<float>(bc));
+  }
+}
+
+__global__ void fp8_amax_kernel(const bf16_t* x, int64_t n, float* amax) {
+  uint32_t m = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    m = max(m, abs_bits(__bfloat162float(x[i])));
+  block_amax_count<kThreads / 32>(m, 0, amax, nullptr);
+}
+
+__global__ void fp8_scale_kernel(const float* amaxes, int P, float fmt_max, float margin_factor, float* scale,
+                                 float* record) {
+  uint32_t m = 0;
+  for (int i = 0; i < P; ++i) m = max(m, abs_bits(amaxes[i]));
+  const float a = __uint_as_float(m);
+  const float sc = fp8_scale_from_amax(a, fmt_max, margin_factor, 1.f);
+  scale[0] = sc;
+  scale[1] = __fdiv_rn(1.f, sc);
+  if (record && m > abs_bits(record[0])) record[0] = a;
+}
+
+// One 32 x 32 tile of x: each thread casts 4 elements of a column (rows threadIdx.y + 8 j), writes
+// q coalesced along the row, keeps the bytes in shared memory and writes qt coalesced along its
+// row (a column of x).
+template <bool kE5M2>
+__global__ void fp8_quantize_kernel(const bf16_t* x, int64_t R, int64_t C, const float* scale, uint8_t* q,
+                                    uint8_t* qt, float* amax, float* saturated) {
+  __shared__ uint8_t tile[kTile][kTile + 4];
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kTile, r0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const float s = scale[0];
+  constexpr Fp8Format fmt = kE5M2 ? Fp8Format::E5M2 : Fp8Format::E4M3;
+  uint32_t m = 0;
+  int clipped = 0;
+  const int64_t c = c0 + threadIdx.x;
+#pragma unroll
+  for (int j = 0; j < kTile / kTileRows; ++j) {
+    const int i = threadIdx.y + kTileRows * j;
+    const int64_t r = r0 + i;
+    uint8_t b = 0;
+    if (r < R && c < C) {
+      const float v = __bfloat162float(x[r * C + c]);
+      m = max(m, abs_bits(v));
+      const float sv = __fmul_rn(v, s);
+      clipped += fp8_clipped(sv, fmt) ? 1 : 0;
+      b = __nv_cvt_float_to_fp8(sv, __NV_SATFINITE, kE5M2 ? __NV_E5M2 : __NV_E4M3);
+      if (q) q[r * C + c] = b;
+    }
+    tile[i][threadIdx.x] = b;
+  }
+  if (qt) {
+    __syncthreads();
+    const int64_t r = r0 + threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < kTile / kTileRows; ++j) {
+      const int i = threadIdx.y + kTileRows * j;
+      const int64_t cc = c0 + i;
+      if (cc < C && r < R) qt[cc * R + r] = tile[threadIdx.x][i];
+    }
+  }
+  if (amax || saturated) block_amax_count<kTile * kTileRows / 32>(m, clipped, amax, saturated);
+}
+
+__global__ void fp8_max_into_kernel(const float* in, float* out) {
+  if (abs_bits(in[0]) > abs_bits(out[0])) out[0] = in[0];
+}
+
+}  // namespace
+
+void fp8_amax(const bf16* x, int64_t n, float* amax, cudaStream_t s) {
+  if (n <= 0) return;
+  fp8_amax_kernel<<<blocks_for(n, kThreads, 2048), kThreads, 0, s>>>(dev(x), n, amax);
+}
+
+void fp8_scale(const float* amaxes, int P, float fmt_max, float margin_factor, float* scale, float* record,
+               cudaStream_t s) {
+  fp8_scale_kernel<<<1, 1, 0, s>>>(amaxes, P, fmt_max, margin_factor, scale, record);
+}
+
+void fp8_quantize(const bf16* x, int64_t R, int64_t C, const float* scale, bool e5m2, uint8_t* q, uint8_t* qt,
+                  float* amax, float* saturated, cudaStream_t s) {
+  if (R <= 0 || C <= 0) return;
+  const dim3 grid(static_cast<unsigned>((C + kTile - 1) / kTile), static_cast<unsigned>((R + kTile - 1) / kTile));
+  const dim3 block(kTile, kTileRows);
+  if (e5m2)
+    fp8_quantize_kernel<true><<<grid, block, 0, s>>>(dev(x), R, C, scale, q, qt, amax, saturated);
+  else
+    fp8_quantize_kernel<false><<<grid, block, 0, s>>>(dev(x), R, C, scale, q, qt, amax, saturated);
+}
+
+void fp8_max_into(const float* in, float* out, cudaStream_t s) { fp8_max_into_kernel<<<1, 1, 0, s>>>(in, out); }
 
 }  // namespace tripod::cuda::k

@@ -7,6 +7,10 @@
 //   dw       dw^T (I x O) = x^T (I x N) . (dy^T)^T (N x O)      B = dy stored (O x N), transposed
 #include "kernels/cuda/gemm_runner.h"
 
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/op_checks.h"
@@ -72,6 +76,10 @@ GemmRunner::Plan GemmRunner::make_plan(const GemmArgs& g, const Key& key, const 
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.gelu_pre), what);
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ldd, what);
   }
+  // FP8: the operands' scale factors and the amax of D (pointers set again per call).
+  if (g.a_scale) set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(g.a_scale), what);
+  if (g.b_scale) set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(g.b_scale), what);
+  if (g.amax_d) set_desc(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(g.amax_d), what);
   TRIPOD_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p.a, g.a_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda),
                       "{}", what);
   TRIPOD_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p.b, g.b_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb),
@@ -114,12 +122,16 @@ void GemmRunner::run(const GemmArgs& g, const std::string& what) {
   if (g.m == 0 || g.n == 0) return;
   Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, static_cast<int>(g.a_type),
           static_cast<int>(g.b_type), static_cast<int>(g.d_type), g.bias != nullptr, g.gelu_pre != nullptr,
-          alignment(g.a), alignment(g.b), alignment(g.d), alignment(g.bias), alignment(g.gelu_pre)};
+          g.a_scale != nullptr, g.amax_d != nullptr, alignment(g.a), alignment(g.b), alignment(g.d),
+          alignment(g.bias), alignment(g.gelu_pre)};
   auto it = plans_.find(key);
   if (it == plans_.end()) it = plans_.emplace(key, make_plan(g, key, what)).first;
   Plan& p = it->second;
   if (g.bias) set_desc(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias, what);
   if (g.gelu_pre) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.gelu_pre), what);
+  if (g.a_scale) set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(g.a_scale), what);
+  if (g.b_scale) set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(g.b_scale), what);
+  if (g.amax_d) set_desc(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(g.amax_d), what);
   const float alpha = 1.f, beta = g.beta;
   TRIPOD_CUBLAS_CHECK(cublaslt().Matmul(handle_, p.desc, &alpha, g.a, p.a, g.b, p.b, &beta, g.d, p.d, g.d, p.d, &p.algo,
                                      workspace_.raw(), kWorkspaceBytes, ops_.compute_stream()),
@@ -218,6 +230,129 @@ void CudaOps::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& d
 void CudaOps::linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) {
   ScopedTimer timer(*this, OpFamily::Gemm);
   linear_weight_grad(dy, x, dw, db);
+}
+
+void CudaOps::bias_backward(const Tensor& dy, Tensor& db) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  const char* op = "bias_backward";
+  expect_on_device(db, op, "db");
+  expect_dtype(db, DType::F32, op, "db");
+  const int64_t O = db.numel(), N = O > 0 ? dy.numel() / O : 0;
+  expect(dy, DType::BF16, N * O, op, "dy");
+  Tensor scratch = empty({k::column_partial_rows(N), O}, DType::F32, MemCategory::Workspace);
+  k::bias_grad(dy.data<bf16>(), N, O, db.data<float>(), scratch.data<float>(), compute_);
+  TRIPOD_CUDA_LAUNCHED("bias_backward db {} += sum of dy {}", db.str(), dy.str());
+}
+
+// ---- FP8 --------------------------------------------------------------------------------------
+// fp8_gemm's row-major out (R, C) = a (R, K) b (C, K)^T is cuBLASLt's column-major
+// D (C x R) = op(A) (C x K) . B (K x R) with A = b stored (K x C), transposed, and B = a stored
+// (K x R): both operands K-major, the "TN" layout FP8 GEMMs require; A's scale is b's.
+
+namespace {
+
+cudaDataType_t fp8_type(const Tensor& t, const char* op, const char* name) {
+  TRIPOD_CHECK(is_fp8(t.dtype()), "{}: {} must be f8e4m3 or f8e5m2, got {}", op, name, t.str());
+  return t.dtype() == DType::F8E4M3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2;
+}
+
+}  // namespace
+
+void CudaOps::fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
+                       const Tensor& bias, bool accumulate, Tensor& out, Tensor& out_amax) {
+  ScopedTimer timer(*this, OpFamily::Gemm);
+  const char* op = "fp8_gemm";
+  expect_on_device(a, op, "a");
+  expect_on_device(b, op, "b");
+  const cudaDataType_t ta = fp8_type(a, op, "a"), tb = fp8_type(b, op, "b");
+  TRIPOD_CHECK(!(ta == CUDA_R_8F_E5M2 && tb == CUDA_R_8F_E5M2), "{}: a {} and b {} are both e5m2", op, a.str(), b.str());
+  TRIPOD_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1), "{}: a {} and b {} must be (R, K), (C, K)", op,
+               a.str(), b.str());
+  const int64_t R = a.size(0), K = a.size(1), C = b.size(0);
+  TRIPOD_CHECK(K % 16 == 0 && C % 16 == 0, "{}: K = {} and C = {} must be multiples of 16 (cuBLASLt's FP8 rule)", op, K,
+               C);
+  TRIPOD_CHECK(!accumulate || !bias.defined(), "{}: a bias with accumulate", op);
+  expect(a_scale, DType::F32, 2, op, "a_scale");
+  expect(b_scale, DType::F32, 2, op, "b_scale");
+  expect(out, accumulate ? DType::F32 : DType::BF16, R * C, op, "out");
+  if (bias.defined()) expect(bias, DType::BF16, C, op, "bias");
+  GemmArgs g{.trans_a = true, .m = C, .n = R, .k = K, .a = b.raw(), .lda = K, .a_type = tb, .b = a.raw(), .ldb = K,
+             .b_type = ta, .d = out.raw(), .ldd = C, .d_type = accumulate ? CUDA_R_32F : CUDA_R_16BF,
+             .beta = accumulate ? 1.f : 0.f, .bias = bias.defined() ? bias.raw() : nullptr,
+             .a_scale = b_scale.data<float>() + 1, .b_scale = a_scale.data<float>() + 1};
+  const std::string what = fmt::format("fp8_gemm out {} = a {} b {}^T", out.str(), a.str(), b.str());
+  if (!out_amax.defined()) {
+    gemm_->run(g, what);
+    return;
+  }
+  expect(out_amax, DType::F32, 1, op, "out_amax");
+  // cuBLASLt writes max |D| (it does not keep a running max): into scratch, then folded in.
+  Tensor scratch = empty({1}, DType::F32, MemCategory::Workspace);
+  if (fp8_amax_d_) {
+    g.amax_d = scratch.data<float>();
+    try {
+      gemm_->run(g, what);
+    } catch (const Error& e) {
+      // A cuBLASLt without an FP8 kernel computing the amax of a bf16 D: the GEMM alone, then a pass.
+      spdlog::warn("{}: cuBLASLt computes no amax of D here ({}); using a separate pass", what, e.what());
+      fp8_amax_d_ = false;
+    }
+  }
+  if (!fp8_amax_d_) {
+    g.amax_d = nullptr;
+    gemm_->run(g, what);
+    fill(scratch, 0.f);
+    k::fp8_amax(out.data<bf16>(), R * C, scratch.data<float>(), compute_);
+    TRIPOD_CUDA_LAUNCHED("fp8_gemm: amax of out {}", out.str());
+  }
+  k::fp8_max_into(scratch.data<float>(), out_amax.data<float>(), compute_);
+  TRIPOD_CUDA_LAUNCHED("fp8_gemm: out_amax {}", out_amax.str());
+}
+
+void CudaOps::fp8_amax(const Tensor& x, Tensor& amax) {
+  ScopedTimer timer(*this, OpFamily::Elementwise);
+  expect_on_device(x, "fp8_amax", "x");
+  expect_dtype(x, DType::BF16, "fp8_amax", "x");
+  expect(amax, DType::F32, 1, "fp8_amax", "amax");
+  fill(amax, 0.f);
+  k::fp8_amax(x.data<bf16>(), x.numel(), amax.data<float>(), compute_);
+  TRIPOD_CUDA_LAUNCHED("fp8_amax of {}", x.str());
+}
+
+void CudaOps::fp8_scale(const Tensor& amaxes, float fmt_max, int margin, Tensor& scale, Tensor& record) {
+  expect_on_device(amaxes, "fp8_scale", "amaxes");
+  expect_dtype(amaxes, DType::F32, "fp8_scale", "amaxes");
+  expect(scale, DType::F32, 2, "fp8_scale", "scale");
+  if (record.defined()) expect(record, DType::F32, 1, "fp8_scale", "record");
+  k::fp8_scale(amaxes.data<float>(), static_cast<int>(amaxes.numel()), fmt_max, std::ldexp(1.f, -margin),
+               scale.data<float>(), record.defined() ? record.data<float>() : nullptr, compute_);
+  TRIPOD_CUDA_LAUNCHED("fp8_scale from {}", amaxes.str());
+}
+
+void CudaOps::fp8_quantize(const Tensor& x, const Tensor& scale, Tensor& q, Tensor& qt, Tensor& amax,
+                           Tensor& saturated) {
+  ScopedTimer timer(*this, OpFamily::Elementwise);
+  const char* op = "fp8_quantize";
+  const Tensor& any = q.defined() ? q : qt;
+  TRIPOD_CHECK(any.defined() && is_fp8(any.dtype()) && any.dim() == 2, "{}: q {} / qt {} must be 2-D FP8", op,
+               q.defined() ? q.str() : "undefined", qt.defined() ? qt.str() : "undefined");
+  const int64_t R = q.defined() ? q.size(0) : qt.size(1), C = q.defined() ? q.size(1) : qt.size(0);
+  expect(x, DType::BF16, R * C, op, "x");
+  expect(scale, DType::F32, 2, op, "scale");
+  if (q.defined()) expect_on_device(q, op, "q");
+  if (qt.defined()) {
+    expect_on_device(qt, op, "qt");
+    TRIPOD_CHECK(qt.dtype() == any.dtype() && qt.size(0) == C && qt.size(1) == R, "{}: qt {} must be q {} transposed",
+                 op, qt.str(), any.str());
+  }
+  if (amax.defined()) expect(amax, DType::F32, 1, op, "amax");
+  if (saturated.defined()) expect(saturated, DType::F32, 1, op, "saturated");
+  k::fp8_quantize(x.data<bf16>(), R, C, scale.data<float>(), any.dtype() == DType::F8E5M2,
+                  q.defined() ? static_cast<uint8_t*>(q.raw()) : nullptr,
+                  qt.defined() ? static_cast<uint8_t*>(qt.raw()) : nullptr,
+                  amax.defined() ? amax.data<float>() : nullptr,
+                  saturated.defined() ? saturated.data<float>() : nullptr, compute_);
+  TRIPOD_CUDA_LAUNCHED("fp8_quantize {} -> {}", x.str(), any.str());
 }
 
 }  // namespace tripod::cuda

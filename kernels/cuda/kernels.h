@@ -71,6 +71,21 @@ struct AdamWArgs {
 void adamw(float* p, const float* g, float* m, float* v, bf16* copy, const Chunk* chunks, int nchunks,
            const AdamWArgs& a, cudaStream_t s);
 
+// ---- FP8 casts (elementwise.cu; formats and rules in kernels/fp8.h) ------------------------------
+// amax[0] = max(amax[0], max |x|) over n elements (f32 bits compared: a NaN wins, as on the CPU).
+void fp8_amax(const bf16* x, int64_t n, float* amax, cudaStream_t s);
+// a = the max of amaxes[0..P); scale = {s, 1/s}, s = fp8_scale_from_amax(a, fmt_max, margin_factor,
+// 1); record (may be null) = max(record, a). One thread: the scale never leaves the device.
+void fp8_scale(const float* amaxes, int P, float fmt_max, float margin_factor, float* scale, float* record,
+               cudaStream_t s);
+// x (R, C) bf16 -> q (R, C) and/or qt (C, R) (either may be null) = fp8(x * scale[0]) in e4m3 or
+// e5m2 (the hardware's saturating conversion), one pass over 32 x 32 tiles; amax (may be null) =
+// max(amax, max |x|); saturated (may be null) += the clipped elements (fp8_clipped).
+void fp8_quantize(const bf16* x, int64_t R, int64_t C, const float* scale, bool e5m2, uint8_t* q, uint8_t* qt,
+                  float* amax, float* saturated, cudaStream_t s);
+// out[0] = max(out[0], in[0]) (the bits compared as in fp8_amax).
+void fp8_max_into(const float* in, float* out, cudaStream_t s);
+
 // ---- LayerNorm, bias gradient, softmax cross-entropy (norm_xent.cu) --------------------------
 // x (N, C) -> y (N, C); mean, rstd (N) f32.
 void layernorm_forward(const bf16* x, const bf16* w, const bf16* b, bf16* y, float* mean, float* rstd, int64_t N,

@@ -79,6 +79,8 @@ ncclDataType_t nccl_type(DType t) {
     case DType::BF16: return ncclBfloat16;
     case DType::I32: return ncclInt32;
     case DType::F64: return ncclFloat64;
+    case DType::F8E4M3:
+    case DType::F8E5M2: return ncclUint8;  // (never reduced: FP8 casts stay on their rank)
   }
   return ncclFloat32;
 }

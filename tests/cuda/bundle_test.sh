@@ -71,7 +71,9 @@ for want in "libcudnn.so.9: /" "libnccl.so.2: /" "libcublasLt.so.13: /" "-- ops/
             "-- step/cuda_model_test: " "--gtest_filter=CudaTrain.OneStepMatchesCpu" "-- train/train: " \
             "--gtest_filter=CudaTrain.GridOnOneGpuMatchesSingleRank" "-- comm/cuda_comm_test: mpirun" \
             "tripod_gpu_bench --model 124M --steps 20 --warmup 3" "torch_baseline.py --model 124M --steps 20 --warmup 3" \
-            "--no-compile" "tripod_gpu_bench --model 350M" "calibrate --device cuda" "dry run: nothing ran"; do
+            "--no-compile" "tripod_gpu_bench --model 350M" "calibrate --device cuda" "dry run: nothing ran" \
+            "--gtest_filter=CudaTrain.Fp8FollowsTheBf16Curve" "tripod_gpu_bench --model 1B --seq 2048 --micro-batch 4 --precision both" \
+            "-- fp8/fp8-ops: "; do
   grep -qF -- "$want" <<< "$dry" || fail "run.sh --dry-run does not show '$want':"$'\n'"$dry"
 done
 plan=$(grep '^plan: ' <<< "$dry")
@@ -82,13 +84,14 @@ plan: train est=15 cap=180 start=24
 plan: bench-124m est=30 cap=150 start=39
 plan: torch-eager est=35 cap=120 start=69
 plan: grid est=10 cap=150 start=104
-plan: torch-compile est=90 cap=180 start=114
-plan: comm est=5 cap=120 start=204
-plan: bench-350m est=50 cap=120 start=209
-plan: bench-1b est=60 cap=150 start=259
-plan: calibrate est=30 cap=120 start=319
-plan: sanitize est=60 cap=166 start=349
-plan: profile est=90 cap=106 start=409"
+plan: fp8 est=75 cap=240 start=114
+plan: torch-compile est=90 cap=180 start=189
+plan: comm est=5 cap=120 start=279
+plan: bench-350m est=50 cap=120 start=284
+plan: bench-1b est=60 cap=150 start=334
+plan: calibrate est=30 cap=120 start=394
+plan: sanitize est=60 cap=91 start=424
+plan: profile no-time left=56 min=60"
 [ "$plan" = "$want_plan" ] || fail "the 540 s plan changed:"$'\n'"$plan"$'\n'"(expected)"$'\n'"$want_plan"
 # Every cap keeps 25 s back, and the issue's first six checks (through grid) end by 540 - 20 s.
 awk -v budget=540 '
@@ -105,10 +108,10 @@ plan: train est=15 cap=151 start=24
 plan: bench-124m est=30 cap=136 start=39
 plan: torch-eager est=35 cap=106 start=69
 plan: grid est=10 cap=71 start=104
-plan: torch-compile est=90 cap=61 start=114
-plan: comm no-time left=25 min=5"
+plan: fp8 est=75 cap=61 start=114
+plan: torch-compile no-time left=25 min=60"
 [ "$(head -9 <<< "$plan200")" = "$want200" ] || fail "the 200 s plan:"$'\n'"$plan200"
-[ "$(grep -c 'no-time' <<< "$plan200")" = 6 ] || fail "the 200 s plan should leave 6 stages without time:"$'\n'"$plan200"
+[ "$(grep -c 'no-time' <<< "$plan200")" = 7 ] || fail "the 200 s plan should leave 7 stages without time:"$'\n'"$plan200"
 
 # --quick on a first run's summary: probe, then the stages that failed, timed out, had no time,
 # were pending (the run was cut off) or are absent; not those ok or skipped.
@@ -136,7 +139,7 @@ END
 quick=$("$OUT/run.sh" --quick --previous "$T/first_summary.txt" --dry-run --budget 300 --results "$T/dry") ||
   fail "run.sh --quick --dry-run failed:"$'\n'"$quick"
 got=$(grep '^plan: ' <<< "$quick" | awk '{print $2}' | tr '\n' ' ')
-[ "$got" = "probe step train torch-compile comm bench-350m bench-1b profile " ] || fail "--quick picked: $got"$'\n'"$quick"
+[ "$got" = "probe step train fp8 torch-compile comm bench-350m bench-1b profile " ] || fail "--quick picked: $got"$'\n'"$quick"
 "$OUT/run.sh" --quick --previous "$T/missing.txt" > "$T/bad.out" 2>&1 && fail "--quick with no summary ran"
 [ "$(cat "$T/bad.out")" = "error: --quick: no earlier summary at $T/missing.txt (give the first run's summary.txt with --previous FILE)" ] ||
   fail "--quick with no summary: $(cat "$T/bad.out")"

@@ -15,7 +15,9 @@
 
 #include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/fp8.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/cuda/fp8_conversion_check.h"
 
 namespace tripod {
 namespace {
@@ -684,6 +686,139 @@ TEST_F(CudaOpsTest, WrongDtypeNamesTheOp) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("gelu_forward"), std::string::npos) << e.what();
+  }
+}
+
+// ---- FP8 (train.precision = "fp8"): the CUDA casts and GEMMs against the CPU's emulation --------
+
+// The hardware's saturating conversion, which the casts use, is kernels/fp8.h's (the CPU's) on
+// every f32: rounding, saturation, NaN and signed zeros.
+TEST(Fp8Conversion, EveryFloatConvertsAsOnTheCpu) {
+  TRIPOD_REQUIRE_GPU();
+  for (bool e5m2 : {false, true}) {
+    const test::Fp8ConversionCheck c = test::fp8_check_every_float(e5m2);
+    ASSERT_TRUE(c.error.empty()) << c.error;
+    EXPECT_EQ(c.mismatches, 0u) << (e5m2 ? "e5m2" : "e4m3") << ": first at f32 bits 0x" << std::hex
+                                << c.first_mismatch;
+  }
+}
+
+// Bytes of an FP8 tensor (either device) on the host.
+std::vector<uint8_t> fp8_bytes(Ops& ops, const Tensor& t) {
+  std::vector<uint8_t> out(t.numel());
+  Tensor h = Tensor::wrap(out.data(), t.shape(), t.dtype());
+  ops.copy(t, h);
+  return out;
+}
+
+// Casts: the same bytes (and transposes) as the CPU's from the same bf16 inputs and scales, the
+// same amaxes, scales and clipped counts; shapes off the 32 x 32 tiles included.
+TEST_F(CudaOpsTest, Fp8QuantizeMatchesTheCpuBitForBit) {
+  for (auto [R, C] : {std::pair<int64_t, int64_t>{1, 16}, {37, 48}, {64, 100}, {1000, 96}, {8192, 256}}) {
+    for (DType dt : {DType::F8E4M3, DType::F8E5M2}) {
+      SCOPED_TRACE(fmt::format("({}, {}) {}", R, C, dtype_name(dt)));
+      const float fmax = dt == DType::F8E4M3 ? kFp8E4M3Max : kFp8E5M2Max;
+      Tensor x = randn({R, C}, 300, 2.f);
+      Tensor none, gnone;
+      // The scale from the amax, on both sides, with a margin.
+      Tensor amax = host({1}), scale = host({2}), record = host({1});
+      record.data<float>()[0] = 0.5f;
+      Tensor gamax = poison({1}, DType::F32), gscale = poison({2}, DType::F32), grecord = up(record, DType::F32);
+      cpu_->fp8_amax(x, amax);
+      cpu_->fp8_scale(amax, fmax, 1, scale, record);
+      gpu_->fp8_amax(up(x), gamax);
+      gpu_->fp8_scale(gamax, fmax, 1, gscale, grecord);
+      EXPECT_EQ(down(gamax).data<float>()[0], amax.data<float>()[0]);
+      EXPECT_EQ(down(gscale).data<float>()[0], scale.data<float>()[0]);
+      EXPECT_EQ(down(gscale).data<float>()[1], scale.data<float>()[1]);
+      EXPECT_EQ(down(grecord).data<float>()[0], record.data<float>()[0]);
+      // A scale 4x larger clips the largest elements: counted alike.
+      for (float boost : {1.f, 4.f}) {
+        Tensor s = host({2});
+        s.data<float>()[0] = scale.data<float>()[0] * boost;
+        s.data<float>()[1] = 1.f / s.data<float>()[0];
+        Tensor q = host({R, C}, dt), qt = host({C, R}, dt), a = host({1}), sat = host({1});
+        a.data<float>()[0] = 0.f;
+        sat.data<float>()[0] = 3.f;
+        cpu_->fp8_quantize(x, s, q, qt, a, sat);
+        Tensor gq = gpu_->empty({R, C}, dt, MemCategory::Workspace), gqt = gpu_->empty({C, R}, dt, MemCategory::Workspace);
+        Tensor gqt_only = gpu_->empty({C, R}, dt, MemCategory::Workspace);
+        Tensor ga = gpu_->empty({1}, DType::F32, MemCategory::Workspace);
+        Tensor gsat = gpu_->empty({1}, DType::F32, MemCategory::Workspace);
+        gpu_->fill(ga, 0.f);
+        gpu_->fill(gsat, 3.f);
+        Tensor gs = up(s, DType::F32), gx = up(x);
+        gpu_->fp8_quantize(gx, gs, gq, gqt, ga, gsat);
+        gpu_->fp8_quantize(gx, gs, gnone, gqt_only, gnone, gnone);
+        EXPECT_TRUE(fp8_bytes(*gpu_, gq) == fp8_bytes(*cpu_, q)) << "boost " << boost;
+        EXPECT_TRUE(fp8_bytes(*gpu_, gqt) == fp8_bytes(*cpu_, qt)) << "boost " << boost;
+        EXPECT_TRUE(fp8_bytes(*gpu_, gqt_only) == fp8_bytes(*cpu_, qt)) << "boost " << boost;
+        EXPECT_EQ(down(ga).data<float>()[0], a.data<float>()[0]);
+        EXPECT_EQ(down(gsat).data<float>()[0], sat.data<float>()[0]);
+        if (boost > 1) {
+          EXPECT_GT(sat.data<float>()[0], 3.f) << "the 4x scale should clip";
+        }
+      }
+    }
+  }
+}
+
+// The three FP8 GEMMs of a linear layer from the same FP8 bytes and scales: the forward (e4m3 x
+// e4m3, bf16 out with bias and the amax of D), the input gradient (e5m2 x e4m3, bf16 out) and the
+// weight gradient (e5m2 x e4m3 accumulated into f32): within bf16's rounding of the output, and
+// f32 accumulation noise for the f32 output.
+TEST_F(CudaOpsTest, Fp8GemmMatchesTheCpuEmulation) {
+  struct Shape {
+    int64_t R, K, C;
+  };
+  for (auto [R, K, C] : {Shape{16, 16, 16}, {33, 64, 48}, {128, 768, 2304}, {2000, 64, 784}, {4096, 1024, 512}}) {
+    SCOPED_TRACE(fmt::format("R {} K {} C {}", R, K, C));
+    auto cast = [&](const Tensor& x, DType dt, Tensor& q, Tensor& s) {
+      Tensor amax = host({1}), none;
+      cpu_->fp8_amax(x, amax);
+      s = host({2});
+      cpu_->fp8_scale(amax, dt == DType::F8E4M3 ? kFp8E4M3Max : kFp8E5M2Max, 0, s, none);
+      q = host(x.shape(), dt);
+      cpu_->fp8_quantize(x, s, q, none, none, none);
+    };
+    for (DType da : {DType::F8E4M3, DType::F8E5M2}) {
+      Tensor xa = randn({R, K}, 310, da == DType::F8E5M2 ? 1e-4f : 1.f), xb = randn({C, K}, 311, 0.05f);
+      Tensor a, sa, b, sb, none, gnone;
+      cast(xa, da, a, sa);
+      cast(xb, DType::F8E4M3, b, sb);
+      Tensor ga = gpu_->empty(a.shape(), a.dtype(), MemCategory::Workspace);
+      Tensor gb = gpu_->empty(b.shape(), b.dtype(), MemCategory::Workspace);
+      gpu_->copy(a, ga);
+      gpu_->copy(b, gb);
+      Tensor gsa = up(sa, DType::F32), gsb = up(sb, DType::F32);
+      // bf16 output (with a bias and the amax of D for the forward's e4m3 x e4m3).
+      Tensor bias = randn({C}, 312, 0.1f);
+      const bool fwd = da == DType::F8E4M3;
+      Tensor want = host({R, C}), amax = host({1}), gamax = up(amax, DType::F32);
+      amax.data<float>()[0] = 0.f;
+      gpu_->fill(gamax, 0.f);
+      cpu_->fp8_gemm(a, sa, b, sb, fwd ? bias : none, false, want, fwd ? amax : none);
+      Tensor got = poison({R, C});
+      gpu_->fp8_gemm(ga, gsa, gb, gsb, fwd ? up(bias) : gnone, false, got, fwd ? gamax : gnone);
+      EXPECT_LT(rel_err(down(got), want), kBf16Tol) << dtype_name(da);
+      if (fwd) {
+        EXPECT_NEAR(down(gamax).data<float>()[0], amax.data<float>()[0], 1e-2 * amax.data<float>()[0]);
+      }
+      // f32 output, accumulated (the weight gradient's form).
+      Tensor acc = randn({R, C}, 313, 1e-3f, 0.f, true), gacc = up(acc, DType::F32);
+      cpu_->fp8_gemm(a, sa, b, sb, none, true, acc, none);
+      gpu_->fp8_gemm(ga, gsa, gb, gsb, gnone, true, gacc, gnone);
+      EXPECT_LT(rel_err(down(gacc), acc), 1e-5) << dtype_name(da) << ": f32 accumulation";
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, BiasBackwardMatchesCpu) {
+  for (auto [N, O] : {std::pair<int64_t, int64_t>{7, 16}, {2048, 768}}) {
+    Tensor dy = randn({N, O}, 320), db = randn({O}, 321, 1.f, 0.f, true), gdb = up(db, DType::F32);
+    cpu_->bias_backward(dy, db);
+    gpu_->bias_backward(up(dy), gdb);
+    EXPECT_LT(rel_err(down(gdb), db), kF32Tol);
   }
 }
 

@@ -115,10 +115,12 @@ class CudaTrain : public ::testing::Test {
     return out;
   }
 
-  // Trains and returns the loss per step (empty, with a failure, when the run fails).
-  std::vector<double> train(const std::string& device, bool grid, const std::string& name, int steps) {
+  // Trains and returns the loss per step (empty, with a failure, when the run fails); `extra`:
+  // more --set arguments.
+  std::vector<double> train(const std::string& device, bool grid, const std::string& name, int steps,
+                            const std::string& extra = "") {
     const fs::path run = dir_ / name;
-    auto r = tripod(train_args(device, grid, run, steps), grid ? 8 : 1);
+    auto r = tripod(train_args(device, grid, run, steps) + " " + extra, grid ? 8 : 1);
     test::write_file(dir_ / (name + ".log"), r.out + r.err);
     EXPECT_EQ(r.status, 0) << name << ":\n" << r.err.substr(r.err.size() > 4000 ? r.err.size() - 4000 : 0);
     if (r.status != 0) return {};
@@ -129,9 +131,9 @@ class CudaTrain : public ::testing::Test {
 
   // Writes curve.txt (step, both losses, relative difference) and checks every step against tol.
   void compare_curves(const std::vector<double>& want, const std::vector<double>& got, const std::string& want_name,
-                      const std::string& got_name, double tol) {
+                      const std::string& got_name, double tol, const std::string& file = "curve.txt") {
     ASSERT_EQ(got.size(), want.size());
-    std::ofstream curve(dir_ / "curve.txt");
+    std::ofstream curve(dir_ / file);
     curve << fmt::format("{}: {} vs {} (tolerance {:g} relative per step)\n{:>5} {:>10} {:>10} {:>9}\n",
                          ::testing::UnitTest::GetInstance()->current_test_info()->name(), got_name, want_name, tol,
                          "step", want_name, got_name, "rel diff");
@@ -271,6 +273,35 @@ TEST_F(CudaTrain, FiftyStepsFollowTheCpuCurve) {
   if (HasFailure()) return;
   // bf16 activations drift from the f32 curve as training goes; 3% covers it, a bug does not.
   compare_curves(cpu, dev, "cpu", device_, tol(3e-2));
+}
+
+// FP8 (train.precision = "fp8", each recipe) on the device against the device's own bf16 curve
+// (on the CPU: the emulation against f32): the same batches, every step within 5% (FP8's GEMMs
+// round their operands to 3 or 2 mantissa bits; the CPU's 200 steps end within 1% of f32,
+// tests/e2e/test_fp8_cli.cpp); tensorwise scaling clips nothing.
+TEST_F(CudaTrain, Fp8FollowsTheBf16Curve) {
+  const auto bf16 = train(device_, false, "bf16", steps_);
+  for (const char* recipe : {"tensorwise", "delayed"}) {
+    const std::string name = std::string("fp8_") + recipe;
+    const auto fp8 = train(device_, false, name, steps_,
+                           fmt::format("--set train.precision=fp8 --set train.fp8_recipe={}", recipe));
+    if (HasFailure()) return;
+    compare_curves(bf16, fp8, device_ == "cuda" ? "bf16" : "f32", name, 5e-2, "curve_" + name + ".txt");
+    const nlohmann::json last = [&] {
+      std::ifstream in(dir_ / name / "metrics.jsonl");
+      std::string line, prev;
+      while (std::getline(in, line)) prev = line;
+      return nlohmann::json::parse(prev);
+    }();
+    ASSERT_TRUE(last.contains("fp8")) << name;
+    // Tensorwise scales map each tensor's own amax onto the format's largest value: nothing clips.
+    double clipped = 0;
+    for (const auto& [linear, f] : last["fp8"].items())
+      for (const auto& c : f["saturated"]) clipped += c.get<double>();
+    if (std::string(recipe) == "tensorwise") {
+      EXPECT_EQ(clipped, 0) << name;
+    }
+  }
 }
 
 TEST_F(CudaTrain, GridOnOneGpuMatchesSingleRank) {

@@ -248,6 +248,37 @@ TEST_F(Report, ValidationRecordsGiveASecondCurveAndLaterRecordsWin) {
   EXPECT_NE(html.find("No memory figures"), std::string::npos);
 }
 
+// FP8 runs' records (train.precision = "fp8"): each layer's scales over the steps (log2 of the
+// smallest of its linears', per operand) and the clipped values per linear.
+TEST_F(Report, Fp8RecordsGiveScaleChartsAndTheClippedCounts) {
+  std::string metrics;
+  for (int s = 1; s <= 4; ++s)
+    metrics += fmt::format(
+        R"({{"step":{},"loss":3,"lr":1e-3,"grad_norm":1,"step_time_s":0.1,"tokens_per_s":1000,"mfu":0.01,"fp8":{{)"
+        R"("h.0.attn.qkv":{{"scale":[64,4096,{}],"amax":[7,0.1,1e-6,2],"saturated":[0,0,{}]}},)"
+        R"("h.0.mlp.fc":{{"scale":[32,8192,1e9],"amax":[14,0.05,5e-5,3],"saturated":[1,0,0]}},)"
+        R"("h.1.attn.qkv":{{"scale":[128,2048,1e8],"amax":[3.5,0.2,5e-4,1],"saturated":[0,0,0]}}}}}})"
+        "\n",
+        s, 1 << (20 + s), s == 4 ? 5 : 0);
+  test::write_file(dir_ / "metrics.jsonl", metrics);
+  auto r = run_tripod("report " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string html = slurp(dir_ / "report.html");
+  auto data = chart_data(html);
+  const auto& x = data["charts"]["fp8_scale_0"]["series"];
+  ASSERT_EQ(x.size(), 2u);  // layers 0 and 1
+  EXPECT_EQ(x[0]["n"], "layer 0");
+  EXPECT_EQ(x[0]["y"][0].get<double>(), 5.0);  // log2 of min(64, 32)
+  EXPECT_EQ(x[1]["y"][0].get<double>(), 7.0);
+  const auto& dy = data["charts"]["fp8_scale_2"]["series"];
+  EXPECT_EQ(dy[0]["y"][3].get<double>(), 24.0);  // 2^24 < 1e9
+  EXPECT_NE(html.find("values clipped to the largest FP8 value: 9 over the logged steps"), std::string::npos);
+  // A malformed record is refused with its line.
+  test::write_file(dir_ / "metrics.jsonl", "{\"step\":1,\"loss\":1,\"fp8\":{\"h.0.attn.qkv\":{\"scale\":[1]}}}\n");
+  test::expect_refused(run_tripod("report " + dir_.string()),
+                       "metrics.jsonl:1: fp8 h.0.attn.qkv: \"scale\" must be a list of 3 numbers");
+}
+
 TEST_F(Report, EmptyRunDirectoryStatesWhatIsMissing) {
   auto r = run_tripod("report " + dir_.string());
   ASSERT_EQ(r.status, 0) << r.err;
