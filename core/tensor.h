@@ -64,6 +64,9 @@ class Tensor {
   Tensor flat(int64_t begin, int64_t end) const;
 
   std::string str() const;  // "f32(2, 3) cpu"
+  // The bytes' owner, weakly: whether a tensor seen before still holds the same bytes (a cache
+  // keyed by it cannot be fooled by a later tensor reusing the freed address).
+  std::weak_ptr<const Storage> storage_ref() const { return storage_; }
 
  private:
   std::shared_ptr<Storage> storage_;

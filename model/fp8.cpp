@@ -117,18 +117,29 @@ void Fp8Linear::backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) {
   ensure_weight(w);  // valid since the forward, unless a checkpoint was loaded in between
   Ops& ops = reg_->ops_;
   const int64_t I = wq_.size(1), O = wq_.size(0);
-  Cast dyc = cast(Fp8Operand::DY, as_matrix(dy, O), /*want_q=*/true, /*want_qt=*/false, /*count=*/false);
+  // dy and its transpose in one pass; its clipped elements counted here, once per micro-batch.
+  const Tensor dy2 = as_matrix(dy, O);
+  Cast dyc = cast(Fp8Operand::DY, dy2, /*want_q=*/true, /*want_qt=*/true, /*count=*/true);
   const int ws_index = kFp8Operands * index_ + static_cast<int>(Fp8Operand::W);
   Tensor ws = slot(reg_->scales_, ws_index, 2), dx2 = as_matrix(dx, I), none;
   ops.fp8_gemm(dyc.q, dyc.scale, wqt_, ws, Tensor{}, /*accumulate=*/false, dx2, none);
+  dyc.q = Tensor{};
+  dy_cast_ = {.storage = dy.storage_ref(), .data = dy.raw(), .shape = dy2.shape(), .cast = std::move(dyc)};
 }
 
 void Fp8Linear::backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) {
   Ops& ops = reg_->ops_;
   const int64_t I = wq_.size(1), O = wq_.size(0);
-  // The clipped elements of x and dy are counted here, where each micro-batch's cast happens once
-  // (a recomputed forward casts x twice).
-  Cast dyc = cast(Fp8Operand::DY, as_matrix(dy, O), /*want_q=*/false, /*want_qt=*/true, /*count=*/true);
+  const Tensor dy2 = as_matrix(dy, O);
+  // The cast backward_input made of this very tensor, or a new one (the same bytes: the same
+  // scale, delayed or from the same amax).
+  const bool same = !dy_cast_.storage.expired() && dy_cast_.storage.lock() == dy.storage_ref().lock() &&
+                    dy_cast_.data == dy.raw() && dy_cast_.shape == dy2.shape();
+  Cast dyc = same ? std::move(dy_cast_.cast)
+                  : cast(Fp8Operand::DY, dy2, /*want_q=*/false, /*want_qt=*/true, /*count=*/false);
+  dy_cast_ = DyCast{};
+  // x's clipped elements are counted here, where each micro-batch's cast happens once (a
+  // recomputed forward casts x twice).
   Cast xc = cast(Fp8Operand::X, as_matrix(x, I), /*want_q=*/false, /*want_qt=*/true, /*count=*/true);
   Tensor dw2 = as_matrix(dw, I), none;
   ops.fp8_gemm(dyc.qt, dyc.scale, xc.qt, xc.scale, Tensor{}, /*accumulate=*/true, dw2, none);

@@ -54,7 +54,8 @@ class Fp8Linear {
   void forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y);
   // dx (N, I) = dy (N, O) w.
   void backward_input(const Tensor& dy, const Tensor& w, Tensor& dx);
-  // dw (O, I) f32 += dy^T x; db (O) f32 += sum_n dy (skipped when undefined).
+  // dw (O, I) f32 += dy^T x; db (O) f32 += sum_n dy (skipped when undefined). Given the tensor
+  // backward_input had (its bytes unchanged since), it reuses that call's cast of dy.
   void backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db);
   const std::string& name() const { return name_; }
 
@@ -82,6 +83,15 @@ class Fp8Linear {
   bool row_parallel_ = false;  // input split over TP (attention and MLP projections)
   Tensor wq_, wqt_;          // (O, I), (I, O) e4m3: the weight's cast of this step
   bool weight_valid_ = false;
+  // The output gradient's transposed cast from backward_input, for the backward_weight that
+  // follows with the very same tensor (the usual backward; a zero-bubble W often gets a copy or a
+  // re-gathered one, and casts again): the tensor's bytes (weakly) and the cast.
+  struct DyCast {
+    std::weak_ptr<const Storage> storage;
+    const void* data = nullptr;
+    Shape shape;
+    Cast cast;
+  } dy_cast_;
 };
 
 // Per-layer FP8 figures of one step for the report (metrics.jsonl "fp8"): the scales the step
