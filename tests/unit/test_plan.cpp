@@ -423,7 +423,7 @@ TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
   for (int tp = 1; tp <= gpus; ++tp)
     for (int pp = 1; pp <= gpus; ++pp)
       for (int vp = 1; vp <= 4; ++vp)
-       for (const auto& [kind, placement] : schedule_candidates(pp, vp))
+       for (ScheduleKind kind : schedule_candidates(pp, vp))
         for (int mbs = 1; mbs <= 8; ++mbs)
           for (int rc = 0; rc < 3; ++rc)
             for (bool sp : {false, true})
@@ -436,7 +436,7 @@ TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
                 c.parallel.vp = vp;
                 c.parallel.dp = gpus / (tp * pp);
                 c.parallel.schedule = kind;
-                c.parallel.placement = placement;
+                c.parallel.placement = default_placement(kind);
                 c.parallel.sequence_parallel = sp;
                 c.parallel.distributed_optimizer = dopt;
                 c.train.micro_batch_size = mbs;
