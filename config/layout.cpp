@@ -117,6 +117,7 @@ RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedul
   ParamRegistry reg;
   GptModel model(*cpu, par, cfg.model, l.chunks, cfg.recompute, reg);
   l.flat_elements = reg.flat_size();
+  l.buffer_elements = reg.buffer_size();
   l.buckets = make_grad_buckets(reg, model.wte(), pc.bucket_mb);
   // Gradients are reduced over DP x CP; the distributed optimizer shards over that group too.
   const int reducers = pc.dp * pc.cp;

@@ -48,6 +48,7 @@ struct RankLayout {
   // DP buckets over them, and the ranges this rank's optimizer updates (every bucket, or its slice
   // of each over DP x CP under the distributed optimizer).
   int64_t flat_elements = 0;
+  int64_t buffer_elements = 0;  // f32 buffers (a router's selection bias), not in the flat buffers
   std::vector<GradBucket> buckets;
   std::vector<FlatSpan> owned;
   int64_t owned_elements() const;

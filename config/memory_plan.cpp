@@ -17,7 +17,7 @@ RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   RankMemory m;
   m.rank = l.rank;
   m.coords = l.coords;
-  m.params = l.flat_elements * act_bytes;
+  m.params = l.flat_elements * act_bytes + l.buffer_elements * 4;  // buffers are f32
   m.grads = l.flat_elements * 4;
   // Adam's two moments (and an f32 master copy when computing in bf16) over the owned ranges.
   m.optimizer = l.owned_elements() * (cuda ? 12 : 8);

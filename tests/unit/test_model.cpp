@@ -40,6 +40,28 @@ std::pair<std::vector<double>, double> golden_tensor(const json& ref, int64_t nu
 ModelConfig golden_config(const json& c) {
   ModelConfig cfg{.n_layers = c["n_layers"], .n_heads = c["n_heads"], .d_model = c["d_model"], .ffn_hidden = 0,
                   .seq_len = c["seq_len"], .max_positions = 0, .vocab_size = c["vocab_size"]};
+  if (c.contains("moe")) {  // make_moe_golden.py: every choice spelled out
+    const bool llama = c["llama"];
+    cfg.arch = llama ? Arch::Llama : Arch::Gpt2;
+    cfg.norm = llama ? NormKind::RmsNorm : NormKind::LayerNorm;
+    cfg.position = llama ? PositionKind::Rope : PositionKind::Learned;
+    cfg.mlp = c["swiglu"].get<bool>() ? MlpKind::SwiGlu : MlpKind::Gelu;
+    cfg.bias = c["bias"];
+    cfg.tie_embeddings = c["tie_embeddings"];
+    cfg.qk_norm = c["qk_norm"];
+    cfg.n_kv_heads = c["n_kv_heads"];
+    cfg.ffn_hidden = c["ffn_hidden"];
+    cfg.rope_theta = c["rope_theta"];
+    cfg.norm_eps = c["norm_eps"];
+    const json& m = c["moe"];
+    cfg.moe = {.experts = m["experts"], .top_k = m["top_k"], .ffn_hidden = m["ffn_hidden"],
+               .shared_experts = m["shared_experts"],
+               .router = m["router"] == "sigmoid" ? MoeRouter::Sigmoid : MoeRouter::Softmax,
+               .normalize_top_k = m["normalize_top_k"], .first_dense = m["first_dense"],
+               .aux_loss_coeff = m["aux_loss_coeff"], .z_loss_coeff = m["z_loss_coeff"],
+               .bias_update_rate = m["bias_update_rate"], .capacity_factor = m["capacity_factor"]};
+    return cfg;
+  }
   if (c.contains("n_kv_heads")) {
     cfg.arch = Arch::Llama;
     cfg.norm = NormKind::RmsNorm;
@@ -71,11 +93,11 @@ struct GoldenModel {
     int L = cfg.n_layers;
     model = std::make_unique<GptModel>(*ops, *world.par, cfg, rank_chunks({L}, 1, 1, 0), rc, reg);
     reg.allocate(*ops);
-    for (Param& p : reg.params()) {
-      const auto& v = g["params"][p.spec.name];
-      if (v.is_null()) throw std::runtime_error("golden file has no " + p.spec.name);
-      float* dst = p.value.data<float>();
-      std::fill(dst, dst + p.numel(), 0.f);  // vocabulary padding rows stay zero
+    for (Param* p : reg.tensors()) {  // parameters and buffers (a selection bias)
+      const auto& v = g["params"][p->spec.name];
+      if (v.is_null()) throw std::runtime_error("golden file has no " + p->spec.name);
+      float* dst = p->value.data<float>();
+      std::fill(dst, dst + p->numel(), 0.f);  // vocabulary padding rows stay zero
       for (size_t i = 0; i < v.size(); ++i) dst[i] = v[i].get<float>();
     }
     const int64_t B = c["batch"], T = cfg.seq_len;
@@ -101,6 +123,17 @@ struct GoldenModel {
     model->forward(0, mb, Tensor{}, acts);
     double l = ops->sum(losses) / losses.numel();
     model->backward(0, mb, Tensor{}, acts);
+    return l;
+  }
+  // The same through the split backward (I, then W).
+  double loss_and_grads_split() {
+    reg.zero_grads(*ops);
+    ChunkActs acts;
+    ChunkPending pending;
+    model->forward(0, mb, Tensor{}, acts);
+    double l = ops->sum(losses) / losses.numel();
+    model->backward_input(0, mb, Tensor{}, acts, pending);
+    model->backward_weight(0, pending);
     return l;
   }
 };
@@ -210,6 +243,83 @@ TEST_P(Golden, RecomputationGivesIdenticalGradientBits) {
     EXPECT_EQ(0, std::memcmp(none.reg.flat_grads().raw(), rc.reg.flat_grads().raw(),
                              none.reg.flat_grads().nbytes()))
         << "mode " << static_cast<int>(mode);
+  }
+}
+
+// Mixtures of experts against PyTorch (make_moe_golden.py): Mixtral (softmax router, top 2 of 4,
+// renormalised), Qwen3-MoE (q/k norms, a dense first layer, weights not renormalised) and a
+// DeepSeek-style GPT-2 (sigmoid router with a selection bias, a shared expert, GELU experts, a
+// capacity that drops pairs). The language model's loss, every gradient of it plus the balancing
+// and z-losses, each layer's losses and the dropped pairs; recomputation and the split backward
+// give the same gradient bits (the router's choices replayed).
+class MoeGolden : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Models, MoeGolden,
+                         ::testing::Values("mixtral_golden.json", "qwen3_moe_golden.json", "moe_sigmoid_golden.json"),
+                         [](const auto& info) {
+                           const std::string s = info.param;
+                           return s.substr(0, s.find("_golden"));
+                         });
+
+TEST_P(MoeGolden, MatchesPyTorchLossGradientsAndAuxiliaryLosses) {
+  GoldenModel m({}, GetParam());
+  double loss = m.loss_and_grads();
+  EXPECT_NEAR(loss, m.g["loss"].get<double>(), 1e-5 * m.g["loss"].get<double>());
+  for (Param& p : m.reg.params()) {
+    const auto [want, scale] = golden_tensor(m.g["grads"][p.spec.name], p.numel());
+    SCOPED_TRACE(p.spec.name);
+    EXPECT_CLOSE(p.grad, want, 2e-5 * scale + 1e-12, 1e-3);  // (an expert no pair reached: all zero)
+  }
+  const auto& layers = m.model->moe_layers();
+  ASSERT_EQ(layers.size(), m.g["aux_loss"].size());
+  double dropped = 0;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const MoeStepStats& st = layers[i]->stats();
+    EXPECT_NEAR(st.aux, m.g["aux_loss"][i].get<double>(), 1e-5 * m.g["aux_loss"][i].get<double>()) << "layer " << i;
+    EXPECT_NEAR(st.z, m.g["z_loss"][i].get<double>(), 1e-5 * m.g["z_loss"][i].get<double>()) << "layer " << i;
+    dropped += st.dropped;
+  }
+  EXPECT_EQ(dropped, m.g["dropped"].get<double>());
+}
+
+TEST_P(MoeGolden, RecomputationAndSplitBackwardGiveIdenticalGradientBits) {
+  GoldenModel none({}, GetParam());
+  none.loss_and_grads();
+  for (RecomputeMode mode : {RecomputeMode::Selective, RecomputeMode::Full}) {
+    GoldenModel rc(RecomputeConfig{.mode = mode, .num_layers = -1}, GetParam());
+    rc.loss_and_grads();
+    EXPECT_EQ(0, std::memcmp(none.reg.flat_grads().raw(), rc.reg.flat_grads().raw(),
+                             none.reg.flat_grads().nbytes()))
+        << "mode " << enum_name(mode);
+    GoldenModel split(RecomputeConfig{.mode = mode, .num_layers = -1}, GetParam());
+    split.loss_and_grads_split();
+    EXPECT_EQ(0, std::memcmp(none.reg.flat_grads().raw(), split.reg.flat_grads().raw(),
+                             none.reg.flat_grads().nbytes()))
+        << "split backward, mode " << enum_name(mode);
+  }
+}
+
+// The inference forward (dropless, the KV cache) gives PyTorch's logits for the dropless models.
+TEST(GptModel, MoeLogitsMatchPyTorch) {
+  for (const char* file : {"mixtral_golden.json", "qwen3_moe_golden.json"}) {
+    SCOPED_TRACE(file);
+    GoldenModel m({}, file);
+    const int64_t B = m.g["config"]["batch"], T = m.cfg.seq_len, V = m.cfg.vocab_size;
+    InferenceModel inf(*m.ops, *m.world.par, m.cfg, m.reg, T);
+    const auto& ref = m.g["logits"];
+    double scale = 0;
+    for (const auto& v : ref) scale = std::max(scale, std::abs(v.get<double>()));
+    for (int64_t b = 0; b < B; ++b) {
+      inf.reset();
+      std::vector<int32_t> seq(m.mb.tokens.data<int32_t>() + b * T, m.mb.tokens.data<int32_t>() + (b + 1) * T);
+      std::vector<float> got = inf.forward(std::span<const int32_t>(seq.data(), 3), true);  // prefill 3
+      for (int64_t t = 3; t < T; ++t) {  // then one token at a time
+        std::vector<float> one = inf.forward(std::span<const int32_t>(seq.data() + t, 1), true);
+        got.insert(got.end(), one.begin(), one.end());
+      }
+      ASSERT_EQ(static_cast<int64_t>(got.size()), T * V);
+      for (int64_t i = 0; i < T * V; ++i)
+        ASSERT_NEAR(got[i], ref[b * T * V + i].get<double>(), 2e-5 * scale) << "sequence " << b << " element " << i;
+    }
   }
 }
 
