@@ -7,7 +7,9 @@
 
 #include <unistd.h>
 
+#include "checkpoint/llama_hf.h"
 #include "checkpoint/load.h"
+#include "checkpoint/safetensors.h"
 #include "cli_util.h"
 #include "harness.h"
 #include "model/inference.h"
@@ -320,6 +322,69 @@ TEST(GptModel, MoeLogitsMatchPyTorch) {
       for (int64_t i = 0; i < T * V; ++i)
         ASSERT_NEAR(got[i], ref[b * T * V + i].get<double>(), 2e-5 * scale) << "sequence " << b << " element " << i;
     }
+  }
+}
+
+// The Hugging Face Mixtral and Qwen3-MoE folders the PyTorch reference wrote import with `ckpt
+// convert --from safetensors` (with and without a --config) and give the reference's loss; exported
+// again they are the same tensors; a --config whose expert count disagrees is refused naming both.
+TEST(GptModel, HuggingFaceMoeFoldersImportAndExportWithTheReferenceLoss) {
+  namespace fs = std::filesystem;
+  for (auto [file, folder, experts_key] :
+       {std::tuple{"mixtral_golden.json", "mixtral_hf", "num_local_experts"},
+        std::tuple{"qwen3_moe_golden.json", "qwen3_moe_hf", "num_experts"}}) {
+    SCOPED_TRACE(folder);
+    GoldenModel m({}, file);
+    const fs::path dir = fs::temp_directory_path() / fmt::format("tripod_{}_{}", folder, ::getpid());
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    const ModelConfig& c = m.cfg;
+    const std::string toml = fmt::format(
+        "[model]\narch = \"llama\"\nn_layers = {}\nn_heads = {}\nn_kv_heads = {}\nd_model = {}\nffn_hidden = {}\n"
+        "seq_len = {}\nvocab_size = {}\nrope_theta = {}\nnorm_eps = {}\nqk_norm = {}\n[moe]\nexperts = {}\n"
+        "top_k = {}\nffn_hidden = {}\nnormalize_top_k = {}\nlayers = {}\n[train]\nsteps = 1\n[data]\n"
+        "synthetic = true\n",
+        c.n_layers, c.n_heads, c.n_kv_heads, c.d_model, c.ffn_hidden, c.seq_len, c.vocab_size, c.rope_theta,
+        c.norm_eps, c.qk_norm, c.moe.experts, c.moe.top_k, c.moe.ffn_hidden, c.moe.normalize_top_k,
+        c.moe.first_dense > 0 ? fmt::format("{{first_dense = {}}}", c.moe.first_dense) : "\"all\"");
+    std::ofstream(dir / "c.toml") << toml;
+    const std::string src = test::source_dir() + "/tests/fixtures/" + folder;
+    for (const std::string with : {std::string(" --config ") + (dir / "c.toml").string(), std::string()}) {
+      fs::remove_all(dir / "ck");
+      auto r = test::run_cmd(test::tripod_bin() + " ckpt convert " + src + " --from safetensors " +
+                             (dir / "ck").string() + with);
+      ASSERT_EQ(r.status, 0) << r.err;
+      load_param_values(resolve_checkpoint((dir / "ck").string(), ""), m.reg, *m.ops);
+      const double want = m.g["loss"].get<double>();
+      EXPECT_NEAR(m.loss(), want, 1e-5 * want) << with;
+    }
+    // Exported again: the folder's tensors, and a config.json that reads back as the same model.
+    auto r = test::run_cmd(test::tripod_bin() + " ckpt convert " + (dir / "ck").string() + " --to safetensors " +
+                           (dir / "out").string());
+    ASSERT_EQ(r.status, 0) << r.err;
+    const SafetensorsFolder a = read_safetensors_folder(src), b = read_safetensors_folder((dir / "out").string());
+    ASSERT_EQ(a.weights.tensors.size(), b.weights.tensors.size());
+    std::map<std::string, const NamedTensor*> by_name;
+    for (const NamedTensor& t : b.weights.tensors) by_name[t.name] = &t;
+    for (const NamedTensor& t : a.weights.tensors) {
+      ASSERT_TRUE(by_name.count(t.name)) << t.name;
+      EXPECT_EQ(by_name[t.name]->shape, t.shape) << t.name;
+      EXPECT_EQ(by_name[t.name]->data, t.data) << t.name;
+    }
+    EXPECT_EQ(b.config["model_type"], a.config["model_type"]);
+    EXPECT_EQ(model_to_json(llama_model_from_hf(b.config, "out")), model_to_json(llama_model_from_hf(a.config, "in")));
+    // Another expert count in the config: refused, naming both keys; nothing written.
+    std::string other = toml;
+    other.replace(other.find("experts = 4"), 11, "experts = 8");
+    std::ofstream(dir / "other.toml") << other;
+    r = test::run_cmd(test::tripod_bin() + " ckpt convert " + src + " --from safetensors " + (dir / "ck2").string() +
+                      " --config " + (dir / "other.toml").string());
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.err.find(fmt::format("error: {}/config.json: {} = 4 but moe.experts = 8", src, experts_key)),
+              std::string::npos)
+        << r.err;
+    EXPECT_FALSE(fs::exists(dir / "ck2" / "latest"));
+    fs::remove_all(dir);
   }
 }
 
