@@ -229,7 +229,7 @@ void Fp8Registry::end_step(bool skipped) {
 
 Fp8Stats Fp8Registry::gather_stats(int64_t step, Communicator& world) {
   const int G = size();
-  constexpr int kPer = kFp8Operands + kFp8Amaxes + kFp8Operands;  // scale, amax, saturated
+  constexpr int kPer = kFp8Operands + kFp8Amaxes + kFp8Operands + 1;  // scale, amax, saturated, present
   const int64_t slots = 4LL * n_layers_;
   std::vector<double> all(static_cast<size_t>(slots * kPer), 0.0);
   if (G > 0) {
@@ -260,6 +260,7 @@ Fp8Stats Fp8Registry::gather_stats(int64_t step, Communicator& world) {
           row[kFp8Operands + kFp8Amaxes + o] = sat[kFp8Operands * l.index_ + o];
         }
         for (int k = 0; k < kFp8Amaxes; ++k) row[kFp8Operands + k] = amax[kFp8Amaxes * l.index_ + k];
+        row[kPer - 1] = 1;  // this linear is in FP8 (an MoE layer's experts are not)
       }
     }
   }
@@ -273,9 +274,9 @@ Fp8Stats Fp8Registry::gather_stats(int64_t step, Communicator& world) {
   const double* p = t.data<double>();
   static const char* kinds[4] = {"attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"};
   for (int layer = 0; layer < n_layers_; ++layer) {
-    if (!fp8_layer(layer)) continue;
     for (int k = 0; k < 4; ++k) {
       const double* row = p + static_cast<size_t>(4 * layer + k) * kPer;
+      if (row[kPer - 1] == 0) continue;
       out.names.push_back(fmt::format("h.{}.{}", layer, kinds[k]));
       std::array<double, kFp8Operands> sc{}, sa{};
       std::array<double, kFp8Amaxes> am{};
@@ -361,8 +362,9 @@ int64_t fp8_persistent_bytes(const ModelConfig& cfg, const Fp8Config& fp8, int t
   for (const ChunkLayout& c : chunks)
     for (int l = c.layer_begin; l < c.layer_end; ++l) {
       if (!fp8.fp8_layer(l, cfg.n_layers)) continue;
-      for (const auto& [out, in] : shapes) cast_bytes += 2 * out * in;
-      linears += 4;
+      const int kinds = cfg.moe.sparse(l) ? 2 : 4;  // an MoE layer's experts stay in bf16
+      for (int k = 0; k < kinds; ++k) cast_bytes += 2 * shapes[k].first * shapes[k].second;
+      linears += kinds;
     }
   return cast_bytes + linears * kStateFloats * 4;
 }

@@ -60,5 +60,28 @@ TEST(Fp8Training, PersistentMemoryIsPlannedAndFiguresAreLogged) {
   }
 }
 
+// A mixture-of-experts model: the attention's linears run in FP8, the dense first layer's MLP too,
+// the experts stay in bf16; the plan counts exactly those.
+TEST(Fp8Training, MixtureOfExpertsKeepsItsExpertsOutOfFp8) {
+  auto ops = make_ops(Device::CPU);
+  auto self = test::make_selfworld(*ops);
+  Config c = test::tiny_config(3, 32, 4, 16, 64);
+  c.model.moe.experts = 4;
+  c.model.moe.top_k = 2;
+  c.model.moe.ffn_hidden = 48;
+  c.model.moe.first_dense = 1;
+  c.train.precision = Precision::Fp8;
+  validate_layout(c, 1);
+  SyntheticSource data(16, 64, 3);
+  Trainer t(c, *ops, *self.par, &data);
+  EXPECT_EQ(t.fp8()->size(), 4 + 2 + 2);  // layer 0: 4 linears; layers 1, 2: attention's 2
+  StepMetrics m;
+  for (int s = 0; s < 2; ++s) m = t.step();
+  EXPECT_EQ(m.memory["params"].get<int64_t>(), plan_rank_memory(c, 0).params);
+  const Fp8Stats st = t.fp8()->gather_stats(m.step, *self.par->world);
+  EXPECT_EQ(st.names, (std::vector<std::string>{"h.0.attn.qkv", "h.0.attn.proj", "h.0.mlp.fc", "h.0.mlp.proj",
+                                                "h.1.attn.qkv", "h.1.attn.proj", "h.2.attn.qkv", "h.2.attn.proj"}));
+}
+
 }  // namespace
 }  // namespace tripod
