@@ -140,6 +140,9 @@ void validate_metadata(const json& meta, const std::string& path) {
   grid.string("schedule");
   grid.string("placement");
   top.string("schedule_csv");
+  const Fields documents = top.object("documents", false);  // the packed-document keys trained with
+  for (const char* k : {"reset_position_ids", "reset_attention_mask", "eod_mask_loss"}) documents.boolean(k);
+  documents.integer("eod_token", -1, std::numeric_limits<int32_t>::max(), false);
   const Fields model = top.object("model", false);
   for (const auto& [k, v] : model.obj.items())
     if (!(v.is_string() || v.is_boolean() || (v.is_number() && std::isfinite(v.get<double>()))))

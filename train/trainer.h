@@ -119,6 +119,9 @@ class Trainer {
   bool defer_wte_ = false;             // the table's DP reduction waits for finish_gradients
   std::string auto_chosen_;            // schedule = "auto": the candidate chosen, for the log
   std::string auto_csv_;               // the auto schedule a loaded checkpoint recorded ("" when none)
+  // The step's global batch as its packed documents make it (data.reset_*, eod_mask_loss): the
+  // tokens the loss counts and the attention pairs needed (every rank reads them the same).
+  BatchDocuments batch_docs_;
 };
 
 }  // namespace tripod

@@ -505,7 +505,7 @@ void AttentionRunner::forward(const Tensor& qkv, Tensor& out, Tensor& lse) {
   }
   TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
                k::kMaxRefHeadDim);
-  k::attention_forward(qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), B, T, H, Hkv, D, scale,
+  k::attention_forward(qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), B, T, H, Hkv, D, nullptr, scale,
                        ops_.compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
   last_impl_ = "reference";
@@ -545,7 +545,49 @@ void AttentionRunner::backward(const Tensor& dout, const Tensor& qkv, const Tens
                k::kMaxRefHeadDim);
   Tensor delta = ops_.empty({B, H, T}, DType::F32, MemCategory::Workspace);
   k::attention_backward(dout.data<bf16>(), qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), dqkv.data<bf16>(),
-                        delta.data<float>(), B, T, H, Hkv, D, scale, ops_.compute_stream());
+                        delta.data<float>(), B, T, H, Hkv, D, nullptr, scale, ops_.compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
+  last_impl_ = "reference";
+}
+
+namespace {
+void expect_starts(const Tensor& start, int64_t B, int64_t T, const char* op) {
+  TRIPOD_CHECK(start.defined(), "{}: no document starts", op);
+  expect(start, DType::I32, B * T, op, "document starts");
+}
+}  // namespace
+
+void AttentionRunner::forward_docs(const Tensor& qkv, const Tensor& start, Tensor& out, Tensor& lse) {
+  const char* op = "attention_forward_docs";
+  auto [B, T, H, Hkv, D] = qkv_dims(qkv, out, op);
+  expect(qkv, DType::BF16, B * T * (H + 2 * Hkv) * D, op, "qkv");
+  expect(out, DType::BF16, B * T * H * D, op, "out");
+  expect(lse, DType::F32, B * H * T, op, "lse");
+  expect_starts(start, B, T, op);
+  TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
+               k::kMaxRefHeadDim);
+  k::attention_forward(qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), B, T, H, Hkv, D,
+                       start.data<int32_t>(), 1.0f / std::sqrt(static_cast<float>(D)), ops_.compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
+  last_impl_ = "reference";
+}
+
+void AttentionRunner::backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                    const Tensor& start, Tensor& dqkv) {
+  const char* op = "attention_backward_docs";
+  auto [B, T, H, Hkv, D] = qkv_dims(qkv, out, op);
+  expect(qkv, DType::BF16, B * T * (H + 2 * Hkv) * D, op, "qkv");
+  expect(dqkv, DType::BF16, B * T * (H + 2 * Hkv) * D, op, "dqkv");
+  expect(out, DType::BF16, B * T * H * D, op, "out");
+  expect(dout, DType::BF16, B * T * H * D, op, "dout");
+  expect(lse, DType::F32, B * H * T, op, "lse");
+  expect_starts(start, B, T, op);
+  TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
+               k::kMaxRefHeadDim);
+  Tensor delta = ops_.empty({B, H, T}, DType::F32, MemCategory::Workspace);
+  k::attention_backward(dout.data<bf16>(), qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), dqkv.data<bf16>(),
+                        delta.data<float>(), B, T, H, Hkv, D, start.data<int32_t>(),
+                        1.0f / std::sqrt(static_cast<float>(D)), ops_.compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
   last_impl_ = "reference";
 }
@@ -561,6 +603,17 @@ void CudaOps::attention_backward(const Tensor& dout, const Tensor& qkv, const Te
                                  const Tensor& probs, Tensor& dqkv) {
   ScopedTimer timer(*this, OpFamily::Attention);
   attention_->backward(dout, qkv, out, lse, dqkv);
+}
+
+void CudaOps::attention_forward_docs(const Tensor& qkv, const DocRows& docs, Tensor& out, Tensor& lse) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  attention_->forward_docs(qkv, docs.start, out, lse);
+}
+
+void CudaOps::attention_backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                      const DocRows& docs, Tensor& dqkv) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  attention_->backward_docs(dout, qkv, out, lse, docs.start, dqkv);
 }
 
 void CudaOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) {
@@ -605,19 +658,23 @@ BlockShape block_shape(const Tensor& q, const Tensor& kv, const Tensor& out, con
 }
 }  // namespace
 
-void CudaOps::attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) {
+void CudaOps::attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, const BlockDocs& docs,
+                                      Tensor& out, Tensor& lse) {
   ScopedTimer timer(*this, OpFamily::Attention);
   const char* op = "attention_block_forward";
   const BlockShape b = block_shape(q, kv, out, lse, causal, op);
   expect(out, DType::F32, b.B * b.Tq * b.H * b.D, op, "out");
+  if (docs.start.defined()) expect(docs.start, DType::I32, b.B * b.Tq, op, "document starts");
   k::attention_block_forward(q.data<bf16>(), kv.data<bf16>(), out.data<float>(), lse.data<float>(), b.B, b.Tq, b.Tk,
-                             b.Wq, b.H, b.Hkv, b.D, causal, 1.0f / std::sqrt(static_cast<float>(b.D)),
-                             compute_stream());
+                             b.Wq, b.H, b.Hkv, b.D, causal,
+                             docs.start.defined() ? docs.start.data<int32_t>() : nullptr, docs.key_pos,
+                             1.0f / std::sqrt(static_cast<float>(b.D)), compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} q {} kv {}", op, q.str(), kv.str());
 }
 
 void CudaOps::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
-                                       const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) {
+                                       const Tensor& lse, bool causal, const BlockDocs& docs, Tensor& dq,
+                                       Tensor& dkv) {
   ScopedTimer timer(*this, OpFamily::Attention);
   const char* op = "attention_block_backward";
   const BlockShape b = block_shape(q, kv, out, lse, causal, op);
@@ -625,10 +682,12 @@ void CudaOps::attention_block_backward(const Tensor& dout, const Tensor& q, cons
   expect(dout, DType::BF16, b.B * b.Tq * b.H * b.D, op, "dout");
   expect(dq, DType::F32, q.numel(), op, "dq");
   expect(dkv, DType::F32, kv.numel(), op, "dkv");
+  if (docs.start.defined()) expect(docs.start, DType::I32, b.B * b.Tq, op, "document starts");
   Tensor delta = empty({b.B * b.H * b.Tq}, DType::F32, MemCategory::Workspace);
   k::attention_block_backward(dout.data<bf16>(), q.data<bf16>(), kv.data<bf16>(), out.data<bf16>(), lse.data<float>(),
                               delta.data<float>(), dq.data<float>(), dkv.data<float>(), b.B, b.Tq, b.Tk, b.Wq, b.H,
-                              b.Hkv, b.D, causal, 1.0f / std::sqrt(static_cast<float>(b.D)), compute_stream());
+                              b.Hkv, b.D, causal, docs.start.defined() ? docs.start.data<int32_t>() : nullptr,
+                              docs.key_pos, 1.0f / std::sqrt(static_cast<float>(b.D)), compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} q {} kv {}", op, q.str(), kv.str());
 }
 

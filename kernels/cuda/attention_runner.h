@@ -32,6 +32,11 @@ class AttentionRunner {
   void forward(const Tensor& qkv, Tensor& out, Tensor& lse);
   // dout (B, T, H, D) -> dqkv (B, T, H + 2 Hkv, D).
   void backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv);
+  // The same within packed documents (Ops::attention_forward_docs): `start` (B, T) i32, each row's
+  // document start. The reference kernels, visiting only the keys each query sees.
+  void forward_docs(const Tensor& qkv, const Tensor& start, Tensor& out, Tensor& lse);
+  void backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, const Tensor& start,
+                     Tensor& dqkv);
   // "cudnn" or "reference": what the last call ran.
   const char* last_impl() const { return last_impl_; }
 
