@@ -228,6 +228,17 @@ TEST_F(PipelineExecutorTest, CustomCsvScheduleRuns) {
   run_and_check(parse_schedule_csv(csv, "custom.csv"), world_.get(), world_->rank());
 }
 
+// A rank may consume a peer's messages in another order than they were sent (the receives are
+// posted in sending order): the last rank runs the forwards and backwards of later micro-batches
+// first.
+TEST_F(PipelineExecutorTest, MessagesConsumedOutOfSendingOrderMatch) {
+  const int p = world_->size();
+  std::string csv;
+  for (int r = 0; r < p; ++r)
+    csv += r + 1 < p ? "F0,F1,F2,B0,B1,B2\n" : "F2,F0,F1,B1,B2,B0\n";
+  run_and_check(parse_schedule_csv(csv, "out_of_order.csv"), world_.get(), world_->rank());
+}
+
 // Evaluation's forward-only schedule runs with no backward callback: every last-stage output
 // matches the serial reference and nothing is left held.
 TEST_F(PipelineExecutorTest, ForwardOnlyScheduleRuns) {
