@@ -668,20 +668,23 @@ TEST_F(CudaOpsTest, CrossEntropySkipsNegativeTargets) {
   gpu_->xent_combine(gparts, glse, gloss);
   Tensor got_loss = down(gloss), got_lse = down(glse);
   EXPECT_LT(rel_err(got_loss, loss), kF32Tol);
-  for (int64_t n = 0; n < N; ++n)
+  for (int64_t n = 0; n < N; ++n) {
     if (tg[n] < 0) {
       EXPECT_EQ(got_loss.data<float>()[n], 0.f);
       EXPECT_EQ(got_lse.data<float>()[n], 0.f);
     }
+  }
   for (int64_t p = 0; p < P; ++p) {
     const int64_t start = p * rows, valid = std::clamp<int64_t>(vocab - start, 0, rows);
     cpu_->xent_backward(logits[p], targets, start, valid, lse, 1.0f / N);
     gpu_->xent_backward(glogits[p], gtargets, start, valid, glse, 1.0f / N);
     Tensor got = down(glogits[p]);
     EXPECT_LT(rel_err(got, logits[p]), kBf16Tol);
-    for (int64_t n = 0; n < N; ++n)
-      if (tg[n] < 0)
+    for (int64_t n = 0; n < N; ++n) {
+      if (tg[n] < 0) {
         for (int64_t j = 0; j < rows; ++j) ASSERT_EQ(got.data<float>()[n * rows + j], 0.f) << "row " << n;
+      }
+    }
   }
 }
 
