@@ -417,6 +417,36 @@ __global__ void columns_kernel(const In* src, Out* dst, int64_t N, int64_t W, in
     dst[n * W + off + e] = from_float<Out>(to_float(src[i]));
 }
 
+// Packed documents batched by length (attention.cpp): rows of a (B T, w) tensor <-> (n, L, w),
+// document i's len rows from row first (table: first[0..n), len[0..n)); padding rows are 0.
+template <class V>
+__global__ void doc_rows_kernel(const V* src, V* dst, const int32_t* table, int64_t n, int64_t L, int64_t w,
+                                bool gather) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * L * w) return;
+  const int64_t i = e / (L * w), t = (e / w) % L, x = e % w;
+  const bool real = t < table[n + i];
+  const int64_t row = static_cast<int64_t>(table[i]) + t;
+  if (gather)
+    dst[e] = real ? src[row * w + x] : V{};
+  else if (real)
+    dst[row * w + x] = src[e];
+}
+
+// lse (B, H, T) <-> (n, H, L) by the same table (padding 0).
+__global__ void doc_lse_kernel(const float* src, float* dst, const int32_t* table, int64_t n, int64_t L, int64_t H,
+                               int64_t T, bool gather) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * H * L) return;
+  const int64_t i = e / (H * L), h = (e / L) % H, t = e % L;
+  const bool real = t < table[n + i];
+  const int64_t first = table[i], b = first / T, at = (b * H + h) * T + first % T + t;
+  if (gather)
+    dst[e] = real ? src[at] : 0.f;
+  else if (real)
+    dst[at] = src[e];
+}
+
 // Calls f with the elements of a head row per lane, NPL, as a compile-time constant: D up to
 // 32, 64, 128 or more gives 1, 2, 4 or 8.
 template <class F> void by_head_size(int64_t D, F&& f) {
@@ -451,6 +481,20 @@ void attention_block_backward(const bf16* dout, const bf16* q, const bf16* kv, c
   by_head_size(D, [&](auto npl) {
     run_block_backward<decltype(npl)::value>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
   });
+}
+
+void doc_rows(const bf16* src, bf16* dst, const int32_t* table, int64_t n, int64_t L, int64_t w, bool gather,
+              cudaStream_t s) {
+  if (n * L * w == 0) return;
+  doc_rows_kernel<bf16_t><<<static_cast<unsigned>((n * L * w + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      dev(src), dev(dst), table, n, L, w, gather);
+}
+
+void doc_lse(const float* src, float* dst, const int32_t* table, int64_t n, int64_t L, int64_t H, int64_t T,
+             bool gather, cudaStream_t s) {
+  if (n * H * L == 0) return;
+  doc_lse_kernel<<<static_cast<unsigned>((n * H * L + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      src, dst, table, n, L, H, T, gather);
 }
 
 void attention_kv_pack(const bf16* qkv, bf16* kv, int64_t N, int64_t W, int64_t w, cudaStream_t s) {

@@ -145,6 +145,14 @@ void attention_block_backward(const bf16* dout, const bf16* q, const bf16* kv, c
 void attention_kv_pack(const bf16* qkv, bf16* kv, int64_t N, int64_t W, int64_t w, cudaStream_t s);
 void attention_kv_unpack(const float* kv, bf16* qkv, int64_t N, int64_t W, int64_t w, cudaStream_t s);
 void attention_kv_unpack(const bf16* kv, bf16* qkv, int64_t N, int64_t W, int64_t w, cudaStream_t s);
+// Packed documents batched by length for cuDNN (attention.cpp): gather copies document i's len[i]
+// rows (of width w elements) from row first[i] of src (B T rows) into rows [i L, i L + len[i]) of
+// dst (n L rows), zeroing the rest; !gather copies the real rows back. table (device, i32):
+// first[0..n) then len[0..n). doc_lse does the same between lse (B, H, T) and (n, H, L).
+void doc_rows(const bf16* src, bf16* dst, const int32_t* table, int64_t n, int64_t L, int64_t w, bool gather,
+              cudaStream_t s);
+void doc_lse(const float* src, float* dst, const int32_t* table, int64_t n, int64_t L, int64_t H, int64_t T,
+             bool gather, cudaStream_t s);
 // Largest head dimension the reference kernels take.
 inline constexpr int64_t kMaxRefHeadDim = 256;
 

@@ -547,28 +547,37 @@ PackedDocs packed_docs(int64_t B, int64_t T, const std::vector<int64_t>& ends) {
 }
 
 // Attention within documents (the varlen form) on the GPU against the CPU backend, forward and
-// backward, grouped-query attention included.
+// backward, grouped-query attention included: cuDNN on the documents batched by length (the
+// default), and the reference kernels visiting each query's document only.
 TEST_F(CudaOpsTest, AttentionWithinDocumentsMatchesCpu) {
-  for (AttnCase c : {AttnCase{2, 40, 4, 32, 2}, AttnCase{1, 130, 2, 64}, AttnCase{2, 17, 3, 24}}) {
-    auto [B, T, H, D, unused] = c;
-    const int64_t W = H + 2 * c.kv();
-    SCOPED_TRACE(testing::Message() << B << " " << T << " " << H << " " << D << " kv " << c.kv());
-    const PackedDocs docs = packed_docs(B, T, {0, 5, 6, 19, 37, 100});
-    Tensor start = ints(*cpu_, docs.start);
-    Tensor qkv = randn({B, T, W, D}, 160 + T), dout = randn({B, T, H, D}, 170 + T);
-    Tensor out = host({B, T, H, D}), lse = host({B, H, T}), dqkv = host({B, T, W, D});
-    const DocRows rows{.offsets = docs.offsets, .start = start.view({B, T})};
-    cpu_->attention_forward_docs(qkv, rows, out, lse);
-    Tensor gstart = up(start, DType::I32);
-    const DocRows grows{.offsets = docs.offsets, .start = gstart.view({B, T})};
-    Tensor gqkv = up(qkv), gout = poison({B, T, H, D}), glse = poison({B, H, T}, DType::F32);
-    gpu_->attention_forward_docs(gqkv, grows, gout, glse);
-    EXPECT_LT(rel_err(down(gout), out), kBf16Tol);
-    EXPECT_LT(rel_err(down(glse), lse), 1e-4);
-    cpu_->attention_backward_docs(dout, qkv, out, lse, rows, dqkv);
-    Tensor gdqkv = poison({B, T, W, D});
-    gpu_->attention_backward_docs(up(dout), gqkv, gout, glse, grows, gdqkv);
-    EXPECT_LT(rel_err(down(gdqkv), dqkv), kBf16Tol);
+  for (AttentionKernels kernels : {AttentionKernels::Auto, AttentionKernels::Reference}) {
+    auto gpu = gpu_with_attention(kernels);
+    for (AttnCase c : {AttnCase{2, 40, 4, 32, 2}, AttnCase{1, 130, 2, 64}, AttnCase{2, 200, 4, 64}}) {
+      auto [B, T, H, D, unused] = c;
+      const int64_t W = H + 2 * c.kv();
+      SCOPED_TRACE(testing::Message() << B << " " << T << " " << H << " " << D << " kv " << c.kv()
+                                      << (kernels == AttentionKernels::Reference ? " reference" : " auto"));
+      const PackedDocs docs = packed_docs(B, T, {0, 5, 6, 19, 37, 100, 101, 170});
+      Tensor start = ints(*cpu_, docs.start);
+      Tensor qkv = randn({B, T, W, D}, 160 + T), dout = randn({B, T, H, D}, 170 + T);
+      Tensor out = host({B, T, H, D}), lse = host({B, H, T}), dqkv = host({B, T, W, D});
+      const DocRows rows{.offsets = docs.offsets, .start = start.view({B, T})};
+      cpu_->attention_forward_docs(qkv, rows, out, lse);
+      Tensor gstart = upload(*gpu, start, DType::I32);
+      const DocRows grows{.offsets = docs.offsets, .start = gstart.view({B, T})};
+      Tensor gqkv = upload(*gpu, qkv, DType::BF16), gout = poisoned(*gpu, {B, T, H, D}, DType::BF16);
+      Tensor glse = poisoned(*gpu, {B, H, T}, DType::F32);
+      gpu->attention_forward_docs(gqkv, grows, gout, glse);
+      EXPECT_LT(rel_err(download(*gpu, *cpu_, gout), out), kBf16Tol);
+      EXPECT_LT(rel_err(download(*gpu, *cpu_, glse), lse), 1e-4);
+      cpu_->attention_backward_docs(dout, qkv, out, lse, rows, dqkv);
+      Tensor gdqkv = poisoned(*gpu, {B, T, W, D}, DType::BF16);
+      gpu->attention_backward_docs(upload(*gpu, dout, DType::BF16), gqkv, gout, glse, grows, gdqkv);
+      EXPECT_LT(rel_err(download(*gpu, *cpu_, gdqkv), dqkv), kBf16Tol);
+      if (kernels == AttentionKernels::Reference) {
+        EXPECT_EQ(std::string(dynamic_cast<cuda::CudaOps&>(*gpu).attention_impl()), "reference");
+      }
+    }
   }
 }
 
