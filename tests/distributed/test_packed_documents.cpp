@@ -1,7 +1,8 @@
 // Packed documents on every layout (8 ranks under mpirun): with data.reset_position_ids and
 // data.reset_attention_mask a packed sequence gives the per-token losses and the gradients of
 // running each of its documents on its own (a model of the document's length, positions from 0),
-// serially and under tp = 2 (+SP), pp = 2, cp = 2 (ring and all-gather) and their combination,
+// serially and under tp = 2 (+SP), pp = 2, cp = 2 (ring and all-gather) and their combination, a
+// split-backward schedule and recomputation,
 // for GPT-2 (learned positions) and Llama (rope, grouped-query attention); with
 // data.eod_mask_loss too every layout trains as the serial run does (the loss a mean over the
 // global batch's counted tokens); the ring and the all-gather send less when documents are short;
@@ -54,8 +55,11 @@ struct Layout {
   bool sp = false;
   int pp = 1, cp = 1, dp = 1;
   CpComm comm = CpComm::Ring;
+  ScheduleKind schedule = ScheduleKind::OneFOneB;
+  RecomputeMode recompute = RecomputeMode::None;
   std::string str() const {
-    return fmt::format("tp={}{} pp={} cp={} {} dp={}", tp, sp ? "+sp" : "", pp, cp, enum_name(comm), dp);
+    return fmt::format("tp={}{} pp={} cp={} {} dp={} {} recompute {}", tp, sp ? "+sp" : "", pp, cp, enum_name(comm),
+                       dp, enum_name(schedule), enum_name(recompute));
   }
   RankGrid grid() const { return RankGrid(tp, dp, pp, cp); }
   Config apply(Config c) const {
@@ -65,6 +69,8 @@ struct Layout {
     c.parallel.dp = dp;
     c.parallel.cp_comm = comm;
     c.parallel.sequence_parallel = sp;
+    c.parallel.schedule = schedule;
+    c.recompute.mode = recompute;
     return c;
   }
 };
@@ -195,8 +201,11 @@ TEST_P(Documents8, PackedEqualsEachDocumentAlone) {
     }
   }
 
-  for (const Layout& l : std::vector<Layout>{{}, {.tp = 2, .sp = true}, {.pp = 2}, {.cp = 2}, {.cp = 2, .comm = CpComm::AllGather},
-                                             {.cp = 4}, {.tp = 2, .pp = 2, .cp = 2}, {.tp = 2, .pp = 2, .cp = 2, .comm = CpComm::AllGather}}) {
+  for (const Layout& l : std::vector<Layout>{
+           {}, {.tp = 2, .sp = true}, {.pp = 2}, {.cp = 2}, {.cp = 2, .comm = CpComm::AllGather}, {.cp = 4},
+           {.tp = 2, .pp = 2, .cp = 2}, {.tp = 2, .pp = 2, .cp = 2, .comm = CpComm::AllGather},
+           {.pp = 2, .schedule = ScheduleKind::ZbH1, .recompute = RecomputeMode::Full},
+           {.tp = 2, .sp = true, .cp = 2, .recompute = RecomputeMode::Selective}}) {
     SCOPED_TRACE(l.str());
     auto w = test::make_subworld(*ops, l.grid(), l.sp, l.comm);
     if (!w.par) continue;
