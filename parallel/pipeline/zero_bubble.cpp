@@ -32,7 +32,7 @@ struct RankState {
 
 }  // namespace
 
-Schedule list_schedule(const ListScheduleOptions& o, const std::string& kind) {
+Schedule list_schedule(const ListScheduleOptions& o, ScheduleKind kind) {
   const int P = o.pp, V = o.vp, M = o.microbatches, S = P * V;
   TRIPOD_CHECK(P >= 1 && V >= 1 && M >= 1, "list schedule: pp {} vp {} m {}", P, V, M);
   Schedule s;
@@ -323,7 +323,7 @@ std::vector<Action> zb_h1_actions(int pp, int m, int r) {
 Schedule zb_h1_schedule(int pp, int microbatches) {
   check_zb_numbers("zb-h1", pp, microbatches);
   Schedule s;
-  s.kind = "zb-h1";
+  s.kind = ScheduleKind::ZbH1;
   s.pp = pp;
   s.microbatches = microbatches;
   for (int r = 0; r < pp; ++r) s.ranks.push_back(zb_h1_actions(pp, microbatches, r));
@@ -334,7 +334,7 @@ Schedule zb_h1_schedule(int pp, int microbatches) {
 // forwards that no rank waits for a gradient once its first one has arrived.
 Schedule zb_h2_schedule(int pp, int microbatches) {
   check_zb_numbers("zb-h2", pp, microbatches);
-  return list_schedule(unit_options(pp, 1, Placement::Loop, microbatches, 2 * pp - 1), "zb-h2");
+  return list_schedule(unit_options(pp, 1, Placement::Loop, microbatches, 2 * pp - 1), ScheduleKind::ZbH2);
 }
 
 // ZB-V, rank r (chunk 0 = stage r, chunk 1 = stage 2pp-1-r), built for n = max(m, 2pp-1)
@@ -386,7 +386,7 @@ std::vector<Action> zbv_actions(int pp, int m, int r) {
 Schedule zbv_schedule(int pp, int microbatches, bool eager) {
   check_zb_numbers("zbv", pp, microbatches);
   Schedule s;
-  s.kind = "zbv";
+  s.kind = ScheduleKind::Zbv;
   s.pp = pp;
   s.vp = 2;
   s.microbatches = microbatches;
@@ -466,12 +466,9 @@ std::vector<Action> dualpipev_actions(int pp, int m, int r) {
 
 Schedule dualpipev_schedule(int pp, int microbatches) {
   check_zb_numbers("dualpipev", pp, microbatches);
-  TRIPOD_INPUT_CHECK(microbatches >= 2 * pp,
-                     "microbatches = {}: the dualpipev schedule needs at least 2*pp = {} micro-batches (one per "
-                     "virtual stage)",
-                     microbatches, 2 * pp);
+  TRIPOD_CHECK(microbatches >= 2 * pp, "dualpipev with m = {} < 2pp (check_schedule_kind refuses it)", microbatches);
   Schedule s;
-  s.kind = "dualpipev";
+  s.kind = ScheduleKind::DualPipeV;
   s.pp = pp;
   s.vp = 2;
   s.microbatches = microbatches;
@@ -518,11 +515,12 @@ AutoSchedule auto_schedule(int pp, int vp, Placement placement, int m, const Sta
   };
   // The fixed schedules these numbers allow.
   if (placement == Placement::Loop && vp == 1) {
-    for (const char* k : {"gpipe", "1f1b"}) consider(k, build_schedule(k, pp, 1, m));
+    for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+      consider(std::string(enum_name(k)), build_schedule(k, pp, 1, m));
     consider("zb-h1", zb_h1_schedule(pp, m));
     consider("zb-h2", zb_h2_schedule(pp, m));
   }
-  if (placement == Placement::Loop && vp > 1 && m % pp == 0) consider("interleaved", build_schedule("interleaved", pp, vp, m));
+  if (placement == Placement::Loop && vp > 1 && m % pp == 0) consider("interleaved", build_schedule(ScheduleKind::Interleaved, pp, vp, m));
   if (placement == Placement::V) {
     consider("zbv", zbv_schedule(pp, m));
     consider("zbv eager", zbv_schedule(pp, m, /*eager=*/true));
@@ -549,7 +547,7 @@ AutoSchedule auto_schedule(int pp, int vp, Placement placement, int m, const Sta
         o.comm = comm;
         o.max_pending_w = pend;
         consider(fmt::format("list cap={:g}{}{}", k, split ? "" : " B", pend >= 0 ? fmt::format(" w<={}", pend) : ""),
-                 list_schedule(o, "auto"));
+                 list_schedule(o, ScheduleKind::Auto));
       }
   if (best == kInf) {
     double least = kInf;
@@ -558,7 +556,7 @@ AutoSchedule auto_schedule(int pp, int vp, Placement placement, int m, const Sta
                                  "any candidate holds is {:g}); raise the memory cap",
                                  cap, least));
   }
-  out.schedule.kind = "auto";
+  out.schedule.kind = ScheduleKind::Auto;
   return out;
 }
 

@@ -58,7 +58,7 @@ struct ListScheduleOptions {
   // micro-batches (< 0: never; W then waits until nothing else can run).
   int max_pending_w = -1;
 };
-Schedule list_schedule(const ListScheduleOptions& options, const std::string& kind);
+Schedule list_schedule(const ListScheduleOptions& options, ScheduleKind kind);
 
 // Makes every rank consume each peer's messages in the order the peer sends them: walking the
 // lists in order, the action consuming the first waiting message moves up to just before the one

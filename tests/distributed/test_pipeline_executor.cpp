@@ -65,7 +65,7 @@ Reference serial_reference(int stages, int microbatches) {
 // Runs `schedule` on this rank's pipeline `pp` (rank `pp_rank`) for `steps` steps and checks
 // every result against the serial reference.
 void run_and_check(const Schedule& schedule, Communicator* pp, int pp_rank, int steps = 2) {
-  SCOPED_TRACE(fmt::format("{} pp={} vp={} m={} pipeline rank {}", schedule.kind, schedule.pp, schedule.vp,
+  SCOPED_TRACE(fmt::format("{} pp={} vp={} m={} pipeline rank {}", enum_name(schedule.kind), schedule.pp, schedule.vp,
                            schedule.microbatches, pp_rank));
   const int S = schedule.num_stages(), vp = schedule.vp, m = schedule.microbatches;
   const Reference ref = serial_reference(S, m);

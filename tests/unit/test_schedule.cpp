@@ -185,7 +185,7 @@ TEST(Plan, MessagesAreBetweenNeighbouringStages) {
 
 TEST(ScheduleCsv, ParsesAndRoundTrips) {
   Schedule s = parse_schedule_csv("# a comment\n\nF0, F1.0 , B0,B1\n  F0.0,B0.0,,F1.0,B1.0,,\r\n", "t.csv");
-  EXPECT_EQ(s.kind, "custom");
+  EXPECT_EQ(s.kind, ScheduleKind::Custom);
   EXPECT_EQ(s.pp, 2);
   EXPECT_EQ(s.vp, 1);
   EXPECT_EQ(s.microbatches, 2);

@@ -4,7 +4,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
-#include <cstdlib>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -93,7 +93,6 @@ void log_restart(const DebugOptions& debug, const Config& cfg, int64_t resumed_f
 // stages are balanced with (training profiles its own machine at start-up and may choose another).
 void print_dry_run(const Config& cfg, const std::string& split) {
   const ParallelConfig& p = cfg.parallel;
-  Schedule s = make_schedule(cfg);
   StageCosts costs;  // empty: unit costs
   std::string note;
   if (p.schedule == ScheduleKind::Auto && p.schedule_file.empty()) {
@@ -104,26 +103,35 @@ void print_dry_run(const Config& cfg, const std::string& split) {
       i.push_back(c.input());
       w.push_back(c.weight);
     }
-    costs = stage_costs_fiw(f, i, w, s.num_stages());
-    const AutoSchedule a = auto_schedule(s.pp, s.vp, s.placement, s.microbatches, costs, /*comm=*/0, /*cap=*/0);
-    s = a.schedule;
-    note = fmt::format(" ({} for the cost model's times on {}; training profiles its machine at start-up)",
-                       a.chosen, hw.name);
+    costs = stage_costs_fiw(f, i, w, p.pp * p.vp);
   }
+  AutoSchedule a;
+  const Schedule s = make_schedule(cfg, costs, &a);
+  if (!costs.forward.empty())
+    note = fmt::format(" ({} for the cost model's times on {}; training profiles its machine at start-up)", a.chosen,
+                       balance_hardware(cfg).name);
   const PipePlan plan = plan_pipeline(s);
   const Simulation sim = costs.forward.empty() ? simulate(s, PipeCosts{}) : simulate(s, plan, PipeCosts{}, costs);
   fmt::print("grid {}, vp {}, {} schedule{} over {} micro-batches per step: simulated bubble {:.1f}%\n{}\n{}",
-             RankGrid(p.tp, p.dp, p.pp, p.cp).str(), p.vp, s.kind, note, s.microbatches, 100 * sim.bubble, split,
+             RankGrid(p.tp, p.dp, p.pp, p.cp).str(), p.vp, enum_name(s.kind), note, s.microbatches, 100 * sim.bubble, split,
              memory_table(cfg, plan_memory(cfg, s)));
 }
 
+// The TRIPOD_* switches, read once before MPI starts (the heartbeat needs the launch status);
+// invalid ones are reported once MPI runs, by rank 0 (`bad`).
+struct EnvOptions {
+  DebugOptions debug;
+  std::optional<InputError> bad;
+};
+
 // Training between MPI_Init and MPI_Finalize; `linger_ms` gets the exit test hook's value.
-int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
+int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout_s, int& linger_ms) {
   MpiSession mpi(timeout_s);
   init_logging(mpi.rank(), mpi.size(), o.verbose);
   Config cfg;
   Runtime rt;
   try {
+    if (env.bad) throw *env.bad;
     cfg = load_config(o.config, o.sets);
     if (o.dry_run) {
       // The plan for the grid the config asks for (dp = 1 when not given), before any allocation.
@@ -137,7 +145,7 @@ int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
     const std::string split = resolve_layer_split(cfg);
     if (cfg.parallel.pp > 1) spdlog::info("{}", split);
     resolve_eod_token(cfg);  // packed documents (data.reset_*, eod_mask_loss) cut at it
-    rt = make_runtime(cfg, /*flight_recorder=*/true);
+    rt = make_runtime(cfg, env.debug, /*flight_recorder=*/true);
   } catch (const InputError& e) {
     rethrow_agreed(e);
   }
@@ -176,11 +184,16 @@ int run_train(const TrainOptions& o) {
     timeout_s = load_config(o.config, o.sets).parallel.timeout_s;
   } catch (const std::exception&) {
   }
+  EnvOptions env;
+  try {
+    env.debug = read_debug_options();
+  } catch (const InputError& e) {
+    env.bad = e;
+  }
   // Beats for the launcher's watchdog (launch/restarts.sh) from before MPI starts until the exit.
-  const char* launch_status = std::getenv("TRIPOD_LAUNCH_STATUS");
-  const Heartbeat heartbeat(o.dry_run || !launch_status ? "" : launch_status, timeout_s);
+  const Heartbeat heartbeat(o.dry_run ? "" : env.debug.launch_status, timeout_s);
   int linger_ms = 0;
-  const int status = train_under_mpi(o, timeout_s, linger_ms);
+  const int status = train_under_mpi(o, env, timeout_s, linger_ms);
   std::this_thread::sleep_for(std::chrono::milliseconds(linger_ms));
   return status;
 }
