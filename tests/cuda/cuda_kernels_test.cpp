@@ -735,7 +735,9 @@ TEST(Cublas, LoadsWithEveryFunction) {
 #define TRIPOD_EXPECT_LOADED(name) EXPECT_NE(b.name, nullptr) << #name;
   TRIPOD_CUBLAS_FUNCTIONS(TRIPOD_EXPECT_LOADED)
 #undef TRIPOD_EXPECT_LOADED
-  EXPECT_STREQ(b.GetStatusString(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+  // The library answers (its wording of a status differs between versions: "success" in 13.x).
+  const std::string ok = b.GetStatusString(CUBLAS_STATUS_SUCCESS);
+  EXPECT_NE(ok.find("SUCCESS") == std::string::npos ? ok.find("success") : 0, std::string::npos) << ok;
 }
 
 // Experts' rows: sizes with an empty group, one row, and sizes that are not multiples of 8.
