@@ -523,7 +523,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     require(m.d_model % 16 == 0, origin, "model.d_model",
             fmt::format("= {} must be a multiple of 16 with train.precision = \"fp8\" (FP8 GEMM dimensions "
                         "are multiples of 16)", m.d_model));
-    require(m.ffn() % 16 == 0, origin, "model.ffn_hidden",
+    require(m.ffn() % 16 == 0 || !c.train.fp8_config().any_fp8_mlp(m), origin, "model.ffn_hidden",
             fmt::format("= {} must be a multiple of 16 with train.precision = \"fp8\" (FP8 GEMM dimensions "
                         "are multiples of 16)", m.ffn()));
     require(2 * c.train.fp8_bf16_layers < m.n_layers, origin, "train.fp8_bf16_layers",
@@ -620,10 +620,11 @@ void validate_layout(Config& cfg, int world_size) {
                        "tokens must be a multiple of 16 (FP8 GEMM dimensions are multiples of 16)",
                        p.cp > 1 ? " / parallel.cp" : "", tokens);
     const int64_t D = m.head_dim();
-    const std::pair<const char*, int64_t> widths[] = {{"the attention heads' width n_heads * head_dim", m.n_heads * D},
-                                                      {"the QKV width (n_heads + 2 n_kv_heads) * head_dim",
-                                                       (m.n_heads + 2 * m.kv_heads()) * D},
-                                                      {"the MLP width model.ffn_hidden", m.ffn()}};
+    std::vector<std::pair<const char*, int64_t>> widths = {
+        {"the attention heads' width n_heads * head_dim", m.n_heads * D},
+        {"the QKV width (n_heads + 2 n_kv_heads) * head_dim", (m.n_heads + 2 * m.kv_heads()) * D}};
+    // The dense MLPs' width; a mixture-of-experts layer's experts stay in bf16.
+    if (t.fp8_config().any_fp8_mlp(m)) widths.emplace_back("the MLP width model.ffn_hidden", m.ffn());
     for (const auto& [what, width] : widths)
       TRIPOD_INPUT_CHECK(width % (16 * p.tp) == 0,
                          "train.precision = \"fp8\": parallel.tp = {} splits {} = {} into {} per rank, which must "

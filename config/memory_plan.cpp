@@ -90,6 +90,10 @@ std::string memory_table(const Config& cfg, const std::vector<RankMemory>& ranks
                               : "dropless: every token's top_k choices, the most any routing sends",
         e.selection_bias() ? "; selection biases f32 among the parameters" : "");
   }
+  if (cfg.train.fp8())
+    out += fmt::format("precision fp8 ({}): {}; their weights' casts (2 bytes per element) and scaling state are "
+                       "among the parameters\n",
+                       enum_name(cfg.train.fp8_recipe), fp8_summary(mc, cfg.train.fp8_config()));
   out += fmt::format("{:>4} {:>4} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "pp", "tp", "params", "grads", "optimizer",
                      "activations", "total");
   for (auto& [key, m] : rows)

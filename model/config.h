@@ -208,6 +208,20 @@ struct Fp8Config {
   int bf16_layers = 0;      // the first and the last this many layers keep the compute dtype
   // Whether layer `layer` of `n_layers` runs its GEMMs in FP8.
   bool fp8_layer(int layer, int n_layers) const { return layer >= bf16_layers && layer < n_layers - bf16_layers; }
+  // How many of layer `layer`'s linears run in FP8 (model/fp8.h): 4 (the attention's QKV and
+  // projection, the dense MLP's input and output), 2 in a mixture-of-experts layer (its attention's:
+  // the router and the experts stay in bf16), 0 in a layer kept in bf16. The model registers, the
+  // memory plan charges and the metrics list exactly these.
+  int linears(const ModelConfig& m, int layer) const {
+    if (!fp8_layer(layer, m.n_layers)) return 0;
+    return m.moe.sparse(layer) ? 2 : 4;
+  }
+  // Whether some layer runs a dense MLP in FP8 (its width then obeys the FP8 GEMMs' rules).
+  bool any_fp8_mlp(const ModelConfig& m) const {
+    for (int l = 0; l < m.n_layers; ++l)
+      if (linears(m, l) == 4) return true;
+    return false;
+  }
 };
 
 }  // namespace tripod

@@ -355,14 +355,37 @@ void linear_backward_weight(Ops& ops, Fp8Linear* fp8, const Tensor& dy, const Te
     ops.linear_backward_weight(dy, x, dw, db);
 }
 
+std::string fp8_summary(const ModelConfig& cfg, const Fp8Config& fp8) {
+  int n = 0, moe_layers = 0, first = -1, last = -1;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const int k = fp8.linears(cfg, l);
+    if (k == 0) continue;
+    n += k;
+    moe_layers += k == 2;
+    if (first < 0) first = l;
+    last = l;
+  }
+  std::string out = fmt::format("{} linears in FP8 (layers {}-{} of {})", n, first, last, cfg.n_layers);
+  if (moe_layers > 0)
+    out += fmt::format("; in the {} mixture-of-experts layers among them the attention's only (routers and experts stay in bf16)",
+                       moe_layers);
+  return out;
+}
+
+int fp8_linear_count(const ModelConfig& cfg, const Fp8Config& fp8, const std::vector<ChunkLayout>& chunks) {
+  int n = 0;
+  for (const ChunkLayout& c : chunks)
+    for (int l = c.layer_begin; l < c.layer_end; ++l) n += fp8.linears(cfg, l);
+  return n;
+}
+
 int64_t fp8_persistent_bytes(const ModelConfig& cfg, const Fp8Config& fp8, int tp,
                              const std::vector<ChunkLayout>& chunks) {
   int64_t linears = 0, cast_bytes = 0;
   const auto shapes = linear_shapes(cfg, tp);
   for (const ChunkLayout& c : chunks)
     for (int l = c.layer_begin; l < c.layer_end; ++l) {
-      if (!fp8.fp8_layer(l, cfg.n_layers)) continue;
-      const int kinds = cfg.moe.sparse(l) ? 2 : 4;  // an MoE layer's experts stay in bf16
+      const int kinds = fp8.linears(cfg, l);  // the first `kinds` of (qkv, proj, mlp.fc, mlp.proj)
       for (int k = 0; k < kinds; ++k) cast_bytes += 2 * shapes[k].first * shapes[k].second;
       linears += kinds;
     }

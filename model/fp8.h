@@ -166,6 +166,14 @@ void linear_forward(Ops& ops, Fp8Linear* fp8, const Tensor& x, const Tensor& w, 
 void linear_backward_input(Ops& ops, Fp8Linear* fp8, const Tensor& dy, const Tensor& w, Tensor& dx);
 void linear_backward_weight(Ops& ops, Fp8Linear* fp8, const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db);
 
+// "12 linears in FP8 (layers 0-3 of 4); in the 2 mixture-of-experts layers among them the
+// attention's only (...)": what the start-up log and --dry-run say.
+std::string fp8_summary(const ModelConfig& cfg, const Fp8Config& fp8);
+
+// The FP8 linears of a rank holding `chunks` (Fp8Config::linears of each layer): what its
+// Fp8Registry holds once the model is built.
+int fp8_linear_count(const ModelConfig& cfg, const Fp8Config& fp8, const std::vector<ChunkLayout>& chunks);
+
 // The bytes FP8 keeps on a rank holding `chunks` (charged to MemCategory::Params): the weights'
 // casts (two bytes per weight element of every FP8 linear) and the scaling state (52 bytes per
 // linear). What plan_rank_memory adds to the parameters.

@@ -40,8 +40,15 @@ namespace {
 // The rank's chunks, and their FP8 linears' state allocated (an "auto" schedule profiles them).
 std::unique_ptr<GptModel> build_model(const Config& cfg, Ops& ops, ParallelContext& par, ParamRegistry& reg,
                                       Fp8Registry* fp8) {
-  auto m = std::make_unique<GptModel>(ops, par, cfg.model, chunks_of(cfg, par.coords.pp), cfg.recompute, reg, fp8);
-  if (fp8) fp8->allocate();
+  const std::vector<ChunkLayout> chunks = chunks_of(cfg, par.coords.pp);
+  auto m = std::make_unique<GptModel>(ops, par, cfg.model, chunks, cfg.recompute, reg, fp8);
+  if (fp8) {
+    // The memory plan and the report count the linears Fp8Config::linears names: exactly these.
+    const int planned = fp8_linear_count(cfg.model, fp8->config(), chunks);
+    TRIPOD_CHECK(fp8->size() == planned, "rank {} registered {} FP8 linears, its plan {}", par.rank, fp8->size(),
+                 planned);
+    fp8->allocate();
+  }
   return m;
 }
 
@@ -140,10 +147,9 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                                  mc.moe.shared_experts, mc.moe.first_dense)
                    : std::string());
   if (tc.fp8())
-    spdlog::info("precision fp8: recipe {}{}, margin {}, {} of {} layers in FP8 (e4m3 forward, e5m2 gradients)",
-                 enum_name(tc.fp8_recipe),
+    spdlog::info("precision fp8 (e4m3 forward, e5m2 gradients): recipe {}{}, margin {}; {}", enum_name(tc.fp8_recipe),
                  tc.fp8_recipe == Fp8Recipe::Delayed ? fmt::format(" (amax history {})", tc.fp8_amax_history) : "",
-                 tc.fp8_margin, mc.n_layers - 2 * tc.fp8_bf16_layers, mc.n_layers);
+                 tc.fp8_margin, fp8_summary(mc, tc.fp8_config()));
   spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {}{} (vp {}, placement {}); "
                "device {}", par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
                enum_name(layout_.schedule.kind), auto_chosen_.empty() ? "" : " (" + auto_chosen_ + ")", pc.vp,

@@ -15,11 +15,14 @@
 //     of a near-zero gradient element straight into its weight. Measured over seeds on this test's
 //     model: losses within 2e-5, all weights within 1e-3, single tensors (biases) within 1e-2; the
 //     bounds are 5x those. (Without FP8 the same layouts match within harness.h's 1e-5 / 1e-5 / 1e-4.)
+//   - A mixture of experts (its experts in bf16) on pp = 2, tp = 2 and (2,2,2): the same FP8
+//     linears as the serial run, and every rank's memory as the plan charges it.
 //   - The delayed recipe's state is the same on every rank holding a layer, is what a checkpoint
 //     saved under (2,2,2) holds, and loads under other tp and dp.
 #include <fmt/format.h>
 
 #include "checkpoint/writer.h"
+#include "config/memory_plan.h"
 #include "harness.h"
 #include "test_util.h"
 
@@ -150,6 +153,66 @@ TEST_P(Fp8Parallel, EveryLayoutMatchesTheSerialFp8Run) {
 
 INSTANTIATE_TEST_SUITE_P(Recipes, Fp8Parallel, ::testing::Values(Fp8Recipe::Tensorwise, Fp8Recipe::Delayed),
                          [](const auto& info) { return std::string(enum_name(info.param)); });
+
+// A mixture of experts in FP8 (a dense first layer, then 4 routed experts and a shared one; both
+// recipes): only the attention's linears and the dense layer's MLP run in FP8, on every layout as
+// in the serial run: the same FP8 linears with the serial run's step-1 scales, the losses and
+// weights within the FP8 tolerances above, and on every rank the FP8 linears it registered, its
+// parameters' bytes (the weights' casts among them) and its activations what the memory plan says.
+TEST(Fp8MixtureOfExperts, LayoutsMatchTheSerialRunAndEveryRanksPlan) {
+  auto ops = make_ops(Device::CPU);
+  SyntheticSource data{16, 100, 3};
+  for (Fp8Recipe recipe : {Fp8Recipe::Tensorwise, Fp8Recipe::Delayed}) {
+    auto moe = [&](Config c) {
+      c.model.bias = false;
+      c.model.moe = {.experts = 4, .top_k = 2, .ffn_hidden = 32, .shared_experts = 1, .first_dense = 1};
+      return c;
+    };
+    Fp8Run serial;
+    {
+      auto self = test::make_selfworld(*ops);
+      serial = run_fp8(moe(base_config(recipe)), *ops, *self.par, data);
+    }
+    EXPECT_EQ(serial.step1.names,
+              (std::vector<std::string>{"h.0.attn.qkv", "h.0.attn.proj", "h.0.mlp.fc", "h.0.mlp.proj", "h.1.attn.qkv",
+                                        "h.1.attn.proj", "h.2.attn.qkv", "h.2.attn.proj", "h.3.attn.qkv",
+                                        "h.3.attn.proj"}));
+    for (const Case& c : std::vector<Case>{{1, 2, 1, 1}, {1, 1, 2, 1, "1f1b", true}, {2, 2, 2, 1, "1f1b", false, true}}) {
+      const std::string label = fmt::format("moe {} {}", enum_name(recipe), c.str());
+      SCOPED_TRACE(label);
+      RankGrid grid(c.tp, c.dp, c.pp, c.cp);
+      auto w = test::make_subworld(*ops, grid, c.sp);
+      if (!w.par) continue;
+      Config cfg = moe(layout_config(recipe, c));
+      validate_layout(cfg, grid.world_size());
+      const RankMemory plan = plan_rank_memory(cfg, w.par->rank);
+      Trainer t(cfg, *ops, *w.par, &data);
+      // Stage 0 holds layers 0-1 (4 + 2 linears), stage 1 layers 2-3 (2 + 2).
+      EXPECT_EQ(t.fp8()->size(), c.pp == 1 ? 10 : w.par->coords.pp == 0 ? 6 : 4);
+      Fp8Run r;
+      StepMetrics m;
+      for (int64_t s = 0; s < cfg.train.steps; ++s) {
+        m = t.step();
+        r.losses.push_back(m.loss);
+        if (s == 0) r.step1 = t.fp8()->gather_stats(1, *w.par->world);
+      }
+      EXPECT_EQ(m.memory["params"].get<int64_t>(), plan.params) << "rank " << w.par->rank;
+      const double act = m.memory["activations"].get<int64_t>();
+      EXPECT_LE(std::abs(act - plan.activations) / plan.activations, 0.01) << "rank " << w.par->rank;
+      if (w.par->rank == 0) {
+        ASSERT_EQ(r.step1.names, serial.step1.names);
+        for (size_t i = 0; i < r.step1.names.size(); ++i)
+          for (int o = 0; o < kFp8Operands; ++o)
+            EXPECT_NEAR(r.step1.scale[i][o], serial.step1.scale[i][o], 1e-6 * serial.step1.scale[i][o])
+                << r.step1.names[i] << " operand " << o;
+      }
+      for (size_t s = 0; s < serial.losses.size(); ++s)
+        EXPECT_NEAR(r.losses[s], serial.losses[s], kFp8LossTol * serial.losses[s]) << "step " << s + 1;
+      const auto params = test::gather_global_params(t.registry(), *w.par, *ops);
+      EXPECT_LE(test::global_relative_difference(params, serial.params), kFp8WeightsTol);
+    }
+  }
+}
 
 // The delayed recipe's scales and histories: after training under (2,2,2) every rank holds
 // exactly the state its layers' checkpoint pieces hold (written by TP rank 0 of DP rank 0 alone),

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "config/memory_plan.h"
+#include "core/error.h"
 #include "kernels/fp8.h"
 #include "harness.h"
 #include "test_util.h"
@@ -75,12 +76,63 @@ TEST(Fp8Training, MixtureOfExpertsKeepsItsExpertsOutOfFp8) {
   SyntheticSource data(16, 64, 3);
   Trainer t(c, *ops, *self.par, &data);
   EXPECT_EQ(t.fp8()->size(), 4 + 2 + 2);  // layer 0: 4 linears; layers 1, 2: attention's 2
+  EXPECT_EQ(fp8_linear_count(c.model, c.train.fp8_config(), t.layout().chunks), t.fp8()->size());
   StepMetrics m;
   for (int s = 0; s < 2; ++s) m = t.step();
-  EXPECT_EQ(m.memory["params"].get<int64_t>(), plan_rank_memory(c, 0).params);
+  // Measured: the weights' casts of those 8 linears (2 bytes per element) and their state; a
+  // plan charging the experts' casts too would be larger by theirs.
+  const RankMemory plan = plan_rank_memory(c, 0);
+  EXPECT_EQ(m.memory["params"].get<int64_t>(), plan.params);
+  EXPECT_EQ(m.memory["activations"].get<int64_t>(), plan.activations);  // FP8 keeps no activation
   const Fp8Stats st = t.fp8()->gather_stats(m.step, *self.par->world);
   EXPECT_EQ(st.names, (std::vector<std::string>{"h.0.attn.qkv", "h.0.attn.proj", "h.0.mlp.fc", "h.0.mlp.proj",
                                                 "h.1.attn.qkv", "h.1.attn.proj", "h.2.attn.qkv", "h.2.attn.proj"}));
+  // --dry-run's memory table says the same.
+  const std::string table = memory_table(c, plan_memory(c));
+  EXPECT_NE(table.find("precision fp8 (tensorwise): 8 linears in FP8 (layers 0-2 of 3); in the 2 mixture-of-experts "
+                       "layers among them the attention's only"),
+            std::string::npos)
+      << table;
+}
+
+// cuBLASLt's rule (dimensions multiples of 16) binds model.ffn_hidden only where a dense MLP runs
+// in FP8: not when every FP8 layer is a mixture of experts (whose experts stay in bf16).
+TEST(Fp8Training, TheDenseMlpWidthRuleHoldsWhereADenseMlpRunsInFp8) {
+  const std::string base = R"(
+[model]
+n_layers = 4
+n_heads = 4
+d_model = 32
+ffn_hidden = 40
+seq_len = 16
+vocab_size = 64
+[moe]
+experts = 4
+top_k = 2
+ffn_hidden = 32
+[train]
+precision = "fp8"
+micro_batch_size = 1
+global_batch_size = 1
+steps = 1
+[data]
+synthetic = true
+)";
+  auto refusal = [](const std::string& text, const std::vector<std::string>& sets) -> std::string {
+    try {
+      Config c = parse_config(text, "moe.toml", sets);
+      validate_layout(c, 1);
+    } catch (const InputError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(refusal(base, {}), "");  // every layer an MoE layer
+  EXPECT_NE(refusal(base, {"moe.layers={first_dense=1}"}).find("model.ffn_hidden = 40 must be a multiple of 16"),
+            std::string::npos);
+  // Layer 0, the dense one, kept in bf16 by fp8_bf16_layers: every FP8 layer is an MoE layer again.
+  EXPECT_EQ(refusal(base, {"moe.layers={first_dense=1}", "train.fp8_bf16_layers=1"}), "");
+  EXPECT_EQ(refusal(base, {"train.precision=bf16", "moe.layers={first_dense=1}"}), "");
 }
 
 }  // namespace
