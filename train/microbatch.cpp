@@ -7,13 +7,22 @@
 
 namespace tripod {
 
+void place_sample(const MicroShape& ms, int64_t b, std::span<const int32_t> sample, int32_t* tokens, int32_t* targets) {
+  const int64_t c = ms.slot_tokens();
+  for (int s = 0; s < ms.slots(); ++s) {
+    const int64_t p0 = ms.slot_position(s), at = (s * ms.B + b) * c;
+    if (tokens) std::copy(sample.begin() + p0, sample.begin() + p0 + c, tokens + at);
+    if (targets) std::copy(sample.begin() + p0 + 1, sample.begin() + p0 + c + 1, targets + at);
+  }
+}
+
 void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayout& layout, Ops& ops,
                      int64_t consumed, int micro, MicroBatch& mb) {
   const int64_t B = layout.micro_batch_size, T = cfg.model.seq_len;
   const bool tokens = layout.has_embedding, targets = layout.has_head;
   // Under context parallelism this rank holds two chunks of c tokens of every sequence, slot-major.
   const int cp = layout.grid.cp(), cp_rank = layout.coords.cp;
-  const int64_t Tl = T / cp, c = Tl / (cp > 1 ? 2 : 1);
+  const int64_t Tl = T / cp;
   mb.shape = {.B = B, .T = Tl, .cp = cp, .cp_rank = cp_rank};
   if (!tokens && !targets) return;
   TRIPOD_CHECK(data, "rank {} holds the embedding or head but has no data", layout.rank);
@@ -30,11 +39,7 @@ void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayo
       TRIPOD_INPUT_CHECK(t >= 0 && t < cfg.model.vocab_size,
                          "sample {} holds token id {} but model.vocab_size = {} (the data was made with another "
                          "tokenizer?)", base + b, t, cfg.model.vocab_size);
-    for (int s = 0; s < mb.shape.slots(); ++s) {
-      const int64_t p0 = mb.shape.slot_position(s), at = (s * B + b) * c;
-      std::copy(sample.begin() + p0, sample.begin() + p0 + c, in.data<int32_t>() + at);
-      std::copy(sample.begin() + p0 + 1, sample.begin() + p0 + c + 1, tg.data<int32_t>() + at);
-    }
+    place_sample(mb.shape, b, sample, in.data<int32_t>(), tg.data<int32_t>());
   }
   if (tokens) {
     mb.tokens = ops.empty({B * Tl}, DType::I32, MemCategory::Activations);
