@@ -2,6 +2,7 @@
 // evaluation of `tripod train` as the report reads it. Bad input: one "error:" line, exit 2.
 #include <cmath>
 
+#include "checkpoint/safetensors.h"
 #include "e2e_test.h"
 #include "report/report.h"
 
@@ -172,6 +173,102 @@ TEST_F(EvalGenerateCli, ACheckpointAloneIsEnoughAndEvalFitsItsGridToTheWorld) {
 
   expect_error(run_tripod("eval --init-seed 1"), "give --config F.toml, or --load CKPT", "no config at all");
   expect_error(run_tripod("eval --load latest"), "--load latest looks in checkpoint.dir", "latest, no config");
+}
+
+// Downstream tasks from a checkpoint imported from Hugging Face weights (the fixtures of
+// make_eval_golden.py): tripod's export of it is those weights exactly, and `tripod eval --task`
+// gives every choice and document the log-likelihood the PyTorch reference computed from them,
+// alone and at tp = 2; the config's [eval] tasks are found by name; bad task options are refused.
+TEST_F(EvalGenerateCli, DownstreamTasksMatchTheReferenceOfTheHuggingFaceExport) {
+  const std::string fx = std::string(TRIPOD_SOURCE_PATH) + "/tests/fixtures/eval";
+  const nlohmann::json golden = nlohmann::json::parse(test::slurp(fx + "/golden.json"));
+  const std::string files = " --task hellaswag --task-file " + fx + "/hellaswag.jsonl --task multiple_choice --task-file " +
+                            fx + "/choices.jsonl --task bits_per_byte --task-file " + fx + "/text.jsonl";
+  for (const std::string model : {"gpt2", "llama"}) {
+    SCOPED_TRACE(model);
+    const std::string hf = fx + (model == "gpt2" ? "/gpt2.safetensors" : "/llama_hf");
+    const std::string ck = (dir_ / ("ck_" + model)).string(), out = (dir_ / ("export_" + model)).string();
+    auto imp = run_tripod("ckpt convert " + hf + " --from safetensors " + ck);
+    ASSERT_EQ(imp.status, 0) << imp.err;
+    auto exp = run_tripod("ckpt convert " + ck + " --to safetensors " + out);
+    ASSERT_EQ(exp.status, 0) << exp.err;
+    // The weights the reference scored are tripod's Hugging Face export of this checkpoint.
+    const SafetensorsFile a = read_safetensors(model == "gpt2" ? hf : hf + "/model.safetensors");
+    const SafetensorsFile b = read_safetensors(model == "gpt2" ? out : out + "/model.safetensors");
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (const NamedTensor& t : a.tensors) {
+      auto it = std::find_if(b.tensors.begin(), b.tensors.end(), [&](const NamedTensor& u) { return u.name == t.name; });
+      ASSERT_NE(it, b.tensors.end()) << t.name;
+      EXPECT_EQ(it->shape, t.shape) << t.name;
+      EXPECT_EQ(it->data, t.data) << t.name;
+    }
+
+    const std::string samples = (dir_ / ("samples_" + model + ".jsonl")).string();
+    const std::string eval = "eval --load " + ck + " --set data.tokenizer=" + fx + "/gpt2_bpe" + files;
+    auto r = run_tripod(eval + " --json --samples-out " + samples);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    const nlohmann::json& want = golden["models"][model];
+    for (const char* task : {"hellaswag", "multiple_choice", "bits_per_byte"})
+      for (const auto& [key, value] : want[task].items()) {
+        if (key == "loglikelihoods") continue;
+        EXPECT_NEAR(j["tasks"][task][key].get<double>(), value.get<double>(), 2e-6 * std::abs(value.get<double>()))
+            << task << " " << key;
+      }
+    EXPECT_EQ(j["tasks"]["hellaswag"]["examples"], 6);
+    std::map<std::string, std::vector<nlohmann::json>> by_task;
+    std::ifstream in(samples);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json s = nlohmann::json::parse(line);
+      by_task[s["task"]].push_back(s);
+    }
+    for (const char* task : {"hellaswag", "multiple_choice", "bits_per_byte"}) {
+      const nlohmann::json& lls = want[task]["loglikelihoods"];
+      ASSERT_EQ(by_task[task].size(), lls.size()) << task;
+      for (size_t e = 0; e < lls.size(); ++e) {
+        const nlohmann::json& ours = by_task[task][e];
+        const nlohmann::json mine = ours.contains("loglikelihoods") ? ours["loglikelihoods"]
+                                                                    : nlohmann::json::array({ours["loglikelihood"]});
+        const nlohmann::json theirs = lls[e].is_array() ? lls[e] : nlohmann::json::array({lls[e]});
+        ASSERT_EQ(mine.size(), theirs.size());
+        for (size_t c = 0; c < mine.size(); ++c)
+          EXPECT_NEAR(mine[c].get<double>(), theirs[c].get<double>(), 2e-6 * std::abs(theirs[c].get<double>()))
+              << task << " example " << e << " choice " << c;
+      }
+    }
+    // At tp = 2 under mpirun: the same figures.
+    auto tp2 = run_tripod(eval + " --json --set parallel.tp=2", {.np = 2});
+    ASSERT_EQ(tp2.status, 0) << tp2.err;
+    const nlohmann::json k = nlohmann::json::parse(tp2.out);
+    for (const char* task : {"hellaswag", "multiple_choice"})
+      for (const char* m : {"acc", "acc_norm"}) EXPECT_EQ(k["tasks"][task][m], j["tasks"][task][m]) << task << m;
+    EXPECT_NEAR(k["tasks"]["bits_per_byte"]["bits_per_byte"].get<double>(),
+                j["tasks"]["bits_per_byte"]["bits_per_byte"].get<double>(), 1e-6);
+  }
+
+  // The table, and a task of the config's [eval] found by its tag, with --limit.
+  const std::string ck = (dir_ / "ck_gpt2").string();
+  const std::string tasks = "--set 'eval.tasks=[{name=\"multiple_choice\", path=\"" + fx +
+                            "/choices.jsonl\", tag=\"piqa_like\"}]' --set data.tokenizer=" + fx + "/gpt2_bpe";
+  auto table = run_tripod("eval --load " + ck + " " + tasks + " --task piqa_like --limit 2");
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("task"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("piqa_like            acc_norm"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("        2\n"), std::string::npos) << "2 examples: " << table.out;
+
+  const std::string base = "eval --load " + ck + " --set data.tokenizer=" + fx + "/gpt2_bpe ";
+  expect_error(run_tripod(base + "--task hellaswg --task-file " + fx + "/hellaswag.jsonl"), "--task 'hellaswg' is not a task",
+               "unknown task");
+  expect_error(run_tripod(base + "--task hellaswag"), "--task 'hellaswag' without --task-file", "no file");
+  expect_error(run_tripod(base + "--task hellaswag --task-file " + fx + "/hellaswag.jsonl --limit 0"), "--limit 0",
+               "limit 0");
+  expect_error(run_tripod(base + "--task hellaswag --task-file " + fx + "/hellaswag.jsonl --samples 3"), "--samples",
+               "samples with tasks");
+  expect_error(run_tripod(base + "--task-file " + fx + "/hellaswag.jsonl"), "go with --task", "file without task");
+  expect_error(run_tripod("eval --load " + ck + " --task hellaswag --task-file " + fx + "/hellaswag.jsonl"),
+               "data.tokenizer", "no tokenizer");
+  expect_error(run_tripod(base + "--task bits_per_byte --task-file " + fx + "/text.jsonl --task bits_per_byte "
+                          "--task-file " + fx + "/text.jsonl"), "another task", "two tasks, one tag");
 }
 
 }  // namespace
