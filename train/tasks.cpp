@@ -213,7 +213,9 @@ std::vector<ChoiceExample> read_choice_examples(const std::string& path, TaskKin
     const char* list = hellaswag ? "endings" : "choices";
     if (hellaswag) {
       const char* has = "a HellaSwag line has activity_label, ctx_a, ctx_b, endings and label";
-      e.context = hellaswag_query(j.string("activity_label", has), j.string("ctx_a", has), j.string("ctx_b", has));
+      const std::string activity = j.string("activity_label", has), ctx_a = j.string("ctx_a", has),
+                        ctx_b = j.string("ctx_b", has);  // (in this order: the first missing field is named)
+      e.context = hellaswag_query(activity, ctx_a, ctx_b);
       for (const std::string& ending : j.strings("endings", has)) e.choices.push_back(hellaswag_preprocess(ending));
     } else {
       const char* has = "a multiple_choice line has context, choices and label";

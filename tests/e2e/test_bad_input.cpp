@@ -433,6 +433,48 @@ TEST_F(BadInput, Battery) {
   EXPECT_GE(cases, 100);
 }
 
+// Downstream task files people bring, damaged, and task options: one error naming the file, the
+// line and the field; a training run with a bad task refuses at start-up, before its first step.
+TEST_F(BadInput, TaskFiles) {
+  const std::string good = R"({"context": "In the beginning", "choices": ["God", "light"], "label": 0})";
+  const std::string hs = R"({"activity_label": "Reading", "ctx_a": "A man opens a book.", "ctx_b": "he",)"
+                         R"( "endings": ["reads it.", "eats it."], "label": 0})";
+  const auto eval = [&](const std::string& task, const fs::path& f, const std::string& more = "") {
+    return "eval " + cfg("--init-seed 1 --task " + task + " --task-file " + q(f) + " " + more, "data.toml");
+  };
+  refused(eval("multiple_choice", file("notjsonl.jsonl", good + "\nIn the beginning God created\n")),
+          "notjsonl.jsonl:2: not a JSON line");
+  refused(eval("multiple_choice", file("array.jsonl", "[\"God\", \"light\"]\n")), "array.jsonl:1");
+  refused(eval("multiple_choice",
+               file("label.jsonl", good + "\n" + R"({"context": "a", "choices": ["b", "c"], "label": 2})")),
+          "label.jsonl:2: field 'label' = 2 is out of range");
+  refused(eval("multiple_choice", file("strlabel.jsonl", R"({"context": "a", "choices": ["b", "c"], "label": "one"})")),
+          "strlabel.jsonl:1: field 'label' must be an integer");
+  refused(eval("multiple_choice", file("nochoices.jsonl", R"({"context": "a", "label": 0})")),
+          "nochoices.jsonl:1: field 'choices' is missing");
+  refused(eval("multiple_choice", file("emptychoice.jsonl", R"({"context": "a", "choices": ["b", ""], "label": 0})")),
+          "emptychoice.jsonl:1: field 'choices[1]' is empty");
+  refused(eval("hellaswag", file("generic_as_hs.jsonl", good)),
+          "generic_as_hs.jsonl:1: field 'activity_label' is missing");
+  refused(eval("hellaswag", file("hs_endings.jsonl", hs + "\n" + R"({"activity_label": "a", "ctx_a": "b", "ctx_b": "c",)"
+                                                          R"( "endings": "d", "label": 0})")),
+          "hs_endings.jsonl:2: field 'endings' must be a list");
+  refused(eval("hellaswag", file("empty_task.jsonl", "\n")), "empty_task.jsonl holds no example");
+  refused(eval("bits_per_byte", file("text_bad.jsonl", R"({"body": "x"})")), "text_bad.jsonl:1: field 'text' is missing");
+  refused(eval("bits_per_byte", file("latin1.txt", "caf\xe9\n")), "latin1.txt:1: invalid UTF-8");
+  refused(eval("hellaswag", fx / "cases" / "no_such_task.jsonl"), "no_such_task.jsonl cannot be read");
+  refused(eval("hellaswg", file("good.jsonl", good)), "--task 'hellaswg' is not a task");
+  refused(eval("multiple_choice", fx / "cases" / "good.jsonl", "--limit -1"), "--limit -1");
+  refused(eval("multiple_choice", fx / "cases" / "good.jsonl", "--samples-out " + q(dir / "no_folder" / "s.jsonl")),
+          "--samples-out");
+  refused("eval " + cfg("--init-seed 1 --task multiple_choice --task-file " + q(fx / "cases" / "good.jsonl")),
+          "data.tokenizer");
+  refused(eval("multiple_choice", fx / "cases" / "good.jsonl", "--set 'eval.tasks=[{name=\"x\", path=\"y\"}]'"),
+          "eval.tasks[0].name");
+  // Under mpirun: one line for the job.
+  refused(eval("multiple_choice", fx / "cases" / "label.jsonl"), "label.jsonl:2", 2);
+}
+
 // Tokenizer files people bring, damaged: the reader names the file and line or field.
 TEST_F(BadInput, TokenizerFiles) {
   // A GPT-2 vocabulary of the 256 byte tokens (written in GPT-2's byte table) and one merge.
