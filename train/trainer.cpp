@@ -22,6 +22,7 @@
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "train/evaluator.h"
+#include "train/task_evaluator.h"
 #include "train/schedule_profile.h"
 #include "train/signals.h"
 
@@ -349,7 +350,10 @@ void Trainer::run() {
     if (stragglers_ && (m.step % tc.log_interval == 0 || m.step == last))  // collective, as is the condition
       m.stragglers = stragglers_->gather(*par_.world, m.step);
     if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m);
-    if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) evaluate();
+    if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) {
+      evaluate();
+      evaluate_tasks();
+    }
     if (bad_in_a_row_ >= tc.max_bad_steps) {
       // Every rank stops here together: a save still in flight is committed first, so that the
       // checkpoint named below exists. A diverged run is a failure (exit 1), not bad input.
@@ -393,7 +397,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
     ranks.push_back({{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"cp", c.cp}, {"tp", c.tp}, {"seed", tc.seed},
                      {"state", "stateless"}});
   }
-  return {
+  nlohmann::json meta = {
       {"iteration", step_},
       {"consumed_samples", step_ * tc.global_batch_size},
       {"global_batch_size", tc.global_batch_size},
@@ -418,6 +422,8 @@ nlohmann::json Trainer::checkpoint_metadata() const {
                {"dropout", "none"},
                {"ranks", ranks}}},
   };
+  if (!task_figures_.is_null()) meta["eval_tasks"] = task_figures_;  // the latest downstream figures
+  return meta;
 }
 
 void Trainer::save_checkpoint() {
@@ -500,6 +506,33 @@ EvalResult Trainer::evaluate() {
   spdlog::info("eval  {:>6}/{} | val loss {:.4f} | val ppl {:.2f} | {} tokens in {:.2f} s", step_, tc.steps, r.loss,
                r.perplexity, r.tokens, seconds);
   return r;
+}
+
+void Trainer::set_tasks(std::vector<Task> tasks) {
+  tasks_ = std::move(tasks);
+  if (!tasks_.empty() && !task_evaluator_)
+    task_evaluator_ = std::make_unique<TaskEvaluator>(cfg_, layout_, ops_, par_, *model_);
+}
+
+void Trainer::evaluate_tasks() {
+  if (tasks_.empty()) return;
+  FlightPhase phase(par_.flight.get(), "eval");
+  const int64_t samples = step_ * cfg_.train.global_batch_size;
+  task_figures_ = {{"step", step_}, {"tasks", nlohmann::json::object()}};
+  for (const Task& task : tasks_) {
+    const TaskResult r = task_evaluator_->evaluate(task);
+    if (metrics_) metrics_->log_task(step_, samples, r);
+    nlohmann::json figures = nlohmann::json::object();
+    std::string line;
+    for (const TaskMetric& m : r.metrics) {
+      figures[m.name] = m.value;
+      line += m.stderr_of_mean ? fmt::format(" | {} {:.4f} ± {:.4f}", m.name, m.value, *m.stderr_of_mean)
+                               : fmt::format(" | {} {:.4f}", m.name, m.value);
+    }
+    task_figures_["tasks"][r.task] = figures;
+    spdlog::info("eval  {:>6}/{} | {}{} | {} examples in {:.2f} s", step_, cfg_.train.steps, r.task, line, r.examples,
+                 r.seconds);
+  }
 }
 
 }  // namespace tripod

@@ -26,6 +26,8 @@ namespace tripod {
 
 class Evaluator;
 struct EvalResult;
+class TaskEvaluator;
+struct Task;
 
 // A new run's identity for its checkpoints' "run_id": the time and process id (unique per host).
 std::string new_run_id();
@@ -49,6 +51,11 @@ class Trainer {
   // logged to metrics.jsonl as an "eval" record (loss, perplexity, and val_loss, val_ppl).
   EvalResult evaluate();
   Evaluator& evaluator() { return *evaluator_; }
+  // Downstream tasks ([eval] tasks, read at start-up) to score at every evaluation, after the
+  // validation loss: metrics.jsonl records {"eval_task": true, ...}, TensorBoard's TASK/METRIC
+  // scalars, and the checkpoints' "eval_tasks" (the latest figures).
+  void set_tasks(std::vector<Task> tasks);
+  void evaluate_tasks();
   // Collective: saves a checkpoint of the current step into checkpoint.dir (asynchronously with
   // checkpoint.async; finish_checkpoints() or the next save commits it).
   void save_checkpoint();
@@ -99,6 +106,9 @@ class Trainer {
   std::unique_ptr<TraceRecorder> trace_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<Evaluator> evaluator_;
+  std::vector<Task> tasks_;
+  std::unique_ptr<TaskEvaluator> task_evaluator_;
+  nlohmann::json task_figures_;  // the latest {"step", "tasks": {TASK: {metric: value}}}, for checkpoints
   std::unique_ptr<CheckpointSaver> saver_;
   std::unique_ptr<StragglerMonitor> stragglers_;  // train.straggler_factor > 0 on more than one rank
   double slow_factor_ = 1;                       // TRIPOD_SLOW_RANK on this rank

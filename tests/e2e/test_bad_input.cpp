@@ -473,6 +473,21 @@ TEST_F(BadInput, TaskFiles) {
           "eval.tasks[0].name");
   // Under mpirun: one line for the job.
   refused(eval("multiple_choice", fx / "cases" / "label.jsonl"), "label.jsonl:2", 2);
+  // A training run with a bad task refuses at start-up: nothing of a run is written, no step runs.
+  for (const std::string bad : {"label.jsonl", "notjsonl.jsonl"}) {
+    const fs::path run = dir / "runs" / ("bad_task_" + bad);
+    refused("train --config " + q(fx / "data.toml") + " --set train.output_dir=" + q(run) +
+                " --set train.eval_interval=1 --set 'eval.tasks=[{name=\"multiple_choice\", path=\"" +
+                (fx / "cases" / bad).string() + "\"}]'",
+            bad + ":2");
+    EXPECT_FALSE(fs::exists(run / "metrics.jsonl")) << "no step ran";
+  }
+  refused("train --config " + q(fx / "base.toml") + " --set 'eval.tasks=[{name=\"hellaswag\", path=\"" +
+              (fx / "cases" / "good.jsonl").string() + "\"}]'",
+          "data.tokenizer");
+  refused("train --config " + q(fx / "data.toml") + " --set 'eval.tasks=[{name=\"multiple_choice\", path=\"" +
+              (fx / "cases" / "label.jsonl").string() + "\"}]'",
+          "label.jsonl:2", 2);
 }
 
 // Tokenizer files people bring, damaged: the reader names the file and line or field.

@@ -25,6 +25,7 @@
 #include "config/memory_plan.h"
 #include "train/mpi_session.h"
 #include "train/runtime.h"
+#include "train/task_evaluator.h"
 #include "train/trainer.h"
 
 namespace tripod {
@@ -122,6 +123,7 @@ int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
   init_logging(mpi.rank(), mpi.size(), o.verbose);
   Config cfg;
   Runtime rt;
+  std::vector<Task> tasks;
   try {
     cfg = load_config(o.config, o.sets);
     if (o.dry_run) {
@@ -135,6 +137,11 @@ int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
     validate_layout(cfg, mpi.size());
     const std::string split = resolve_layer_split(cfg);
     if (cfg.parallel.pp > 1) spdlog::info("{}", split);
+    // Downstream tasks are read and tokenized now: a bad task file stops the run before step 1.
+    tasks = load_tasks(cfg, cfg.eval.tasks, [](size_t i) { return fmt::format("eval.tasks[{}].path", i); });
+    if (!tasks.empty() && cfg.train.eval_interval == 0)
+      spdlog::warn("[eval] tasks are set but train.eval_interval = 0: they do not run during training (tripod eval "
+                   "--task runs them from a checkpoint)");
     rt = make_runtime(cfg, /*flight_recorder=*/true);
   } catch (const InputError& e) {
     rethrow_agreed(e);
@@ -152,6 +159,7 @@ int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
     valid = make_split_source(cfg, Split::Valid, cfg.train.eval_steps * cfg.train.global_batch_size, par.world.get());
 
   Trainer trainer(cfg, *rt.ops, par, data.get(), valid.get(), rt.debug);
+  trainer.set_tasks(std::move(tasks));
   if (mpi.rank() == 0) {
     write_launch_status(rt.debug, cfg, "running", trainer.completed_steps());
     log_restart(rt.debug, cfg, trainer.completed_steps());
