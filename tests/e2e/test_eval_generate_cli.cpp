@@ -1,6 +1,7 @@
 // `tripod eval` and `tripod generate` end to end, alone and under mpirun, and the periodic
 // evaluation of `tripod train` as the report reads it. Bad input: one "error:" line, exit 2.
 #include <cmath>
+#include <map>
 
 #include "checkpoint/safetensors.h"
 #include "e2e_test.h"
@@ -173,6 +174,50 @@ TEST_F(EvalGenerateCli, ACheckpointAloneIsEnoughAndEvalFitsItsGridToTheWorld) {
 
   expect_error(run_tripod("eval --init-seed 1"), "give --config F.toml, or --load CKPT", "no config at all");
   expect_error(run_tripod("eval --load latest"), "--load latest looks in checkpoint.dir", "latest, no config");
+}
+
+// [eval] tasks during training: scored at every evaluation after the validation loss, written to
+// metrics.jsonl, TensorBoard and the checkpoint; `tripod eval --task` from that checkpoint (its
+// config names the tasks) gives the figures training logged at that step.
+TEST_F(EvalGenerateCli, TrainingScoresItsTasksAsEvalDoesFromTheCheckpoint) {
+  const std::string fx = std::string(TRIPOD_SOURCE_PATH) + "/tests/fixtures/eval";
+  const auto run = dir_ / "run", ck = dir_ / "ck", tb = dir_ / "tb";
+  const std::string tasks = "--set 'eval.tasks=[{name=\"multiple_choice\", path=\"" + fx + "/choices.jsonl\", tag=\"mc\"}, "
+                            "{name=\"bits_per_byte\", path=\"" + fx + "/text.jsonl\"}]' --set data.tokenizer=" + fx +
+                            "/gpt2_bpe";
+  auto r = run_tripod("train --config " + cfg_ + " " + tasks + " --set train.eval_interval=2 --set train.output_dir=" +
+                      run.string() + " --set checkpoint.dir=" + ck.string() + " --set checkpoint.interval=2" +
+                      " --set train.tensorboard_dir=" + tb.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::map<std::pair<std::string, int64_t>, nlohmann::json> records;
+  for (const auto& j : test::metrics(run))
+    if (j.value("eval_task", false)) records[{j["task"], j["step"]}] = j;
+  ASSERT_EQ(records.size(), 4u) << "two tasks at steps 2 and 4";
+  const nlohmann::json& mc = records.at({"mc", 4});
+  EXPECT_EQ(mc["kind"], "multiple_choice");
+  EXPECT_EQ(mc["examples"], 5);
+  for (const char* k : {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "consumed_samples", "eval_time_s"})
+    EXPECT_TRUE(mc.contains(k)) << k;
+  const nlohmann::json& bpb = records.at({"bits_per_byte", 4});
+  EXPECT_GT(bpb["bits_per_byte"].get<double>(), 0);
+  EXPECT_NE(records.at({"bits_per_byte", 2})["bits_per_byte"], bpb["bits_per_byte"]) << "the weights moved";
+  // TensorBoard: TASK/METRIC tags.
+  std::string events;
+  for (const auto& e : std::filesystem::directory_iterator(tb)) events += test::slurp(e.path());
+  for (const char* tag : {"mc/acc", "mc/acc_norm", "bits_per_byte/bits_per_byte", "bits_per_byte/word_perplexity",
+                          "mc/acc_norm vs samples"})
+    EXPECT_NE(events.find(tag), std::string::npos) << tag;
+  // The checkpoint of step 4 records the figures, and evaluating it gives them again.
+  const nlohmann::json meta = nlohmann::json::parse(test::slurp(ck / "iter_0000004" / "metadata.json"));
+  EXPECT_EQ(meta["eval_tasks"]["step"], 4);
+  EXPECT_EQ(meta["eval_tasks"]["tasks"]["mc"]["acc_norm"], mc["acc_norm"]);
+  auto again = run_tripod("eval --load " + (ck / "iter_0000004").string() + " --task mc --task bits_per_byte --json");
+  ASSERT_EQ(again.status, 0) << again.err;
+  const nlohmann::json j = nlohmann::json::parse(again.out);
+  EXPECT_EQ(j["tasks"]["mc"]["acc"], mc["acc"]);
+  EXPECT_EQ(j["tasks"]["mc"]["acc_norm"], mc["acc_norm"]);
+  EXPECT_NEAR(j["tasks"]["bits_per_byte"]["bits_per_byte"].get<double>(), bpb["bits_per_byte"].get<double>(),
+              1e-12 * bpb["bits_per_byte"].get<double>());
 }
 
 // Downstream tasks from a checkpoint imported from Hugging Face weights (the fixtures of
