@@ -9,7 +9,8 @@
 //                    (at the end of a log interval of a multi-rank run also "rank_compute_s":
 //                    {"median","max","max_rank"} and "stragglers":[{"rank","compute_s","ratio",
 //                    "intervals"}], train/straggler.h), and eval records
-//                    {"eval":true,"split","step","loss","perplexity"}
+//                    {"eval":true,"split","step","loss","perplexity"}, and downstream task records
+//                    {"eval_task":true,"step","task","kind","examples",<metric>,...}
 //   trace/rank_R.jsonl  the ranks' timelines (parallel/pipeline/trace.h)
 //   restarts.jsonl   the launcher's restarts (cause, step resumed from, time lost), when any
 // A missing piece is stated on the page. Input errors (no RUN_DIR, a metrics line that is not
@@ -54,9 +55,17 @@ struct EvalRecord {
   double loss = 0, perplexity = 0;
 };
 
+// One downstream task's figures at an evaluation ({"eval_task":true,...}, train/metrics.h).
+struct TaskRecord {
+  int64_t step = 0, examples = 0;
+  std::string task, kind;                 // its tag; hellaswag, multiple_choice, bits_per_byte
+  std::map<std::string, double> metrics;  // acc, acc_norm; bits_per_byte, byte_perplexity, word_perplexity
+};
+
 struct RunMetrics {
   std::vector<TrainRecord> train;  // by step; a resumed run's later record of a step wins
   std::vector<EvalRecord> eval;    // by (split, step), the same way
+  std::vector<TaskRecord> tasks;   // by (task, step), the same way
   int64_t superseded = 0;          // records replaced by a later one of the same step
   int64_t other_records = 0;       // objects that are neither (left out)
   bool unfinished_line = false;    // the file ends in a partial line (left out): a run writing it

@@ -207,6 +207,15 @@ TEST_F(EvalGenerateCli, TrainingScoresItsTasksAsEvalDoesFromTheCheckpoint) {
   for (const char* tag : {"mc/acc", "mc/acc_norm", "bits_per_byte/bits_per_byte", "bits_per_byte/word_perplexity",
                           "mc/acc_norm vs samples"})
     EXPECT_NE(events.find(tag), std::string::npos) << tag;
+  // The report reads the records and draws the tasks over the steps.
+  const RunMetrics rm = read_metrics((run / "metrics.jsonl").string());
+  ASSERT_EQ(rm.tasks.size(), 4u);
+  EXPECT_EQ(rm.other_records, 0);
+  EXPECT_EQ(rm.tasks.back().task, "mc");
+  EXPECT_EQ(rm.tasks.back().metrics.at("acc_norm"), mc["acc_norm"].get<double>());
+  const std::string page = render_report(run.string());
+  for (const char* panel : {"panel-tasks-acc", "panel-tasks-bpb", "mc acc_norm"})
+    EXPECT_NE(page.find(panel), std::string::npos) << panel;
   // The checkpoint of step 4 records the figures, and evaluating it gives them again.
   const nlohmann::json meta = nlohmann::json::parse(test::slurp(ck / "iter_0000004" / "metadata.json"));
   EXPECT_EQ(meta["eval_tasks"]["step"], 4);
