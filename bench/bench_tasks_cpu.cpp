@@ -7,6 +7,7 @@
 // Usage: bench_tasks_cpu [--examples N] [--micro-batch-size B] [--layers L]
 #include <fmt/format.h>
 #include <mpi.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstring>
@@ -19,6 +20,14 @@
 #include "train/task_evaluator.h"
 
 using namespace tripod;
+
+// This process's CPU seconds (every thread): on a shared machine the wall time includes the time
+// slices other processes took, the CPU time does not.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 int main(int argc, char** argv) {
   tripod::select_cpu_blas_kernels(argv);
@@ -72,10 +81,10 @@ int main(int argc, char** argv) {
 
   fmt::print("GPT-2 124M shape ({} layers, d_model 768, vocab 50257, seq 1024), CPU f32, one rank: {} four-choice "
              "examples, {} requests, {} tokens\n", layers, examples, requests.size(), tokens);
-  fmt::print("{:<22} {:>13} {:>14} {:>10} {:>12} {:>8}\n", "mode", "micro-batches", "padded tokens", "seconds",
-             "examples/s", "speedup");
+  fmt::print("{:<22} {:>13} {:>14} {:>10} {:>12} {:>8} {:>12} {:>12}\n", "mode", "micro-batches", "padded tokens",
+             "seconds", "examples/s", "speedup", "CPU seconds", "CPU speedup");
   std::vector<double> lls[2];
-  double seconds[2] = {0, 0};
+  double seconds[2] = {0, 0}, cpu[2] = {0, 0};
   for (int batched = 1; batched >= 0; --batched) {
     const std::vector<ScoreBatch> plan =
         plan_score_batches(requests, {.max_tokens = static_cast<int64_t>(micro_batch) * cfg.model.seq_len,
@@ -83,18 +92,22 @@ int main(int argc, char** argv) {
     int64_t padded = 0;
     for (const ScoreBatch& b : plan) padded += b.B * b.T;
     const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = cpu_seconds();
     lls[batched] = scorer.loglikelihoods(requests, "", examples, batched == 1);
     seconds[batched] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    fmt::print("{:<22} {:>13} {:>14} {:>10.2f} {:>12.2f} {:>8.2f}\n",
+    cpu[batched] = cpu_seconds() - c0;
+    fmt::print("{:<22} {:>13} {:>14} {:>10.2f} {:>12.2f} {:>8.2f} {:>12.2f} {:>12.2f}\n",
                batched ? fmt::format("batched (B x T <= {})", micro_batch * cfg.model.seq_len) : "one choice at a time",
-               plan.size(), padded, seconds[batched], examples / seconds[batched], seconds[0] > 0 ? seconds[0] / seconds[1] : 1.0);
+               plan.size(), padded, seconds[batched], examples / seconds[batched],
+               seconds[0] > 0 ? seconds[0] / seconds[1] : 1.0, cpu[batched], cpu[0] > 0 ? cpu[0] / cpu[1] : 1.0);
     std::fflush(stdout);
   }
   double worst = 0;
   for (size_t i = 0; i < requests.size(); ++i)
     worst = std::max(worst, std::abs(lls[0][i] - lls[1][i]) / std::max(1.0, std::abs(lls[1][i])));
-  fmt::print("speedup {:.2f}x; log-likelihoods batched vs one at a time: worst relative difference {:.1e}\n",
-             seconds[0] / seconds[1], worst);
+  fmt::print("speedup {:.2f}x (CPU time {:.2f}x); log-likelihoods batched vs one at a time: worst relative "
+             "difference {:.1e}; load average at the end {}\n", seconds[0] / seconds[1], cpu[0] / cpu[1], worst,
+             [] { double l[1] = {0}; return getloadavg(l, 1) == 1 ? fmt::format("{:.1f}", l[0]) : std::string("?"); }());
   MPI_Finalize();
   return 0;
 }
