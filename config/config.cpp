@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "model/gpt.h"
+#include "parallel/pipeline/schedules.h"
 
 namespace tripod {
 
@@ -38,7 +39,7 @@ struct EnumRef {
       : ptr(e),
         name([](const void* p) { return enum_name(*static_cast<const E*>(p)); }),
         parse([](void* p, std::string_view text) {
-          const std::optional<E> v = parse_enum<E>(text);
+          const std::optional<E> v = parse_choice<E>(text);
           if (v) *static_cast<E*>(p) = *v;
           return v.has_value();
         }),
@@ -553,34 +554,12 @@ void validate_layout(Config& cfg, int world_size) {
         static_cast<int64_t>(t.micro_batch_size) * m.seq_len / p.cp, p.tp);
   TRIPOD_INPUT_CHECK(p.vp == 1 || p.pp > 1, "parallel.vp = {} needs parallel.pp > 1 (virtual stages interleave across "
                      "pipeline ranks)", p.vp);
-  if (p.schedule_file.empty()) {  // a schedule file brings its own chunks and placement (make_schedule checks them)
-    const std::string_view kind = enum_name(p.schedule);
-    const bool v_kind = p.schedule == ScheduleKind::Zbv || p.schedule == ScheduleKind::DualPipeV;
-    if (v_kind) {
-      TRIPOD_INPUT_CHECK(p.placement == Placement::V && p.vp == 2,
-                         "parallel.schedule = \"{}\" places 2 model chunks per rank in a V: set parallel.placement = "
-                         "\"v\" and parallel.vp = 2 (got placement \"{}\", vp = {})",
-                         kind, enum_name(p.placement), p.vp);
-    } else if (p.schedule == ScheduleKind::Interleaved) {
-      TRIPOD_INPUT_CHECK(p.placement == Placement::Loop,
-                         "parallel.placement = \"v\" with parallel.schedule = \"interleaved\": interleaving loops the "
-                         "stages round the ranks (use placement \"loop\", or schedule \"zbv\" or \"dualpipev\" for v)");
-      TRIPOD_INPUT_CHECK(p.vp > 1, "parallel.schedule = \"interleaved\" with parallel.vp = 1: the interleaved schedule "
-                         "needs vp > 1 (with vp = 1 use \"1f1b\")");
-    } else if (p.schedule == ScheduleKind::Auto) {
-      TRIPOD_INPUT_CHECK(p.placement == Placement::Loop || p.vp == 2,
-                         "parallel.placement = \"v\" puts exactly 2 model chunks on each pipeline rank: set "
-                         "parallel.vp = 2 (got {})", p.vp);
-    } else {
-      TRIPOD_INPUT_CHECK(p.placement == Placement::Loop,
-                         "parallel.placement = \"v\" with parallel.schedule = \"{}\": the V placement's schedules are "
-                         "\"zbv\", \"dualpipev\" and \"auto\" (each with vp = 2)", kind);
-      TRIPOD_INPUT_CHECK(p.vp == 1,
-                         "parallel.schedule = \"{}\" with parallel.vp = {}: it runs one model chunk per rank (use vp = 1, "
-                         "or \"interleaved\" with vp > 1, or \"zbv\"/\"dualpipev\" with placement \"v\" and vp = 2)",
-                         kind, p.vp);
-    }
-  }
+  if (p.schedule_file.empty())  // a schedule file brings its own chunks and placement (make_schedule checks them)
+    check_schedule_kind(p.schedule, p.pp, p.vp, t.global_batch_size / (t.micro_batch_size * p.dp), p.placement,
+                        {.schedule = "parallel.schedule", .pp = "parallel.pp", .vp = "parallel.vp",
+                         .placement = "parallel.placement",
+                         .microbatches = "the micro-batches per rank, train.global_batch_size / "
+                                         "(train.micro_batch_size * parallel.dp),"});
   if (p.balance_layers)  // balance_stages fills the counts in; every stage needs a layer
     TRIPOD_INPUT_CHECK(m.n_layers >= p.pp * p.vp,
                        "parallel.layers_per_stage = \"auto\": model.n_layers = {} is fewer than the pp*vp = {}*{} = {} "

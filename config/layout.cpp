@@ -11,19 +11,20 @@
 
 namespace tripod {
 
-int64_t RankLayout::owned_elements() const {
-  int64_t n = 0;
-  for (const FlatSpan& s : owned) n += s.size();
-  return n;
-}
-
 int microbatches_per_rank(const Config& cfg) {
   return cfg.train.global_batch_size / (cfg.train.micro_batch_size * cfg.parallel.dp);
 }
 
-Schedule make_schedule(const Config& cfg) {
+Schedule make_schedule(const Config& cfg, const StageCosts& auto_costs, AutoSchedule* auto_info) {
   const ParallelConfig& pc = cfg.parallel;
   const int micro = microbatches_per_rank(cfg);
+  if (pc.schedule_file.empty() && pc.schedule == ScheduleKind::Auto) {
+    check_schedule_kind(pc.schedule, pc.pp, pc.vp, micro, pc.placement);
+    AutoSchedule a = auto_schedule(pc.pp, pc.vp, pc.placement, micro, auto_costs, /*comm=*/0, /*cap=*/0);
+    Schedule s = a.schedule;
+    if (auto_info) *auto_info = std::move(a);
+    return s;
+  }
   if (pc.schedule_file.empty()) return build_schedule(pc.schedule, pc.pp, pc.vp, micro, pc.placement);
   Schedule s = load_schedule_csv(pc.schedule_file);
   check_schedule_shape(s, pc.pp, pc.vp, micro, "parallel.schedule_file");
@@ -71,21 +72,53 @@ std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param*
     if (!last && (&ps[i] == wte || &ps[i + 1] == wte || ps[i + 1].spec.chunk != ps[i].spec.chunk))
       boundaries.push_back(i);
   }
-  return GradReducer::make_buckets(spans, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4), boundaries);
+  return make_buckets(spans, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4), boundaries);
 }
 
-RankLayout make_rank_layout(const Config& cfg, int rank) {
-  Schedule schedule = make_schedule(cfg);
-  PipePlan plan = plan_pipeline(schedule);
-  return make_rank_layout(cfg, rank, schedule, plan);
+RankLayout make_rank_layout(const Config& cfg, int rank) { return make_rank_layout(cfg, rank, make_schedule(cfg)); }
+
+RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedule) {
+  return make_rank_layout(cfg, rank, schedule, plan_pipeline(schedule));
+}
+
+RankLayout make_eval_layout(const RankLayout& train) {
+  RankLayout l = train;
+  l.schedule = forward_only_schedule(train.schedule.pp, train.schedule.vp, train.microbatches, train.schedule.placement);
+  l.plan = plan_pipeline(l.schedule);
+  return l;
 }
 
 RankLayout make_eval_layout(const Config& cfg, int rank) {
-  Schedule schedule =
-      forward_only_schedule(cfg.parallel.pp, cfg.parallel.vp, microbatches_per_rank(cfg), cfg.parallel.placement);
-  PipePlan plan = plan_pipeline(schedule);
-  return make_rank_layout(cfg, rank, schedule, plan);
+  const ParallelConfig& pc = cfg.parallel;
+  const Schedule s = forward_only_schedule(pc.pp, pc.vp, microbatches_per_rank(cfg), pc.placement);
+  return make_rank_layout(cfg, rank, s, plan_pipeline(s));
 }
+
+namespace {
+
+// The rank's gradient synchronisation (grad_sync.h): every gradient reduces over DP x CP (every
+// rank of it holds the same parameters), sharded there under the distributed optimizer; the tied
+// table's copies meet first where the loop placement puts the pipeline's ends on two ranks.
+GradSync make_grad_sync(const Config& cfg, const RankLayout& l, const ParamRegistry& reg, const Param* wte) {
+  const ParallelConfig& pc = cfg.parallel;
+  GradSync g;
+  ReduceGroup& dpcp = g.groups.emplace_back();
+  dpcp.axis = Axis::DPCP;
+  dpcp.size = l.grid.size(Axis::DPCP);
+  dpcp.rank = l.grid.dpcp_rank(l.coords);
+  dpcp.sharded = pc.distributed_optimizer && dpcp.size > 1;
+  dpcp.buckets = make_grad_buckets(reg, wte, pc.bucket_mb);
+  for (const GradBucket& b : dpcp.buckets)
+    dpcp.owned.push_back(dpcp.sharded ? dp_shard(b.span, dpcp.size, dpcp.rank) : b.span);
+  // One chunk holding both ends (pp = 1) uses the table as any parameter.
+  if (wte && !(l.chunks.size() == 1 && l.has_embedding && l.has_head)) {
+    g.tied_table = {wte->offset, wte->offset + wte->numel()};
+    g.tied = l.has_embedding && l.has_head ? GradSync::Tied::Local : GradSync::Tied::PipelineEnds;
+  }
+  return g;
+}
+
+}  // namespace
 
 RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedule, const PipePlan& plan) {
   const ParallelConfig& pc = cfg.parallel;
@@ -117,12 +150,7 @@ RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedul
   ParamRegistry reg;
   GptModel model(*cpu, par, cfg.model, l.chunks, cfg.recompute, reg);
   l.flat_elements = reg.flat_size();
-  l.buckets = make_grad_buckets(reg, model.wte(), pc.bucket_mb);
-  // Gradients are reduced over DP x CP; the distributed optimizer shards over that group too.
-  const int reducers = pc.dp * pc.cp;
-  const bool shard = pc.distributed_optimizer && reducers > 1;
-  for (const GradBucket& b : l.buckets)
-    l.owned.push_back(shard ? dp_shard(b.span, reducers, l.grid.dpcp_rank(l.coords)) : b.span);
+  l.grad_sync = make_grad_sync(cfg, l, reg, model.wte());
   return l;
 }
 

@@ -14,9 +14,10 @@
 
 #include "config/config.h"
 #include "model/gpt.h"
-#include "parallel/data_parallel/grad_reducer.h"
+#include "parallel/data_parallel/grad_sync.h"
 #include "parallel/grid.h"
 #include "parallel/pipeline/plan.h"
+#include "parallel/pipeline/zero_bubble.h"
 
 namespace tripod {
 
@@ -44,30 +45,36 @@ struct RankLayout {
   std::vector<ChunkLayout> chunks;
   bool has_embedding = false, has_head = false;
 
-  // Gradients: the rank's parameter elements (the flat buffers' size, alignment included), the
-  // DP buckets over them, and the ranges this rank's optimizer updates (every bucket, or its slice
-  // of each over DP x CP under the distributed optimizer).
+  // Gradients: the rank's parameter elements (the flat buffers' size, alignment included) and how
+  // they are synchronised (the reduce group, its buckets and the ranges this rank's optimizer
+  // updates, the tied table's sum between the pipeline's ends).
   int64_t flat_elements = 0;
-  std::vector<GradBucket> buckets;
-  std::vector<FlatSpan> owned;
-  int64_t owned_elements() const;
+  GradSync grad_sync;
 };
 
 // The layout of `rank` for `cfg`, which must have passed validate_layout() (the grid is
-// cfg.parallel's). Throws InputError when the schedule (a CSV file, or one the builders cannot
-// make for these sizes) or the layer split is invalid.
-RankLayout make_rank_layout(const Config& cfg, int rank);
-// The same with the schedule (and its plan) already built: the planner evaluates several ranks of
-// one candidate.
+// cfg.parallel's) and whose layer split is resolved, under `schedule` (make_schedule's, or the one
+// the run resolved: a schedule = "auto" is chosen before the layout is made); the plan is built
+// when not given (the planner shares one between the layouts of a pipeline shape). Throws
+// InputError when the schedule does not fit the config or the layer split is invalid. The result
+// is a value nothing changes afterwards.
+RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedule);
 RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedule, const PipePlan& plan);
+// make_rank_layout(cfg, rank, make_schedule(cfg)): a fixed schedule, or "auto" for unit costs.
+RankLayout make_rank_layout(const Config& cfg, int rank);
 
-// The layout of a forward-only run (tripod eval): the forward-only schedule over the same
-// micro-batches; parallel.schedule and schedule_file are not read.
+// The layout of a forward-only run (tripod eval, and the trainer's evaluation): `train`'s, with
+// the forward-only schedule over the same micro-batches, pp, vp and placement.
+RankLayout make_eval_layout(const RankLayout& train);
+// make_eval_layout of the config's own layout; parallel.schedule and schedule_file are not read.
 RankLayout make_eval_layout(const Config& cfg, int rank);
 
-// The run's pipeline schedule: parallel.schedule built for the step's micro-batches per rank, or
-// parallel.schedule_file loaded and checked against the grid. Throws InputError.
-Schedule make_schedule(const Config& cfg);
+// The run's pipeline schedule: parallel.schedule_file loaded and checked against the grid, or
+// parallel.schedule built for the step's micro-batches per rank; "auto" (the one place it is
+// built for a run) for the per-stage F, I and W times `auto_costs` (the start-up profile's, or
+// the cost model's for --dry-run; unit costs when empty) with 1F1B's activation memory as the
+// cap, the candidates going to `auto_info` when given. Throws InputError.
+Schedule make_schedule(const Config& cfg, const StageCosts& auto_costs = {}, AutoSchedule* auto_info = nullptr);
 // Micro-batches per rank and step: train.global_batch_size / (micro_batch_size * dp).
 int microbatches_per_rank(const Config& cfg);
 // The layer counts of every virtual stage (pp*vp entries): parallel.layers_per_stage, or an even
@@ -80,9 +87,9 @@ std::string split_str(const std::vector<int>& layers);
 // This rank's chunks: the layer split of stage_layers(cfg).
 std::vector<ChunkLayout> chunks_of(const Config& cfg, int pp_rank);
 
-// DP buckets over a rank's parameters in registration order, about parallel.bucket_mb each;
-// chunks never share a bucket and the tied table `wte` (synchronised between the pipeline's ends
-// first) gets one of its own.
+// Gradient buckets over a rank's parameters in registration order, about parallel.bucket_mb
+// each; chunks never share a bucket and the tied table `wte` (synchronised between the
+// pipeline's ends first) gets one of its own.
 std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb);
 
 }  // namespace tripod

@@ -11,6 +11,11 @@ namespace tripod {
 
 RankMemory plan_rank_memory(const Config& cfg, int rank) { return plan_rank_memory(cfg, make_rank_layout(cfg, rank)); }
 
+namespace {
+// Adam's two f32 moments, and an f32 master copy when the weights compute in bf16.
+int64_t optimizer_bytes_per_element(Device device) { return device == Device::CUDA ? 12 : 8; }
+}  // namespace
+
 RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   const bool cuda = cfg.train.device == Device::CUDA;
   const int64_t act_bytes = cuda ? 2 : 4;
@@ -19,8 +24,7 @@ RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   m.coords = l.coords;
   m.params = l.flat_elements * act_bytes;
   m.grads = l.flat_elements * 4;
-  // Adam's two moments (and an f32 master copy when computing in bf16) over the owned ranges.
-  m.optimizer = l.owned_elements() * (cuda ? 12 : 8);
+  m.optimizer = l.grad_sync.owned_elements() * optimizer_bytes_per_element(cfg.train.device);
 
   // Under context parallelism a rank holds seq_len / cp tokens of every sequence, and attention
   // merges blocks from their log-sum-exp: no probabilities are kept.

@@ -75,6 +75,7 @@ class ParamRegistry {
   Param& add(ParamSpec spec);
   // Allocates the flat buffers and binds every parameter's views.
   void allocate(Ops& ops);
+  bool allocated() const { return values_.defined(); }
   // Fills every parameter from its spec: Normal draws from a counter-based stream keyed by
   // (seed, global name, global element index), so values do not depend on the grid.
   void initialize(Ops& ops, uint64_t seed);

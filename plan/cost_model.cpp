@@ -336,31 +336,36 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
   out.pipeline_s = sim.makespan;
   out.bubble = sim.bubble;
 
-  // Memory, and the gradient bytes each stage reduces: the first and last pipeline stage hold the
-  // embedding and the head, the others fewer parameters; stage 0 holds the most activations.
+  // Memory and gradient synchronisation of the first, second and last pipeline rank (tp, dp and cp
+  // coordinate 0): their layouts say what each reduces and whether a tied table's copies meet.
   RankGrid grid(p.tp, p.dp, p.pp, p.cp);
-  const int reducers = p.dp * p.cp;  // the gradients reduce over DP x CP
   std::vector<int> pp_ranks = {0};
   if (p.pp > 1) pp_ranks.push_back(p.pp - 1);
   if (p.pp > 2) pp_ranks.push_back(1);
-  double step_end = 0;
-  const double bucket = std::max(1.0, p.bucket_mb * 1024 * 1024);
+  double step_end = 0, gather = 0;
+  int64_t owned = 0;
   for (int q : pp_ranks) {
-    RankMemory m = plan_rank_memory(cfg, make_rank_layout(cfg, grid.rank({.tp = 0, .dp = 0, .pp = q}), schedule, plan));
-    if (m.total() > out.memory.total()) out.memory = m;
-    // DP reduction of this rank's f32 gradients in buckets, started as the final backward of
-    // each chunk makes them final (the last backward of the first chunk to finish).
+    const RankLayout l = make_rank_layout(cfg, grid.rank({.tp = 0, .dp = 0, .pp = q}), schedule, plan);
+    RankMemory m = plan_rank_memory(cfg, l);
+    if (m.total() > out.memory.total()) {
+      out.memory = m;
+      owned = l.grad_sync.owned_elements();
+    }
+    // The reduction of this rank's f32 gradients in its buckets, each started as the final
+    // backward of each chunk makes it final (the last backward of the first chunk to finish);
+    // the rank's first bucket (its first chunk's, finished last) ends it.
     const RankSimulation& rs = sim.ranks[q];
     const double end = rs.timeline.back().end;
     double reduce = 0, last_bucket = 0;
-    if (reducers > 1) {
-      const double grads = static_cast<double>(m.grads);
-      const int nb = static_cast<int>(std::ceil(grads / bucket));
-      const int64_t per = static_cast<int64_t>(grads / nb);
-      last_bucket = p.distributed_optimizer
-                        ? hw.collective_time(Collective::ReduceScatter, reducers, per, pl.dp_intra)
-                        : hw.collective_time(Collective::AllReduce, reducers, per, pl.dp_intra);
-      reduce = nb * last_bucket;
+    for (const ReduceGroup& g : l.grad_sync.groups) {
+      if (g.size == 1) continue;
+      for (const GradBucket& b : g.buckets) {
+        const double t = hw.collective_time(g.sharded ? Collective::ReduceScatter : Collective::AllReduce, g.size,
+                                            b.span.size() * 4, pl.dp_intra);
+        reduce += t;
+        if (&b == &g.buckets.front()) last_bucket = t;
+      }
+      if (g.sharded) gather = std::max(gather, hw.collective_time(Collective::AllGather, g.size, m.params, pl.dp_intra));
     }
     double window_start = end;
     std::vector<char> seen(p.vp, 0);
@@ -370,11 +375,9 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
         window_start = std::min(window_start, it->start);
       }
     double done = hw.overlap_dp ? std::max(end + last_bucket, window_start + reduce) : end + reduce;
-    // The tied embedding's two copies (first and last stage) sum their gradients first.
-    if (cfg.model.tie_embeddings && p.pp > 1 && (q == 0 || q == p.pp - 1)) {
-      const int64_t table = s.V / s.t * s.C * 4;
-      done += hw.collective_time(Collective::AllReduce, 2, table, pl.pp_intra);
-    }
+    // The tied table's copies on the pipeline's first and last rank sum their gradients first.
+    if (l.grad_sync.tied == GradSync::Tied::PipelineEnds)
+      done += hw.collective_time(Collective::AllReduce, 2, l.grad_sync.tied_table.size() * 4, pl.pp_intra);
     step_end = std::max(step_end, done);
     out.dp_exposed_s = std::max(out.dp_exposed_s, done - end);
   }
@@ -382,13 +385,9 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
   // Optimizer: zeroing and the grad-norm pass over the gradients, one world all-reduce, AdamW
   // over the owned elements, and the distributed optimizer's all-gather of the new values.
   const int64_t flat = out.memory.grads / 4;
-  const int64_t owned = out.memory.optimizer / (hw.bf16() ? 12 : 8);
   out.optimizer_s = 2 * hw.elementwise_time(Elementwise::Add, flat, false) / 3 +
                     hw.collective_time(Collective::AllReduce, grid.world_size(), 16, grid.world_size() <= hw.gpus_per_node) +
                     hw.elementwise_time(Elementwise::AdamW, owned, false);
-  double gather = 0;
-  if (p.distributed_optimizer && reducers > 1)
-    gather = hw.collective_time(Collective::AllGather, reducers, out.memory.params, pl.dp_intra);
   out.optimizer_s += gather;
   out.step_time_s = step_end + out.optimizer_s;
 
@@ -417,7 +416,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
   // hardware's reserved memory.
   const int64_t Cl = s.C / s.t, Fl = s.F / s.t;
   out.workspace_bytes = (s.N * (3 * Cl + Cl + (s.swiglu ? 3 : 2) * Fl) + 3 * s.Ns * s.C) * s.a;
-  out.comm_bytes = reducers > 1 ? static_cast<int64_t>(2 * bucket) : 0;
+  out.comm_bytes = p.dp * p.cp > 1 ? static_cast<int64_t>(2 * std::max(1.0, p.bucket_mb * 1024 * 1024)) : 0;
   out.reserved_bytes = static_cast<int64_t>(hw.reserved_memory);
   return out;
 }

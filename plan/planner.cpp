@@ -77,16 +77,16 @@ LayoutFilter parse_layout_filter(const std::string& text) {
   return f;
 }
 
-std::vector<std::pair<ScheduleKind, Placement>> schedule_candidates(int pp, int vp) {
+std::vector<ScheduleKind> schedule_candidates(int pp, int vp) {
   // The fixed schedules at 1F1B's activation memory: 1F1B or interleaved, and their zero-bubble
   // counterparts (ZB-H1 for one chunk per rank, ZB-V for two in a V).
   if (vp > 1) {
-    std::vector<std::pair<ScheduleKind, Placement>> out = {{ScheduleKind::Interleaved, Placement::Loop}};
-    if (vp == 2) out.push_back({ScheduleKind::Zbv, Placement::V});
+    std::vector<ScheduleKind> out = {ScheduleKind::Interleaved};
+    if (vp == 2) out.push_back(ScheduleKind::Zbv);
     return out;
   }
-  if (pp == 1) return {{ScheduleKind::OneFOneB, Placement::Loop}};
-  return {{ScheduleKind::OneFOneB, Placement::Loop}, {ScheduleKind::ZbH1, Placement::Loop}};
+  if (pp == 1) return {ScheduleKind::OneFOneB};
+  return {ScheduleKind::OneFOneB, ScheduleKind::ZbH1};
 }
 
 PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const LayoutFilter& fixed,
@@ -123,7 +123,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
       for (int v = 2; pp > 1 && v * pp <= m.n_layers; ++v)
         if (m.n_layers % (v * pp) == 0) vps.push_back(v);
       for (int vp : pick(fixed.vp, vps))
-       for (const auto& [kind, placement] : schedule_candidates(pp, vp))
+       for (ScheduleKind kind : schedule_candidates(pp, vp))
         if (fixed.schedules.empty() || std::find(fixed.schedules.begin(), fixed.schedules.end(), kind) != fixed.schedules.end())
         for (int mbs : pick(fixed.micro_batch, divisors(B / dp, max_micro_batch)))
           for (RecomputeMode rc : pick(fixed.recompute, {RecomputeMode::None, RecomputeMode::Selective,
@@ -142,7 +142,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                 p.dp = dp;
                 p.schedule = kind;
                 p.schedule_file.clear();
-                p.placement = placement;
+                p.placement = default_placement(kind);
                 p.layers_per_stage.clear();
                 p.balance_layers = fixed.balanced;
                 p.sequence_parallel = sp;

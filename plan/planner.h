@@ -36,9 +36,10 @@ struct PlanResult {
   std::optional<PlannedLayout> smallest;  // the least memory among all valid layouts
 };
 
-// The schedules the search tries for pp stages and vp chunks per rank, with their placements:
-// 1F1B and ZB-H1 (vp = 1, pp > 1), interleaved and ZB-V (vp = 2), interleaved (vp > 2).
-std::vector<std::pair<ScheduleKind, Placement>> schedule_candidates(int pp, int vp);
+// The schedules the search tries for pp stages and vp chunks per rank (each on its
+// default_placement): 1F1B and ZB-H1 (vp = 1, pp > 1), interleaved and ZB-V (vp = 2),
+// interleaved (vp > 2).
+std::vector<ScheduleKind> schedule_candidates(int pp, int vp);
 
 // Every layout of `base.model` (with base.train.global_batch_size sequences per step) on `gpus`
 // devices of `hw`. InputError when the GPUs are not whole nodes, or no layout divides the global

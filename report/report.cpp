@@ -594,7 +594,7 @@ std::string timeline_html(const Timeline& tl) {
                    "traced, step {} drawn. Idle = 1 &minus; forward/backward time over the step's pipeline window "
                    "(mean over {} step(s){}); ideal = the simulator's bubble for the same schedule with the measured "
                    "mean forward {:.3f} ms and backward {:.3f} ms and free communication.</div>\n",
-                   esc(s.kind), s.pp, s.vp, s.microbatches, s.steps, s.drawn_step, s.steps_used,
+                   esc(std::string(enum_name(s.kind))), s.pp, s.vp, s.microbatches, s.steps, s.drawn_step, s.steps_used,
                    s.steps > s.steps_used ? ", the first left out" : "", s.mean_forward_us / 1e3,
                    s.mean_backward_us / 1e3);
   if (!tl.note.empty()) h += fmt::format("<p class=\"note\">{}</p>\n", esc(tl.note));

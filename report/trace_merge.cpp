@@ -122,7 +122,10 @@ MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
   const json& sh = latest->header.at("schedule");
   Schedule sched;
   try {
-    sched.kind = sh.at("kind").get<std::string>();
+    const std::string kind = sh.at("kind").get<std::string>();
+    const std::optional<ScheduleKind> k = parse_enum<ScheduleKind>(kind);
+    TRIPOD_INPUT_CHECK(k.has_value(), "{}: schedule kind '{}' in the header is unknown", latest->path, kind);
+    sched.kind = *k;
     sched.pp = sh.at("pp").get<int>();
     sched.vp = sh.at("vp").get<int>();
     sched.microbatches = sh.at("microbatches").get<int>();
@@ -144,7 +147,7 @@ MergedTrace merge_rank_traces(const std::map<int, RankTrace>& files) {
   std::vector<char> have(sched.pp, 0);
   for (const RankTrace* t : ranks) {
     const json& s = t->header.at("schedule");
-    TRIPOD_INPUT_CHECK(s.value("kind", "") == sched.kind && s.value("pp", 0) == sched.pp &&
+    TRIPOD_INPUT_CHECK(s.value("kind", "") == enum_name(sum.kind) && s.value("pp", 0) == sched.pp &&
                            s.value("vp", 0) == sched.vp && s.value("microbatches", 0) == sched.microbatches,
                        "{}: schedule in the header differs from {}'s (files from different runs?)", t->path,
                        latest->path);
@@ -264,7 +267,7 @@ std::string render_trace_json(const MergedTrace& merged) {
 GanttChart trace_chart(const MergedTrace& merged) {
   const TraceSummary& sum = merged.summary;
   GanttChart ch;
-  ch.title = fmt::format("tripod trace: {} schedule, pp={} vp={} microbatches={}, step {}", sum.kind, sum.pp, sum.vp,
+  ch.title = fmt::format("tripod trace: {} schedule, pp={} vp={} microbatches={}, step {}", enum_name(sum.kind), sum.pp, sum.vp,
                          sum.microbatches, sum.drawn_step);
   ch.time_unit = "time (ms)";
   double t0 = 0;

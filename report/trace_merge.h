@@ -29,7 +29,7 @@ struct TraceRankSummary {
   double cp_us_per_step = 0, cp_fraction = 0;
 };
 struct TraceSummary {
-  std::string kind;
+  ScheduleKind kind = ScheduleKind::Custom;
   int pp = 1, vp = 1, microbatches = 1;
   int cp = 1;                 // the context-parallel size: 1 + the largest cp coordinate
   int64_t steps = 0;          // steps with pipeline events

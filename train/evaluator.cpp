@@ -31,9 +31,10 @@ std::unique_ptr<SampleSource> make_split_source(const Config& cfg, Split split, 
 
 Evaluator::Evaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par, GptModel& model)
     : cfg_(cfg), layout_(layout), ops_(ops), par_(par), model_(model) {
-  executor_ = std::make_unique<PipelineExecutor>(
-      forward_only_schedule(layout.grid.pp(), layout.schedule.vp, layout.microbatches, layout.schedule.placement), par.pp.get(), layout.coords.pp,
-      nullptr, par.flight.get());
+  TRIPOD_CHECK(layout.schedule.forward_only, "the evaluator runs a forward-only layout (make_eval_layout), not a {} "
+               "schedule", enum_name(layout.schedule.kind));
+  executor_ = std::make_unique<PipelineExecutor>(layout.schedule, par.pp.get(), layout.coords.pp, nullptr,
+                                                 par.flight.get());
 }
 
 EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_t first) {

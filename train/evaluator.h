@@ -26,8 +26,8 @@ struct EvalResult {
 class Evaluator {
  public:
   // `model` is this rank's part of the model as `layout` places it (built by the trainer or a
-  // command); cfg gives the global batch. The schedule is forward-only over the layout's micro-
-  // batches, pp and vp, whatever parallel.schedule is.
+  // command); cfg gives the global batch. `layout` is a forward-only one (make_eval_layout), whose
+  // schedule the evaluator runs.
   Evaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par, GptModel& model);
 
   // Mean loss over samples [first, first + samples) of `data`, read in global batches in the
@@ -39,7 +39,7 @@ class Evaluator {
 
  private:
   Config cfg_;
-  RankLayout layout_;
+  const RankLayout layout_;  // forward-only (make_eval_layout)
   Ops& ops_;
   ParallelContext& par_;
   GptModel& model_;

@@ -4,7 +4,13 @@
 #include <chrono>
 #include <limits>
 
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/reader.h"
+#include "checkpoint/load.h"
 #include "core/allocator.h"
+#include "parallel/pipeline/schedules.h"
+#include "train/microbatch.h"
 
 namespace tripod {
 
@@ -65,15 +71,55 @@ StageCosts profile_stage_costs(GptModel& model, Ops& ops, const ParallelContext&
     v[s] = f[c], v[S + s] = i[c], v[2 * S + s] = w[c];
   }
   if (par.world && par.grid.world_size() > 1) par.world->all_reduce(sums);
-  const double holders = static_cast<double>(par.grid.tp()) * par.grid.dp();
+  const double holders = static_cast<double>(par.grid.world_size()) / par.grid.pp();  // tp * cp * dp
   std::vector<double> F(S), I(S), W(S);
   for (int s = 0; s < S; ++s) F[s] = v[s] / holders, I[s] = v[S + s] / holders, W[s] = v[2 * S + s] / holders;
   return stage_costs_fiw(F, I, W, S);
 }
 
-AutoSchedule auto_training_schedule(const RankLayout& layout, const StageCosts& costs) {
-  const Schedule& s = layout.schedule;
-  return auto_schedule(s.pp, s.vp, s.placement, s.microbatches, costs, /*comm=*/0, /*cap=*/0);
+Schedule training_schedule(const Config& cfg, Ops& ops, ParallelContext& par, GptModel& model, ParamRegistry& reg,
+                           const SampleSource* data, std::string& chosen) {
+  const ParallelConfig& pc = cfg.parallel;
+  if (pc.schedule != ScheduleKind::Auto || !pc.schedule_file.empty()) return make_schedule(cfg);
+  if (!cfg.checkpoint.load.empty()) {
+    const std::string dir = resolve_checkpoint(cfg.checkpoint.load, cfg.checkpoint.dir);
+    const nlohmann::json& meta = CheckpointReader(dir).metadata();
+    if (meta.contains("schedule_csv") && meta["schedule_csv"].is_string() &&
+        !meta["schedule_csv"].get<std::string>().empty()) {
+      Schedule s = parse_schedule_csv(meta["schedule_csv"].get<std::string>(), dir + "/metadata.json (schedule_csv)");
+      if (s.pp == pc.pp && s.vp == pc.vp && s.microbatches == microbatches_per_rank(cfg) &&
+          s.placement == pc.placement) {
+        s.kind = ScheduleKind::Auto;
+        chosen = "as in " + dir;
+        return s;
+      }
+    }  // a checkpoint of another pipeline shape: profiled anew
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  reg.allocate(ops);
+  reg.initialize(ops, cfg.train.seed);
+  const RankLayout probe = make_rank_layout(cfg, par.rank);  // the step's shape (unit-cost schedule)
+  MicroBatch mb;
+  load_microbatch(data, cfg, probe, ops, /*consumed=*/0, /*micro=*/0, mb);
+  const StageCosts costs = profile_stage_costs(model, ops, par, probe, mb);
+  AutoSchedule a;
+  Schedule s = make_schedule(cfg, costs, &a);
+  chosen = a.chosen;
+  std::string times;
+  for (size_t i = 0; i < costs.forward.size(); ++i)
+    times += fmt::format("{}{:.2f}/{:.2f}/{:.2f}", i ? ", " : "", 1e3 * costs.forward[i],
+                         1e3 * (costs.backward[i] - costs.weight[i]), 1e3 * costs.weight[i]);
+  double best_fixed = 0, makespan = 0;
+  for (const AutoCandidate& c : a.candidates) {
+    if (c.name == a.chosen) makespan = c.makespan;
+    const bool fixed = c.name.rfind("list", 0) != 0;
+    if (fixed && c.fits && (best_fixed == 0 || c.makespan < best_fixed)) best_fixed = c.makespan;
+  }
+  spdlog::info("schedule auto: profiled F/I/W per stage (ms) [{}] in {:.2f} s; chose {} of {} candidates, simulated "
+               "step {:.1f} ms (best fixed schedule {:.1f} ms)",
+               times, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), chosen,
+               a.candidates.size(), 1e3 * makespan, 1e3 * best_fixed);
+  return s;
 }
 
 }  // namespace tripod

@@ -37,31 +37,30 @@ std::string new_run_id() {
 
 Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const SampleSource* train_data,
                  const SampleSource* eval_data, const DebugOptions& debug)
-    : cfg_(cfg),
-      layout_(make_rank_layout(cfg, par.rank)),  // the schedule validated before anything is allocated
-      ops_(ops), par_(par), data_(train_data), eval_data_(eval_data), faults_(debug.inject_nan) {
-  const ParallelConfig& pc = cfg_.parallel;
+    : cfg_(cfg), ops_(ops), par_(par), data_(train_data), eval_data_(eval_data), faults_(debug.inject_nan),
+      // The rank's chunks depend on the config alone (the schedule's placement is parallel.placement).
+      model_(std::make_unique<GptModel>(ops, par, cfg.model, chunks_of(cfg, par.coords.pp), cfg.recompute, reg_)),
+      // The schedule is resolved (and validated) before the layout: "auto" profiles this model.
+      layout_(make_rank_layout(cfg, par.rank, training_schedule(cfg, ops, par, *model_, reg_, train_data, auto_chosen_))) {
   const TrainConfig& tc = cfg_.train;
-  model_ = std::make_unique<GptModel>(ops, par, cfg_.model, layout_.chunks, cfg_.recompute, reg_);
   TRIPOD_CHECK(reg_.flat_size() == layout_.flat_elements, "rank {} registered {} parameter elements, its layout {}",
                par.rank, reg_.flat_size(), layout_.flat_elements);
-  reg_.allocate(ops);
-  reg_.initialize(ops, tc.seed);
-  wte_ = model_->wte();
-  // The tied table's two copies sit on the first and last pipeline ranks under the loop
-  // placement and sum their gradients over the embedding group; under V both ends are on rank 0,
-  // one parameter, and the group is not used. Either way the table is reduced over DP after the
-  // step's last backward (under V two chunks write its gradient, in either order of their Ws).
-  if (layout_.schedule.placement == Placement::Loop) embedding_ = par.embedding.get();
-  defer_wte_ = wte_ && (embedding_ || layout_.chunks.size() > 1);
+  if (!reg_.allocated()) {  // (an "auto" profile has allocated and initialised them)
+    reg_.allocate(ops);
+    reg_.initialize(ops, tc.seed);
+  }
+  // The tied table's copies on the first and last pipeline rank sum their gradients over the
+  // embedding group; with both ends here it is one parameter. Either way it is reduced after the
+  // step's last backward (grad_sync.h).
+  const GradSync& sync = layout_.grad_sync;
+  if (sync.tied == GradSync::Tied::PipelineEnds) embedding_ = par.embedding.get();
   TRIPOD_CHECK(!(layout_.has_embedding || layout_.has_head) || data_,
                "rank {} holds the embedding or head but has no data", par.rank);
 
-  evaluator_ = std::make_unique<Evaluator>(cfg_, layout_, ops, par, *model_);
+  evaluator_ = std::make_unique<Evaluator>(cfg_, make_eval_layout(layout_), ops, par, *model_);
 
-  // Gradients are summed over DP x CP (every rank of it holds the same parameters).
-  reducer_ = std::make_unique<GradReducer>(ops, par.dpcp, reg_.flat_grads(), reg_.flat_values(), layout_.buckets,
-                                           pc.distributed_optimizer);
+  TRIPOD_CHECK(sync.groups.size() == 1 && sync.groups[0].axis == Axis::DPCP, "one reduce group over DP x CP");
+  reducer_ = std::make_unique<GradReducer>(ops, par.dpcp, reg_.flat_grads(), reg_.flat_values(), sync.groups[0]);
   optimizer_ = std::make_unique<AdamW>(
       ops, reg_, reducer_->owned(),
       AdamWConfig{.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay}, tc.seed);
@@ -76,7 +75,6 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
     stragglers_ = std::make_unique<StragglerMonitor>(tc.straggler_factor, par.grid.world_size());
 
   if (!cfg_.checkpoint.load.empty()) load_checkpoint_state();
-  if (pc.schedule == ScheduleKind::Auto && pc.schedule_file.empty()) choose_auto_schedule();
   if (tc.trace && !tc.output_dir.empty()) {
     trace_ = std::make_unique<TraceRecorder>(tc.output_dir, par.rank, par.grid.world_size(), par.coords,
                                              layout_.schedule);
@@ -103,6 +101,7 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
     std::ofstream(tc.output_dir + "/schedule.csv") << schedule_csv(layout_.schedule);
     metrics_ = std::make_unique<MetricsLog>(tc.output_dir, tc.tensorboard_dir);
   }
+  const ParallelConfig& pc = cfg_.parallel;
   int64_t n_params = cfg_.model.num_params(pc.tp);
   const ModelConfig& mc = cfg_.model;
   spdlog::info("model: {} ({}, {}, {}), {} layers, d_model {}, {} heads ({} key/value), seq {}, vocab {} (padded {}): "
@@ -111,7 +110,7 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6);
   spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {}{} (vp {}, placement {}); "
                "device {}", par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
-               layout_.schedule.kind, auto_chosen_.empty() ? "" : " (" + auto_chosen_ + ")", pc.vp,
+               enum_name(layout_.schedule.kind), auto_chosen_.empty() ? "" : " (" + auto_chosen_ + ")", pc.vp,
                enum_name(layout_.schedule.placement), enum_name(tc.device));
   // Last, so that a constructor that throws leaves no pointer to its recorder behind.
   if (trace_) par.trace = trace_.get();  // the cp attention's exchanges (reset by ~Trainer)
@@ -133,8 +132,9 @@ void Trainer::on_grads_ready(const std::vector<Param*>& params) {
     for (Param* p : params)
       if (p->spec.sp_partial_grad) par_.tp->all_reduce(p->grad);
   }
+  const FlatSpan& tied = layout_.grad_sync.tied_table;
   for (Param* p : params) {
-    if (p == wte_ && defer_wte_) continue;  // reduced in finish_gradients
+    if (p->offset == tied.begin && tied.size() > 0) continue;  // reduced in finish_gradients
     reducer_->mark_ready(p->offset, p->offset + p->numel());
   }
 }
@@ -196,54 +196,17 @@ void Trainer::run_schedule(Tensor& losses) {
   executor_->run(cb);
 }
 
-void Trainer::choose_auto_schedule() {
-  // A resumed run keeps the schedule it was trained with (bit-exact continuation); otherwise the
-  // profile measures this model here and auto_schedule builds for those times.
-  // A checkpoint of another pipeline shape (pp, vp, placement, micro-batches) is profiled anew.
-  if (!auto_csv_.empty()) {
-    Schedule s = parse_schedule_csv(auto_csv_, loaded_from_ + "/metadata.json (schedule_csv)");
-    const Schedule& now = layout_.schedule;
-    if (s.pp == now.pp && s.vp == now.vp && s.microbatches == now.microbatches && s.placement == now.placement) {
-      s.kind = "auto";
-      layout_.plan = plan_pipeline(s);
-      layout_.schedule = std::move(s);
-      auto_chosen_ = "as in " + loaded_from_;
-      return;
-    }
-  }
-  const auto t0 = std::chrono::steady_clock::now();
-  MicroBatch mb;
-  load_microbatch(step_, 0, mb);
-  const StageCosts costs = profile_stage_costs(*model_, ops_, par_, layout_, mb);
-  AutoSchedule a = auto_training_schedule(layout_, costs);
-  layout_.plan = plan_pipeline(a.schedule);
-  layout_.schedule = std::move(a.schedule);
-  auto_chosen_ = a.chosen;
-  std::string times;
-  for (size_t s = 0; s < costs.forward.size(); ++s)
-    times += fmt::format("{}{:.2f}/{:.2f}/{:.2f}", s ? ", " : "", 1e3 * costs.forward[s],
-                         1e3 * (costs.backward[s] - costs.weight[s]), 1e3 * costs.weight[s]);
-  double best_fixed = 0, chosen = 0;
-  for (const AutoCandidate& c : a.candidates) {
-    if (c.name == a.chosen) chosen = c.makespan;
-    const bool fixed = c.name.rfind("list", 0) != 0;
-    if (fixed && c.fits && (best_fixed == 0 || c.makespan < best_fixed)) best_fixed = c.makespan;
-  }
-  spdlog::info("schedule auto: profiled F/I/W per stage (ms) [{}] in {:.2f} s; chose {} of {} candidates, simulated "
-               "step {:.1f} ms (best fixed schedule {:.1f} ms)",
-               times, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), auto_chosen_,
-               a.candidates.size(), 1e3 * chosen, 1e3 * best_fixed);
-}
-
 void Trainer::finish_gradients() {
   // The tied table's two copies (first and last stage) sum their gradients, then DP-reduce.
   FlightPhase phase(par_.flight.get(), "dp-reduce");
-  if (defer_wte_) {
+  const FlatSpan& tied = layout_.grad_sync.tied_table;
+  if (tied.size() > 0) {
     if (embedding_) {
       FlightPhase sync(par_.flight.get(), "embedding-sync");
-      embedding_->all_reduce(wte_->grad);
+      Tensor grad = reg_.flat_grads().flat(tied.begin, tied.end);
+      embedding_->all_reduce(grad);
     }
-    reducer_->mark_ready(wte_->offset, wte_->offset + wte_->numel());
+    reducer_->mark_ready(tied.begin, tied.end);
   }
   reducer_->finish();
 }
@@ -271,9 +234,9 @@ StepMetrics Trainer::step() {
 
   // One world all-reduce gives the grad norm and the loss: replicated copies count once (TP rank
   // 0, DP rank 0 unless the optimizer is sharded), the loss from the last stage's TP rank 0.
-  const bool sharded = cfg_.parallel.distributed_optimizer && par_.grid.size(Axis::DPCP) > 1;
+  const ReduceGroup& group = layout_.grad_sync.groups[0];
   double sq = 0;
-  if (sharded || par_.grid.dpcp_rank(par_.coords) == 0)
+  if (group.sharded || group.rank == 0)
     sq = optimizer_->grad_sq_sum([this](const ParamSpec& s) { return s.counts_in_norm(par_.coords.tp); });
   double loss_sum = (layout_.has_head && par_.coords.tp == 0) ? ops_.sum(losses) : 0.0;
   if (par_.rank == 0) {  // fault injection (tests): the world's sums become non-finite
@@ -406,10 +369,10 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       {"run_id", run_id_},
       {"model", model_to_json(cfg_.model)},
       {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"cp", pc.cp}, {"world_size", par_.grid.world_size()},
-                {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", layout_.schedule.kind},
+                {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", enum_name(layout_.schedule.kind)},
                 {"placement", enum_name(layout_.schedule.placement)}}},
       // The schedule itself when it was chosen at start-up, so that a resume runs the same one.
-      {"schedule_csv", layout_.schedule.kind == "auto" ? schedule_csv(layout_.schedule) : std::string()},
+      {"schedule_csv", layout_.schedule.kind == ScheduleKind::Auto ? schedule_csv(layout_.schedule) : std::string()},
       {"has_optimizer", true},
       {"lr_schedule", {{"lr", lr_.lr}, {"min_lr", lr_.min_lr}, {"warmup_steps", lr_.warmup_steps},
                        {"total_steps", lr_.total_steps}, {"decay", enum_name(lr_.decay)}, {"next_step", step_},
@@ -486,8 +449,6 @@ void Trainer::load_checkpoint_state() {
   if (!r.optimizer_loaded) step_ = 0;  // parameters only (e.g. converted weights): a fresh run from them
   if (r.optimizer_loaded && r.metadata.value("run_id", "") != "") run_id_ = r.metadata["run_id"].get<std::string>();
   last_checkpoint_ = loaded_from_ = dir;
-  if (r.metadata.contains("schedule_csv") && r.metadata["schedule_csv"].is_string())
-    auto_csv_ = r.metadata["schedule_csv"].get<std::string>();
   const nlohmann::json& g = r.metadata["grid"];
   spdlog::info("loaded checkpoint {} (saved on grid dp={}, pp={}, tp={}): continuing at step {}, {:.2f} s", dir,
                g["dp"].get<int>(), g["pp"].get<int>(), g["tp"].get<int>(), step_ + 1,

@@ -83,23 +83,21 @@ class Trainer {
   // stage writes the per-token losses into `losses` (one row per micro-batch).
   void run_schedule(Tensor& losses);
   void finish_gradients();
-  // schedule = "auto": the schedule a start-up profile of this model's stages chooses (or, when
-  // resuming, the one the checkpoint recorded); replaces layout_'s schedule and plan.
-  void choose_auto_schedule();
   void on_grads_ready(const std::vector<Param*>& params);
   nlohmann::json checkpoint_metadata() const;
   void load_checkpoint_state();
   void check_checkpoint_dir() const;
 
   Config cfg_;
-  RankLayout layout_;
   Ops& ops_;
   ParallelContext& par_;
   const SampleSource* data_;
   const SampleSource* eval_data_;
   std::vector<FaultInjection> faults_;
   ParamRegistry reg_;
-  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<GptModel> model_;  // this rank's chunks, registered before the layout is made
+  std::string auto_chosen_;          // schedule = "auto": the candidate chosen, for the log
+  const RankLayout layout_;          // with the schedule resolved ("auto" from a start-up profile)
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<PipelineExecutor> executor_;
@@ -124,11 +122,7 @@ class Trainer {
   int64_t step_ = 0;
   int64_t skipped_total_ = 0, bad_in_a_row_ = 0;
   double peak_flops_ = 0;  // the whole world's
-  Param* wte_ = nullptr;
-  Communicator* embedding_ = nullptr;  // the tied table's first/last-stage group, when it has two copies
-  bool defer_wte_ = false;             // the table's DP reduction waits for finish_gradients
-  std::string auto_chosen_;            // schedule = "auto": the candidate chosen, for the log
-  std::string auto_csv_;               // the auto schedule a loaded checkpoint recorded ("" when none)
+  Communicator* embedding_ = nullptr;  // the tied table's first/last-stage group (GradSync::Tied::PipelineEnds)
 };
 
 }  // namespace tripod

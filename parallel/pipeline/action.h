@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/enum_names.h"
 #include "parallel/pipeline/placement.h"
 
 namespace tripod {
@@ -55,10 +56,17 @@ inline Action W(int mb, int chunk = 0) { return {ActionKind::Weight, mb, chunk};
 // likewise. Surrounding whitespace is ignored. nullopt when `text` is not an action.
 std::optional<Action> parse_action(std::string_view text);
 
+// What made a schedule: the builders a user chooses by name (parallel.schedule, tripod schedule
+// --kind), then the forward-only schedule of evaluation and a schedule loaded from a file.
+enum class ScheduleKind : uint8_t { GPipe, OneFOneB, Interleaved, ZbH1, ZbH2, Zbv, DualPipeV, Auto, Forward, Custom };
+template <> struct EnumNames<ScheduleKind> {
+  static constexpr std::array<std::string_view, 10> names{"gpipe", "1f1b",      "interleaved", "zb-h1", "zb-h2",
+                                                          "zbv",   "dualpipev", "auto",        "forward", "custom"};
+  static constexpr size_t choices = 8;  // forward and custom are not chosen by name
+};
+
 struct Schedule {
-  // "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv", "dualpipev", "auto", "forward", or
-  // "custom" (loaded from a file)
-  std::string kind;
+  ScheduleKind kind = ScheduleKind::Custom;
   int pp = 1, vp = 1, microbatches = 1;
   Placement placement = Placement::Loop;  // where the virtual stages live (placement.h)
   // Forwards only (evaluation): every F, no B; the validator then refuses any B.

@@ -46,7 +46,7 @@ void PipelineExecutor::run(const PipelineCallbacks& cb) {
   TRIPOD_CHECK(cb.forward && (cb.backward || schedule_.forward_only), "pipeline callbacks need forward and backward");
   TRIPOD_CHECK(!has_split_ || (cb.backward_input && cb.backward_weight),
                "the {} schedule splits backwards into I and W: pipeline callbacks need backward_input and "
-               "backward_weight", schedule_.kind);
+               "backward_weight", enum_name(schedule_.kind));
   const auto& list = schedule_.ranks[rank_];
   recvs_.clear();
   sends_.clear();

@@ -155,7 +155,8 @@ void add_messages(const Schedule& s, const std::vector<PositionTable>& tables, P
       msg.dst = a.forward() ? F(a.mb, to_chunk) : tables[to_rank].input_grad(a.mb, to_chunk);
       msg.dst_index = tables[to_rank].get(msg.dst);
       msg.grad = !a.forward();
-      // MPI guarantees tags up to 32767; with the order checked below a repeated tag still matches.
+      // MPI guarantees tags up to 32767; receives are posted in sending order (add_ops), so a
+      // repeated tag still matches.
       msg.tag = static_cast<int>(((static_cast<long long>(a.mb) * S + to_stage) * 2 + (msg.grad ? 1 : 0)) % 32768);
       const int id = static_cast<int>(plan.messages.size());
       plan.messages.push_back(msg);
@@ -165,42 +166,37 @@ void add_messages(const Schedule& s, const std::vector<PositionTable>& tables, P
   }
 }
 
-// Messages between two ranks are matched in sending order: each receiver must consume them in
-// that order.
-void check_message_order(const Schedule& s, const PipePlan& plan) {
-  // Last message seen per (sender, receiver) pair, in sending order (pairs are neighbours only,
-  // so a map keeps this linear in the number of ranks).
-  std::unordered_map<long long, int> last;
-  for (int r = 0; r < s.pp; ++r) {
-    for (int id : plan.send_msg[r]) {
-      if (id < 0) continue;
-      const PipeMessage& y = plan.messages[id];
-      auto [it, fresh] = last.try_emplace(static_cast<long long>(y.src_rank) * s.pp + y.dst_rank, id);
-      int& prev = it->second;
-      if (!fresh) {
-        const PipeMessage& x = plan.messages[prev];
-        TRIPOD_INPUT_CHECK(x.dst_index < y.dst_index,
-                           "{}: sends the {} of {} to rank {} before the {} of {}, but {} runs {} (which takes the "
-                           "second) before {} (which takes the first); messages between two ranks are matched in "
-                           "the order they are sent, so each rank must consume them in that order",
-                           s.where(y.src_rank), payload(x.grad), x.src.str(), y.dst_rank, payload(y.grad),
-                           y.src.str(), s.where(y.dst_rank), y.dst.str(), x.dst.str());
-      }
-      prev = id;
-    }
-  }
-}
-
-// The plan before send waits are placed: every send is waited on after the last action.
+// The plan before send waits are placed: every send is waited on after the last action. The
+// receive of action i is posted when action i-1 starts; before it, every message its sender sent
+// earlier to this rank that is not yet posted (consumed later): receives from one peer are posted
+// in that peer's sending order, so that they match as the sends were posted, whatever order the
+// rank consumes them in.
 void add_ops(const Schedule& s, PipePlan& plan) {
   plan.ranks.assign(s.pp, {});
+  // Per receiver and sender, the messages between them in sending order; each message's place there.
+  std::vector<std::unordered_map<int, std::vector<int>>> from(s.pp);
+  std::vector<int> place(plan.messages.size(), -1);
+  for (int q = 0; q < s.pp; ++q)
+    for (int id : plan.send_msg[q])
+      if (id >= 0) {
+        auto& list = from[plan.messages[id].dst_rank][q];
+        place[id] = static_cast<int>(list.size());
+        list.push_back(id);
+      }
   for (int r = 0; r < s.pp; ++r) {
+    std::unordered_map<int, int> next;  // per sender: the first message not yet posted
     auto& ops = plan.ranks[r];
+    auto post = [&](int id) {
+      if (id < 0) return;
+      const int q = plan.messages[id].src_rank;
+      int& k = next[q];
+      for (; k <= place[id]; ++k) ops.push_back({PlanOpKind::PostRecv, from[r][q][k]});
+    };
     const int n = static_cast<int>(s.ranks[r].size());
-    if (n > 0 && plan.recv_msg[r][0] >= 0) ops.push_back({PlanOpKind::PostRecv, plan.recv_msg[r][0]});
+    if (n > 0) post(plan.recv_msg[r][0]);
     for (int i = 0; i < n; ++i) {
       if (plan.recv_msg[r][i] >= 0) ops.push_back({PlanOpKind::WaitRecv, plan.recv_msg[r][i]});
-      if (i + 1 < n && plan.recv_msg[r][i + 1] >= 0) ops.push_back({PlanOpKind::PostRecv, plan.recv_msg[r][i + 1]});
+      if (i + 1 < n) post(plan.recv_msg[r][i + 1]);
       ops.push_back({PlanOpKind::Compute, i});
       if (plan.send_msg[r][i] >= 0) ops.push_back({PlanOpKind::PostSend, plan.send_msg[r][i]});
     }
@@ -249,7 +245,6 @@ PipePlan plan_pipeline(const Schedule& s) {
   auto tables = check_lists(s);
   PipePlan plan;
   add_messages(s, tables, plan);
-  check_message_order(s, plan);
   add_ops(s, plan);
   PlanRun run = run_plan(s, plan, PipeCosts{}, /*find_releases=*/true);
   if (!run.finished) report_deadlock(s, plan, run);

@@ -14,10 +14,11 @@
 //  - A send is waited on (its buffer freed) as soon as the sender has received a message that
 //    the receiver sent after consuming it, so such a wait never blocks on the peer; the sends
 //    left are waited on after the rank's last action.
-//  - Messages between two ranks are matched in the order they are posted, as NCCL matches them
-//    (the executor's MPI tags also name micro-batch, stage and direction, which agree): the
-//    validator requires every receiver to consume the messages of each peer in the order that
-//    peer sends them.
+//  - A message is named by (micro-batch, receiving stage, direction), and a rank may consume the
+//    messages of a peer in any order. Receives from one peer are posted in the order the peer
+//    sends (NCCL matches a pair's messages in posting order; the MPI tags name the message too):
+//    before the receive of action i is posted, every earlier message of the same sender not yet
+//    posted is (its buffer held from then on).
 //  - A message is in flight for `comm` time units from when both its send and its receive have
 //    been posted.
 // Under these rules a rank can block only in a receive wait, so a schedule deadlocks exactly
@@ -61,10 +62,9 @@ struct PipePlan {
 // Validates `schedule` and builds its plan. Throws InputError naming the first problem: a
 // malformed list ("rank 1: F2.0 appears twice", "rank 0: B3.1 is missing", "rank 0: B3.1 and
 // I3.1: ..."), a dependency broken on one rank ("rank 1: B2.0 before F2.0", "rank 1: W2.0 before
-// I2.0", "rank 1: I2.0 without F2.0"), messages consumed out of order, or a deadlock cycle across
-// ranks. The rules for split backwards: per (micro-batch, chunk) exactly one F and either one B
-// or one I and one W; I (like B) after its F and after the input gradient of the next stage; W
-// after its I.
+// I2.0", "rank 1: I2.0 without F2.0"), or a deadlock cycle across ranks. The rules for split
+// backwards: per (micro-batch, chunk) exactly one F and either one B or one I and one W; I (like
+// B) after its F and after the input gradient of the next stage; W after its I.
 PipePlan plan_pipeline(const Schedule& schedule);
 inline void validate_schedule(const Schedule& schedule) { (void)plan_pipeline(schedule); }
 

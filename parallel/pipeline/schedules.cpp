@@ -58,60 +58,89 @@ std::vector<Action> interleaved_actions(int pp, int vp, int microbatches, int ra
   return out;
 }
 
-Schedule build_schedule(ScheduleKind kind, int pp, int vp, int microbatches, std::optional<Placement> placement) {
-  return build_schedule(enum_name(kind), pp, vp, microbatches, placement);
+Placement default_placement(ScheduleKind kind) {
+  return kind == ScheduleKind::Zbv || kind == ScheduleKind::DualPipeV ? Placement::V : Placement::Loop;
+}
+
+void check_schedule_kind(ScheduleKind kind, int pp, int vp, int m, Placement placement, const ScheduleSettingNames& n) {
+  const std::string_view name = enum_name(kind);
+  TRIPOD_INPUT_CHECK(pp >= 1, "{} = {}: the pipeline needs at least 1 stage", n.pp, pp);
+  TRIPOD_INPUT_CHECK(vp >= 1, "{} = {}: each pipeline rank needs at least 1 model chunk", n.vp, vp);
+  TRIPOD_INPUT_CHECK(m >= 1, "{} = {}: a step needs at least 1 micro-batch", n.microbatches, m);
+  TRIPOD_INPUT_CHECK(static_cast<long long>(pp) * vp * m <= kMaxSchedulePairs,
+                     "{} = {} x {} = {} x {} = {} is too large (at most {} micro-batch/stage pairs)", n.pp, pp, n.vp,
+                     vp, n.microbatches, m, kMaxSchedulePairs);
+  switch (kind) {
+    case ScheduleKind::Zbv:
+    case ScheduleKind::DualPipeV:
+      TRIPOD_INPUT_CHECK(placement == Placement::V && vp == 2,
+                         "{} = \"{}\" places 2 model chunks per rank in a V (chunk 0 of rank r is stage r, chunk 1 is "
+                         "stage 2pp-1-r): set {} = \"v\" and {} = 2 (got {} = \"{}\", {} = {})",
+                         n.schedule, name, n.placement, n.vp, n.placement, enum_name(placement), n.vp, vp);
+      TRIPOD_INPUT_CHECK(kind != ScheduleKind::DualPipeV || m >= 2 * pp,
+                         "{} = {}: the dualpipev schedule needs at least 2*pp = {} micro-batches (one per virtual "
+                         "stage)", n.microbatches, m, 2 * pp);
+      break;
+    case ScheduleKind::Interleaved:
+      TRIPOD_INPUT_CHECK(placement == Placement::Loop,
+                         "{} = \"v\" with {} = \"interleaved\": interleaving loops the stages round the ranks (use "
+                         "{} = \"loop\", or the V placement's schedules zbv and dualpipev)",
+                         n.placement, n.schedule, n.placement);
+      TRIPOD_INPUT_CHECK(vp >= 2, "{} = \"interleaved\" with {} = {}: the interleaved schedule needs {} >= 2 model "
+                         "chunks per rank (with one chunk use 1f1b)", n.schedule, n.vp, vp, n.vp);
+      TRIPOD_INPUT_CHECK(m % pp == 0,
+                         "{} = {} is not a multiple of {} = {}: the interleaved schedule runs micro-batches in groups "
+                         "of pp (use a multiple of {}, e.g. {} or {})",
+                         n.microbatches, m, n.pp, pp, pp, std::max(1, m / pp) * pp, (std::max(1, m / pp) + 1) * pp);
+      break;
+    case ScheduleKind::Auto:
+      TRIPOD_INPUT_CHECK(placement == Placement::Loop || vp == 2,
+                         "{} = \"v\" puts exactly 2 model chunks on each pipeline rank: set {} = 2 (got {})",
+                         n.placement, n.vp, vp);
+      break;
+    default:
+      TRIPOD_INPUT_CHECK(placement == Placement::Loop,
+                         "{} = \"v\" with {} = \"{}\": the V placement's schedules are zbv, dualpipev and auto "
+                         "(each with {} = 2)", n.placement, n.schedule, name, n.vp);
+      TRIPOD_INPUT_CHECK(vp == 1,
+                         "{} = \"{}\" with {} = {}: it runs one model chunk per rank (use {} = 1, or interleaved with "
+                         "{} > 1, or zbv/dualpipev with {} = \"v\" and {} = 2)",
+                         n.schedule, name, n.vp, vp, n.vp, n.vp, n.placement, n.vp);
+  }
+}
+
+ScheduleKind parse_schedule_kind(std::string_view name, std::string_view what) {
+  const std::optional<ScheduleKind> kind = parse_choice<ScheduleKind>(name);
+  TRIPOD_INPUT_CHECK(kind.has_value(), "{} '{}' is unknown (valid: {})", what, name, enum_choices<ScheduleKind>());
+  return *kind;
 }
 
 Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches, std::optional<Placement> placement) {
-  const bool v_kind = kind == "zbv" || kind == "dualpipev";
-  TRIPOD_INPUT_CHECK(kind == "gpipe" || kind == "1f1b" || kind == "interleaved" || kind == "zb-h1" ||
-                         kind == "zb-h2" || v_kind || kind == "auto",
-                     "schedule kind '{}' is unknown (valid: {})", kind, kScheduleKinds);
-  TRIPOD_INPUT_CHECK(pp >= 1, "pp = {}: the pipeline needs at least 1 stage", pp);
-  TRIPOD_INPUT_CHECK(vp >= 1, "vp = {}: each pipeline rank needs at least 1 model chunk", vp);
-  TRIPOD_INPUT_CHECK(microbatches >= 1, "microbatches = {}: a step needs at least 1 micro-batch", microbatches);
-  TRIPOD_INPUT_CHECK(static_cast<long long>(pp) * vp * microbatches <= kMaxSchedulePairs,
-                     "pp = {} x vp = {} x microbatches = {} is too large (at most {} micro-batch/stage pairs)", pp,
-                     vp, microbatches, kMaxSchedulePairs);
-  if (v_kind) {
-    TRIPOD_INPUT_CHECK(vp == 2, "vp = {}: the {} schedule places 2 model chunks on each rank in a V (use vp = 2)", vp,
-                       kind);
-    TRIPOD_INPUT_CHECK(placement.value_or(Placement::V) == Placement::V,
-                       "placement loop: the {} schedule needs the v placement (chunk 0 of rank r is stage r, chunk 1 "
-                       "is stage 2pp-1-r)", kind);
-  } else if (kind == "auto") {
-    check_placement(placement.value_or(Placement::Loop), vp);
-  } else {
-    TRIPOD_INPUT_CHECK(placement.value_or(Placement::Loop) == Placement::Loop,
-                       "placement v: the {} schedule runs on the loop placement (the V placement's schedules are zbv "
-                       "and dualpipev)", kind);
+  return build_schedule(parse_schedule_kind(kind), pp, vp, microbatches, placement);
+}
+
+Schedule build_schedule(ScheduleKind kind, int pp, int vp, int microbatches, std::optional<Placement> placement) {
+  TRIPOD_CHECK(static_cast<size_t>(kind) < choice_count<ScheduleKind>(), "build_schedule of a {} schedule",
+               enum_name(kind));
+  const Placement where = placement.value_or(default_placement(kind));
+  check_schedule_kind(kind, pp, vp, microbatches, where);
+  switch (kind) {
+    case ScheduleKind::ZbH1: return zb_h1_schedule(pp, microbatches);
+    case ScheduleKind::ZbH2: return zb_h2_schedule(pp, microbatches);
+    case ScheduleKind::Zbv: return zbv_schedule(pp, microbatches);
+    case ScheduleKind::DualPipeV: return dualpipev_schedule(pp, microbatches);
+    case ScheduleKind::Auto: return auto_schedule(pp, vp, where, microbatches, StageCosts{}, 0, 0).schedule;
+    default: break;
   }
-  if (kind == "interleaved") {
-    TRIPOD_INPUT_CHECK(vp >= 2, "vp = 1: the interleaved schedule needs vp >= 2 model chunks per rank (with one "
-                       "chunk use the 1f1b schedule)");
-    TRIPOD_INPUT_CHECK(microbatches % pp == 0,
-                       "microbatches = {} is not a multiple of pp = {}: the interleaved schedule runs micro-batches "
-                       "in groups of pp (use a multiple of {}, e.g. {} or {})",
-                       microbatches, pp, pp, std::max(1, microbatches / pp) * pp, (std::max(1, microbatches / pp) + 1) * pp);
-  } else if (!v_kind && kind != "auto") {
-    TRIPOD_INPUT_CHECK(vp == 1, "vp = {}: the {} schedule runs one model chunk per rank; use vp = 1 or the interleaved "
-                       "schedule", vp, kind);
-  }
-  if (kind == "zb-h1") return zb_h1_schedule(pp, microbatches);
-  if (kind == "zb-h2") return zb_h2_schedule(pp, microbatches);
-  if (kind == "zbv") return zbv_schedule(pp, microbatches);
-  if (kind == "dualpipev") return dualpipev_schedule(pp, microbatches);
-  if (kind == "auto")
-    return auto_schedule(pp, vp, placement.value_or(Placement::Loop), microbatches, StageCosts{}, 0, 0).schedule;
   Schedule s;
-  s.kind = std::string(kind);
+  s.kind = kind;
   s.pp = pp;
   s.vp = vp;
   s.microbatches = microbatches;
   for (int r = 0; r < pp; ++r) {
-    if (kind == "gpipe")
+    if (kind == ScheduleKind::GPipe)
       s.ranks.push_back(gpipe_actions(pp, microbatches, r));
-    else if (kind == "1f1b")
+    else if (kind == ScheduleKind::OneFOneB)
       s.ranks.push_back(one_f_one_b_actions(pp, microbatches, r));
     else
       s.ranks.push_back(interleaved_actions(pp, vp, microbatches, r));
@@ -128,7 +157,7 @@ Schedule forward_only_schedule(int pp, int vp, int microbatches, Placement place
                      vp, microbatches, kMaxSchedulePairs);
   check_placement(placement, vp);
   Schedule s;
-  s.kind = "forward";
+  s.kind = ScheduleKind::Forward;
   s.forward_only = true;
   s.placement = placement;
   s.pp = pp;
@@ -172,7 +201,7 @@ std::optional<Action> parse_pytorch_action(std::string_view s) {
 
 Schedule parse_schedule_csv(std::string_view text, const std::string& source, ScheduleCsvFormat format) {
   Schedule s;
-  s.kind = "custom";
+  s.kind = ScheduleKind::Custom;
   s.source = source;
   int max_mb = -1, max_chunk = -1;
   int line_no = 0, placement_line = 0;
@@ -315,7 +344,7 @@ Schedule load_schedule_csv(const std::string& path, ScheduleCsvFormat format) {
 
 std::string schedule_csv(const Schedule& s) {
   std::string out = fmt::format("# tripod pipeline schedule: {}, pp={} vp={} microbatches={}; one line per rank\n",
-                                s.kind, s.pp, s.vp, s.microbatches);
+                                enum_name(s.kind), s.pp, s.vp, s.microbatches);
   if (s.placement == Placement::V) out += "placement = v\n";
   for (const auto& row : s.ranks) {
     for (size_t i = 0; i < row.size(); ++i) {

@@ -13,13 +13,6 @@
 
 namespace tripod {
 
-// The schedules the builders make (parallel.schedule, tripod schedule --kind).
-enum class ScheduleKind { GPipe, OneFOneB, Interleaved, ZbH1, ZbH2, Zbv, DualPipeV, Auto };
-template <> struct EnumNames<ScheduleKind> {
-  static constexpr std::array<std::string_view, 8> names{"gpipe", "1f1b", "interleaved", "zb-h1",
-                                                         "zb-h2", "zbv",  "dualpipev",   "auto"};
-};
-
 // The most (micro-batch, virtual stage) pairs a schedule may have: bounds what validating and
 // simulating one costs (a few hundred MB at most).
 inline constexpr long long kMaxSchedulePairs = 4'000'000;
@@ -49,18 +42,32 @@ std::vector<Action> interleaved_actions(int pp, int vp, int microbatches, int ra
 // through chunk 1.
 Schedule forward_only_schedule(int pp, int vp, int microbatches, Placement placement = Placement::Loop);
 
-// The schedule kinds build_schedule knows, for messages: "gpipe, 1f1b, ..., auto".
-inline constexpr const char* kScheduleKinds = "gpipe, 1f1b, interleaved, zb-h1, zb-h2, zbv, dualpipev, auto";
+// What a schedule kind needs of the pipeline, the one statement of these rules (read by the
+// config, tripod schedule, the builders and the planner): zbv and dualpipev place 2 chunks per
+// rank in a V (placement v, vp = 2; dualpipev m >= 2pp); interleaved loops vp >= 2 chunks round
+// the ranks (placement loop, m a multiple of pp); auto takes either placement (v with vp = 2);
+// the others run one chunk per rank on the loop placement. `names` are the caller's names of the
+// settings ("parallel.vp", "--vp"), so the InputError speaks the user's language.
+struct ScheduleSettingNames {
+  std::string_view schedule = "schedule", pp = "pp", vp = "vp", placement = "placement",
+                   microbatches = "microbatches";
+};
+void check_schedule_kind(ScheduleKind kind, int pp, int vp, int microbatches, Placement placement,
+                         const ScheduleSettingNames& names = {});
+// The placement a kind runs on when none is chosen (v for zbv and dualpipev, loop otherwise), and
+// the chunks per rank that placement takes when none are chosen (2 on v, 1 on loop).
+Placement default_placement(ScheduleKind kind);
+inline int default_vp(Placement placement) { return placement == Placement::V ? 2 : 1; }
 
-// The schedule of every rank for `kind` ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv",
-// "dualpipev", or "auto" built for unit F = I = W costs: auto_schedule in zero_bubble.h takes
-// measured ones). zbv and dualpipev use the V placement and vp = 2, the others the loop placement
-// ("auto" the one given). Bad numbers (pp < 1, vp > 1 for a one-chunk kind, m not a multiple of
-// pp for interleaved, a placement the kind cannot use, ...) throw InputError naming them.
-Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches,
-                        std::optional<Placement> placement = std::nullopt);
+// The schedule of every rank for `kind` ("auto" is built for unit F = I = W costs: auto_schedule
+// in zero_bubble.h takes measured ones). The placement is default_placement(kind) unless given.
+// Sizes check_schedule_kind refuses (and pp, vp, m < 1, or too many pairs) throw InputError.
 Schedule build_schedule(ScheduleKind kind, int pp, int vp, int microbatches,
                         std::optional<Placement> placement = std::nullopt);
+// The same for a kind named by a user ("zbv"; InputError listing the kinds when it is none).
+Schedule build_schedule(std::string_view kind, int pp, int vp, int microbatches,
+                        std::optional<Placement> placement = std::nullopt);
+ScheduleKind parse_schedule_kind(std::string_view name, std::string_view what = "schedule kind");
 
 // The CSV formats of a custom schedule.
 //

@@ -40,7 +40,7 @@ TraceRecorder::TraceRecorder(const std::string& run_dir, int rank, int world, Co
             {"world", world},
             {"coords", {{"tp", coords.tp}, {"dp", coords.dp}, {"pp", coords.pp}, {"cp", coords.cp}}},
             {"schedule",
-             {{"kind", schedule.kind},
+             {{"kind", enum_name(schedule.kind)},
               {"pp", schedule.pp},
               {"vp", schedule.vp},
               {"placement", placement_name(schedule.placement)},

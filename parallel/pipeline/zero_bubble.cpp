@@ -32,7 +32,7 @@ struct RankState {
 
 }  // namespace
 
-Schedule list_schedule(const ListScheduleOptions& o, const std::string& kind) {
+Schedule list_schedule(const ListScheduleOptions& o, ScheduleKind kind) {
   const int P = o.pp, V = o.vp, M = o.microbatches, S = P * V;
   TRIPOD_CHECK(P >= 1 && V >= 1 && M >= 1, "list schedule: pp {} vp {} m {}", P, V, M);
   Schedule s;
@@ -237,138 +237,7 @@ ListScheduleOptions unit_options(int pp, int vp, Placement placement, int microb
 
 }  // namespace
 
-namespace {
-
-// Whether action `a` on rank r needs `h` (also on rank r) to have run first.
-bool needs(const Schedule& s, int r, const Action& a, const Action& h) {
-  if (a.mb != h.mb) return false;
-  const int sa = s.stage(r, a.chunk), sh = s.stage(r, h.chunk);
-  if (h.forward()) return (a.forward() && sa == sh + 1) || (!a.forward() && sa == sh);
-  if (h.input_grad()) return (a.kind == ActionKind::Weight && sa == sh) || (a.input_grad() && sa == sh - 1);
-  return false;
-}
-
-// Sender-side repair: where a rank sends a peer message x before y but the peer consumes y
-// first, the action sending x moves to just after the one sending y, if nothing in between
-// needs it. Returns false when some crossing could not be fixed this way.
-//
-// Each round fixes the first crossing of the lowest rank that has one. A crossing is a send whose
-// message the peer consumes before the rank's previous send to that peer; each rank keeps the set
-// of its crossings, and a fix moving positions h..i of rank r re-examines only the sends it can
-// affect: r's sends in h..i and the next one to each peer, and, for each message r consumes in
-// h..i, its send and the sender's next send to r. (Rescanning every list after every fix took
-// O(p^3) rescans of O(m) lists: 23 s for ZB-V at pp = 32, m = 128.)
-bool delay_early_sends(Schedule& s) {
-  const int S = s.num_stages(), P = s.pp;
-  const long long limit = 4 * static_cast<long long>(s.pp) * s.vp * s.microbatches * 3 + 16;
-  auto key = [&](bool grad, int st, int mb) {
-    return static_cast<size_t>((static_cast<long long>(grad) * S + st) * s.microbatches + mb);
-  };
-  // Per (grad, receiving stage, mb) message between two ranks: its sending rank, and the list
-  // positions where it is sent and consumed.
-  const size_t keys = 2 * static_cast<size_t>(S) * s.microbatches;
-  std::vector<int> sent_at(keys, -1), consumed_at(keys, -1), sender(keys, -1);
-  auto consumes = [&](int r, const Action& a) {  // the message `a` on rank r consumes, or keys
-    const int st = s.stage(r, a.chunk);
-    if (a.forward() && st > 0 && s.rank_of_stage(st - 1) != r) return key(false, st, a.mb);
-    if (a.input_grad() && st + 1 < S && s.rank_of_stage(st + 1) != r) return key(true, st, a.mb);
-    return keys;
-  };
-  auto sends = [&](int r, const Action& a) -> std::pair<size_t, int> {  // (message, to) or (keys, -1)
-    if (a.kind == ActionKind::Weight) return {keys, -1};
-    const int st = s.stage(r, a.chunk), to = a.forward() ? st + 1 : st - 1;
-    if (to < 0 || to >= S || s.rank_of_stage(to) == r) return {keys, -1};
-    return {key(!a.forward(), to, a.mb), s.rank_of_stage(to)};
-  };
-  for (int r = 0; r < P; ++r)
-    for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) {
-      const Action& a = s.ranks[r][i];
-      if (const size_t k = consumes(r, a); k < keys) consumed_at[k] = i;
-      if (const size_t k = sends(r, a).first; k < keys) {
-        sent_at[k] = i;
-        sender[k] = r;
-      }
-    }
-  // Per rank and peer: the positions of its sends to that peer whose consumer is known (others
-  // are malformed: validation names them). bad[r]: the positions of r's crossings.
-  std::vector<std::map<int, std::set<int>>> to_peer(P);
-  std::vector<std::set<int>> bad(P);
-  auto add_send = [&](int r, int i) {
-    const auto [k, to] = sends(r, s.ranks[r][i]);
-    if (k < keys && consumed_at[k] >= 0) to_peer[r][to].insert(i);
-  };
-  auto examine = [&](int r, int i) {  // whether the send at i (if any) crosses the previous one
-    bad[r].erase(i);
-    const auto [k, to] = sends(r, s.ranks[r][i]);
-    if (k >= keys || consumed_at[k] < 0) return;
-    const std::set<int>& sent = to_peer[r][to];
-    auto it = sent.find(i);
-    if (it == sent.begin()) return;
-    const size_t prev = sends(r, s.ranks[r][*std::prev(it)]).first;
-    if (consumed_at[prev] > consumed_at[k]) bad[r].insert(i);
-  };
-  auto examine_next = [&](int r, int to, int i) {  // the first send to `to` after position i
-    const std::set<int>& sent = to_peer[r][to];
-    if (auto it = sent.upper_bound(i); it != sent.end()) examine(r, *it);
-  };
-  for (int r = 0; r < P; ++r) {
-    for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) add_send(r, i);
-    for (int i = 0; i < static_cast<int>(s.ranks[r].size()); ++i) examine(r, i);
-  }
-  // A rank whose first crossing cannot be fixed is passed over until that changes.
-  std::vector<int> stuck_at(P, -1);
-  for (long long iter = 0; iter < limit; ++iter) {
-    bool fixed_one = false;
-    for (int r = 0; r < P && !fixed_one; ++r) {
-      if (bad[r].empty()) continue;
-      auto& list = s.ranks[r];
-      const int i = *bad[r].begin();
-      if (stuck_at[r] == i) continue;
-      // list[h] is sent before list[i] but consumed after it: move it after i.
-      const int peer = sends(r, list[i]).second;
-      const int h = *std::prev(to_peer[r][peer].find(i));
-      bool ok = true;
-      for (int j = h + 1; j <= i && ok; ++j) ok = !needs(s, r, list[j], list[h]);
-      if (!ok) {
-        stuck_at[r] = i;
-        continue;
-      }
-      for (int j = h; j <= i; ++j)
-        if (const auto [k, to] = sends(r, list[j]); k < keys) to_peer[r][to].erase(j);
-      for (int j = h; j <= i; ++j) bad[r].erase(j);
-      std::rotate(list.begin() + h, list.begin() + h + 1, list.begin() + i + 1);
-      stuck_at[r] = -1;
-      for (int j = h; j <= i; ++j) {
-        const Action& a = list[j];
-        if (const size_t k = consumes(r, a); k < keys) consumed_at[k] = j;
-        if (const size_t k = sends(r, a).first; k < keys) sent_at[k] = j;
-        add_send(r, j);
-      }
-      for (int j = h; j <= i; ++j) examine(r, j);
-      for (const auto& [to, sent] : to_peer[r]) examine_next(r, to, i);
-      // The senders of what r consumes in h..i: their send of it and their next one to r.
-      for (int j = h; j <= i; ++j)
-        if (const size_t k = consumes(r, list[j]); k < keys && sender[k] >= 0 && sent_at[k] >= 0) {
-          const int q = sender[k];
-          if (!to_peer[q][r].count(sent_at[k])) continue;
-          examine(q, sent_at[k]);
-          examine_next(q, r, sent_at[k]);
-          if (stuck_at[q] >= sent_at[k]) stuck_at[q] = -1;
-        }
-      fixed_one = true;
-    }
-    if (!fixed_one) return std::all_of(bad.begin(), bad.end(), [](const std::set<int>& b) { return b.empty(); });
-  }
-  return false;
-}
-
-}  // namespace
-
-Schedule fifo_order(Schedule s, bool delay_senders) {
-  if (delay_senders) {
-    Schedule d = s;
-    if (delay_early_sends(d)) return d;
-  }
+Schedule fifo_order(Schedule s) {
   const int P = s.pp, S = s.num_stages(), M = s.microbatches;
   // Runs the lists in order, without times. When a rank's next action waits for a message that
   // has been sent but is not the first unconsumed one from that peer, the action consuming the
@@ -454,7 +323,7 @@ std::vector<Action> zb_h1_actions(int pp, int m, int r) {
 Schedule zb_h1_schedule(int pp, int microbatches) {
   check_zb_numbers("zb-h1", pp, microbatches);
   Schedule s;
-  s.kind = "zb-h1";
+  s.kind = ScheduleKind::ZbH1;
   s.pp = pp;
   s.microbatches = microbatches;
   for (int r = 0; r < pp; ++r) s.ranks.push_back(zb_h1_actions(pp, microbatches, r));
@@ -465,7 +334,7 @@ Schedule zb_h1_schedule(int pp, int microbatches) {
 // forwards that no rank waits for a gradient once its first one has arrived.
 Schedule zb_h2_schedule(int pp, int microbatches) {
   check_zb_numbers("zb-h2", pp, microbatches);
-  return list_schedule(unit_options(pp, 1, Placement::Loop, microbatches, 2 * pp - 1), "zb-h2");
+  return list_schedule(unit_options(pp, 1, Placement::Loop, microbatches, 2 * pp - 1), ScheduleKind::ZbH2);
 }
 
 // ZB-V, rank r (chunk 0 = stage r, chunk 1 = stage 2pp-1-r), built for n = max(m, 2pp-1)
@@ -517,13 +386,13 @@ std::vector<Action> zbv_actions(int pp, int m, int r) {
 Schedule zbv_schedule(int pp, int microbatches, bool eager) {
   check_zb_numbers("zbv", pp, microbatches);
   Schedule s;
-  s.kind = "zbv";
+  s.kind = ScheduleKind::Zbv;
   s.pp = pp;
   s.vp = 2;
   s.microbatches = microbatches;
   s.placement = Placement::V;
   for (int r = 0; r < pp; ++r) s.ranks.push_back(zbv_actions(pp, microbatches, r));
-  return fifo_order(std::move(s), /*delay_senders=*/!eager);
+  return eager ? fifo_order(std::move(s)) : s;
 }
 
 // DualPipeV. Chunk 0 is stage r, chunk 1 stage 2pp-1-r. Phases of rank r (counts per phase):
@@ -597,18 +466,15 @@ std::vector<Action> dualpipev_actions(int pp, int m, int r) {
 
 Schedule dualpipev_schedule(int pp, int microbatches) {
   check_zb_numbers("dualpipev", pp, microbatches);
-  TRIPOD_INPUT_CHECK(microbatches >= 2 * pp,
-                     "microbatches = {}: the dualpipev schedule needs at least 2*pp = {} micro-batches (one per "
-                     "virtual stage)",
-                     microbatches, 2 * pp);
+  TRIPOD_CHECK(microbatches >= 2 * pp, "dualpipev with m = {} < 2pp (check_schedule_kind refuses it)", microbatches);
   Schedule s;
-  s.kind = "dualpipev";
+  s.kind = ScheduleKind::DualPipeV;
   s.pp = pp;
   s.vp = 2;
   s.microbatches = microbatches;
   s.placement = Placement::V;
   for (int r = 0; r < pp; ++r) s.ranks.push_back(dualpipev_actions(pp, microbatches, r));
-  return fifo_order(std::move(s), /*delay_senders=*/true);
+  return s;
 }
 
 AutoSchedule auto_schedule(int pp, int vp, Placement placement, int m, const StageCosts& costs, double comm,
@@ -649,11 +515,12 @@ AutoSchedule auto_schedule(int pp, int vp, Placement placement, int m, const Sta
   };
   // The fixed schedules these numbers allow.
   if (placement == Placement::Loop && vp == 1) {
-    for (const char* k : {"gpipe", "1f1b"}) consider(k, build_schedule(k, pp, 1, m));
+    for (ScheduleKind k : {ScheduleKind::GPipe, ScheduleKind::OneFOneB})
+      consider(std::string(enum_name(k)), build_schedule(k, pp, 1, m));
     consider("zb-h1", zb_h1_schedule(pp, m));
     consider("zb-h2", zb_h2_schedule(pp, m));
   }
-  if (placement == Placement::Loop && vp > 1 && m % pp == 0) consider("interleaved", build_schedule("interleaved", pp, vp, m));
+  if (placement == Placement::Loop && vp > 1 && m % pp == 0) consider("interleaved", build_schedule(ScheduleKind::Interleaved, pp, vp, m));
   if (placement == Placement::V) {
     consider("zbv", zbv_schedule(pp, m));
     consider("zbv eager", zbv_schedule(pp, m, /*eager=*/true));
@@ -680,7 +547,7 @@ AutoSchedule auto_schedule(int pp, int vp, Placement placement, int m, const Sta
         o.comm = comm;
         o.max_pending_w = pend;
         consider(fmt::format("list cap={:g}{}{}", k, split ? "" : " B", pend >= 0 ? fmt::format(" w<={}", pend) : ""),
-                 list_schedule(o, "auto"));
+                 list_schedule(o, ScheduleKind::Auto));
       }
   if (best == kInf) {
     double least = kInf;
@@ -689,7 +556,7 @@ AutoSchedule auto_schedule(int pp, int vp, Placement placement, int m, const Sta
                                  "any candidate holds is {:g}); raise the memory cap",
                                  cap, least));
   }
-  out.schedule.kind = "auto";
+  out.schedule.kind = ScheduleKind::Auto;
   return out;
 }
 

@@ -7,11 +7,12 @@
 //  - zb-h2 (vp = 1): up to 2pp-1 micro-batches held on rank 0 (more warm-up forwards), about
 //    twice 1F1B's memory; no idle inside a rank's span (see below).
 //  - zbv (V placement, vp = 2): the paper's ZB-V order: at most 2pp chunk-activations held per
-//    rank, 1F1B's memory, and no idle in the overlapped accounting once m >= 2pp, when messages
-//    are matched by tag. tripod matches each peer's messages in sending order (NCCL; plan.h), and
-//    ZB-V's order sends some activations before gradients their receiver needs first; made
-//    consistent (fifo_order) it keeps either the memory (default; overlapped idle pp-1) or the
-//    zero bubble (zbv_schedule(..., eager = true); up to 3pp-1 chunk activations).
+//    rank, 1F1B's memory, and no idle in the overlapped accounting once m >= 2pp (unit costs).
+//    Its ranks consume some messages of a peer in another order than the peer sends them, which
+//    the executor allows (plan.h: receives are posted in sending order, consumed in any).
+//    zbv_schedule(..., eager = true), an `auto` candidate, moves each consumer up to when its
+//    message is first in line (fifo_order): up to 3pp-1 chunk activations, less idle where F, I
+//    and W differ.
 //  - dualpipev (V placement, vp = 2, m >= 2pp): DeepSeek's DualPipeV, the V-shaped cut of
 //    DualPipe (arXiv 2412.19437): forwards of one direction paired with backwards of the other
 //    (here run one after the other: tripod has no expert all-to-all to overlap), split backwards
@@ -26,7 +27,7 @@
 //   gradients travel back, so with the optimizer step synchronising the ranks idle stays > 0
 //   (pp-1 per rank for zb-h2); their zero is the paper's accounting, where consecutive steps
 //   overlap and the period is the longest rank span: Simulation::period - busy = 0 on every
-//   rank once m >= 2pp (zb-h2, and eager zbv). README's table lists both figures.
+//   rank once m >= 2pp (zb-h2 and zbv). README's table lists both figures.
 #pragma once
 
 #include <string>
@@ -57,26 +58,20 @@ struct ListScheduleOptions {
   // micro-batches (< 0: never; W then waits until nothing else can run).
   int max_pending_w = -1;
 };
-Schedule list_schedule(const ListScheduleOptions& options, const std::string& kind);
+Schedule list_schedule(const ListScheduleOptions& options, ScheduleKind kind);
 
-// Makes every rank consume each peer's messages in the order the peer sends them (what NCCL's
-// matching needs; plan.h). Schedules designed for tag-matched messages (PyTorch's ZB-V and
-// DualPipeV orders) need this; a schedule already in order is returned as it is.
-//  - delay_senders: where a rank sends x before y to a peer that consumes y first, the action
-//    sending x moves to just after the one sending y (if nothing between needs it). Memory never
-//    grows; the receiver may wait longer.
-//  - otherwise, or where that cannot fix a crossing: walking the lists in order, the action
-//    consuming the first waiting message moves up to just before the one that found it first
-//    in line. Nobody waits longer; the receiver holds that activation earlier.
-Schedule fifo_order(Schedule schedule, bool delay_senders);
+// Makes every rank consume each peer's messages in the order the peer sends them: walking the
+// lists in order, the action consuming the first waiting message moves up to just before the one
+// that found it first in line. Nobody waits longer; the receiver holds that activation earlier.
+// A schedule already in order is returned as it is.
+Schedule fifo_order(Schedule schedule);
 
 std::vector<Action> zb_h1_actions(int pp, int microbatches, int rank);
 Schedule zb_h1_schedule(int pp, int microbatches);
 Schedule zb_h2_schedule(int pp, int microbatches);
-std::vector<Action> zbv_actions(int pp, int microbatches, int rank);  // before fifo_order
-// eager: fifo_order without delaying senders (zero bubble in the overlapped accounting once
-// m >= 2pp, up to 3pp-1 chunk activations held); default: delaying them (2pp chunk activations,
-// 1F1B's memory; overlapped idle pp-1 per rank with unit costs).
+std::vector<Action> zbv_actions(int pp, int microbatches, int rank);
+// The paper's order (2pp chunk activations, 1F1B's memory; with unit costs no overlapped idle
+// once m >= 2pp); eager: fifo_order of it (up to 3pp-1 chunk activations).
 Schedule zbv_schedule(int pp, int microbatches, bool eager = false);
 // DualPipeV, rank `rank`'s list; needs microbatches >= 2*pp.
 std::vector<Action> dualpipev_actions(int pp, int microbatches, int rank);

@@ -65,7 +65,7 @@ Reference serial_reference(int stages, int microbatches) {
 // Runs `schedule` on this rank's pipeline `pp` (rank `pp_rank`) for `steps` steps and checks
 // every result against the serial reference.
 void run_and_check(const Schedule& schedule, Communicator* pp, int pp_rank, int steps = 2) {
-  SCOPED_TRACE(fmt::format("{} pp={} vp={} m={} pipeline rank {}", schedule.kind, schedule.pp, schedule.vp,
+  SCOPED_TRACE(fmt::format("{} pp={} vp={} m={} pipeline rank {}", enum_name(schedule.kind), schedule.pp, schedule.vp,
                            schedule.microbatches, pp_rank));
   const int S = schedule.num_stages(), vp = schedule.vp, m = schedule.microbatches;
   const Reference ref = serial_reference(S, m);
@@ -226,6 +226,17 @@ TEST_F(PipelineExecutorTest, CustomCsvScheduleRuns) {
     GTEST_SKIP() << "custom schedules written for 2 and 4 ranks";
   }
   run_and_check(parse_schedule_csv(csv, "custom.csv"), world_.get(), world_->rank());
+}
+
+// A rank may consume a peer's messages in another order than they were sent (the receives are
+// posted in sending order): the last rank runs the forwards and backwards of later micro-batches
+// first.
+TEST_F(PipelineExecutorTest, MessagesConsumedOutOfSendingOrderMatch) {
+  const int p = world_->size();
+  std::string csv;
+  for (int r = 0; r < p; ++r)
+    csv += r + 1 < p ? "F0,F1,F2,B0,B1,B2\n" : "F2,F0,F1,B1,B2,B0\n";
+  run_and_check(parse_schedule_csv(csv, "out_of_order.csv"), world_.get(), world_->rank());
 }
 
 // Evaluation's forward-only schedule runs with no backward callback: every last-stage output

@@ -31,7 +31,7 @@ TEST(RankLayout, TheWorkedExampleOfTheHeader) {
   EXPECT_EQ(l.microbatches, 4);
   EXPECT_EQ(l.micro_tokens, 2 * 16);
   EXPECT_EQ(l.local_tokens, 16);  // sequence parallel over tp = 2
-  EXPECT_EQ(l.schedule.kind, "interleaved");
+  EXPECT_EQ(l.schedule.kind, ScheduleKind::Interleaved);
   EXPECT_EQ(l.schedule.microbatches, 4);
   EXPECT_EQ(l.stage_layers, (std::vector<int>{2, 2, 2, 2}));
   ASSERT_EQ(l.chunks.size(), 2u);
@@ -85,6 +85,41 @@ TEST(RankLayout, VPlacementPutsBothEndsOnRankZero) {
               static_cast<double>(c.model.padded_vocab(1)) * c.model.d_model, 64.0);
 }
 
+// GradSync: the reduce group of every rank, and where the tied table's gradients meet.
+TEST(RankLayout, GradSyncNamesTheGroupAndTheTiedTablesSync) {
+  using Tied = GradSync::Tied;
+  // The header's worked example: 8 ranks, distributed optimizer; rank 5 reduces over {5, 7}.
+  Config c = grid_config(2, 2, 2, 1);
+  c.parallel.distributed_optimizer = true;
+  const RankLayout l5 = make_rank_layout(c, 5);
+  ASSERT_EQ(l5.grad_sync.groups.size(), 1u);
+  const ReduceGroup& g = l5.grad_sync.groups[0];
+  EXPECT_EQ(g.axis, Axis::DPCP);
+  EXPECT_EQ(g.size, 2);
+  EXPECT_EQ(g.rank, 0);
+  EXPECT_TRUE(g.sharded);
+  EXPECT_EQ(l5.grad_sync.tied, Tied::PipelineEnds);  // the last stage's copy of the table
+  EXPECT_EQ(l5.grad_sync.tied_table.size(), c.model.padded_vocab(2) / 2 * c.model.d_model);
+  EXPECT_EQ(make_rank_layout(c, 7).grad_sync.groups[0].rank, 1);
+  EXPECT_EQ(make_rank_layout(c, 1).grad_sync.tied, Tied::PipelineEnds);  // the first stage's copy
+  // A middle stage holds no table; one stage holds it as any parameter; V: one table, two chunks.
+  EXPECT_EQ(make_rank_layout(grid_config(1, 1, 4, 1), 2).grad_sync.tied, Tied::None);
+  const RankLayout one = make_rank_layout(grid_config(1, 2, 1, 1), 1);
+  EXPECT_EQ(one.grad_sync.tied, Tied::None);
+  EXPECT_FALSE(one.grad_sync.groups[0].sharded);  // not without the distributed optimizer
+  Config v = grid_config(1, 1, 2, 1);
+  v.parallel.vp = 2;
+  v.parallel.placement = Placement::V;
+  v.parallel.schedule = ScheduleKind::Zbv;
+  validate_layout(v, 2);
+  EXPECT_EQ(make_rank_layout(v, 0).grad_sync.tied, Tied::Local);
+  EXPECT_EQ(make_rank_layout(v, 1).grad_sync.tied, Tied::None);
+  // An untied head (Llama): nothing to sum between the ends.
+  Config untied = grid_config(1, 1, 2, 1);
+  untied.model.tie_embeddings = false;
+  EXPECT_EQ(make_rank_layout(untied, 0).grad_sync.tied, Tied::None);
+}
+
 TEST(RankLayout, DistributedOptimizerShardsCoverEveryBucketOnce) {
   for (bool distopt : {false, true}) {
     Config c = test::tiny_config(8);
@@ -95,12 +130,12 @@ TEST(RankLayout, DistributedOptimizerShardsCoverEveryBucketOnce) {
     c.parallel.bucket_mb = 0.01;  // several buckets
     std::vector<RankLayout> ls;
     for (int r = 0; r < 3; ++r) ls.push_back(make_rank_layout(c, r));
-    ASSERT_GT(ls[0].buckets.size(), 1u);
-    for (size_t b = 0; b < ls[0].buckets.size(); ++b) {
-      const FlatSpan s = ls[0].buckets[b].span;
+    ASSERT_GT(ls[0].grad_sync.groups[0].buckets.size(), 1u);
+    for (size_t b = 0; b < ls[0].grad_sync.groups[0].buckets.size(); ++b) {
+      const FlatSpan s = ls[0].grad_sync.groups[0].buckets[b].span;
       int64_t covered = 0, at = s.begin;
       for (const RankLayout& l : ls) {
-        const FlatSpan o = l.owned[b];
+        const FlatSpan o = l.grad_sync.groups[0].owned[b];
         if (!distopt) {
           EXPECT_EQ(o.begin, s.begin);
           EXPECT_EQ(o.end, s.end);
@@ -143,7 +178,7 @@ TEST(RankLayout, AgreesWithTheModelBuiltFromIt) {
       GptModel model(*ops, par, c.model, l.chunks, c.recompute, reg);
       EXPECT_EQ(reg.flat_size(), l.flat_elements) << "rank " << r;
       int64_t in_buckets = 0;
-      for (const GradBucket& b : l.buckets) in_buckets += b.param_elements;
+      for (const GradBucket& b : l.grad_sync.groups[0].buckets) in_buckets += b.param_elements;
       int64_t params = 0;
       for (const Param& p : reg.params()) params += p.numel();
       EXPECT_EQ(in_buckets, params) << "rank " << r;

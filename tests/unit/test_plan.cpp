@@ -173,6 +173,37 @@ TEST(CostModel, StepTimeAddsUpOnOneDevice) {
   EXPECT_EQ(q.memory.params, p.memory.params);
 }
 
+TEST(CostModel, TiedEmbeddingSyncOnlyWhereThePipelineEndsAreOnTwoRanks) {
+  // pp = 2, dp = 1: nothing reduces over DP, so what follows the backward is the tied table's
+  // sum alone. On the loop placement (1f1b) the first and last stage each hold a copy and
+  // all-reduce it; on the V placement (zbv, dualpipev) both ends are on rank 0: no sync.
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  for (ScheduleKind kind : {ScheduleKind::OneFOneB, ScheduleKind::Zbv, ScheduleKind::DualPipeV})
+    for (bool tied : {true, false}) {
+      SCOPED_TRACE(fmt::format("{} tied {}", enum_name(kind), tied));
+      Config cfg = small_config();
+      cfg.model.tie_embeddings = tied;
+      cfg.train.global_batch_size = 16;  // 8 micro-batches: dualpipev needs 2pp
+      cfg.parallel.pp = 2;
+      cfg.parallel.schedule = kind;
+      cfg.parallel.placement = default_placement(kind);
+      cfg.parallel.vp = default_vp(cfg.parallel.placement);
+      validate_layout(cfg, 2);
+      const StepPrediction p = predict_step(cfg, hw);
+      const bool v = cfg.parallel.placement == Placement::V;
+      if (!tied || v) {
+        EXPECT_EQ(p.dp_exposed_s, 0);
+        EXPECT_NEAR(p.step_time_s, p.pipeline_s + p.optimizer_s, 1e-15);
+        continue;
+      }
+      // The table (256 x 64 f32) all-reduced by the two pipeline ranks over the node's link.
+      const double sync = hw.collective_time(Collective::AllReduce, 2, 256 * 64 * 4, true);
+      EXPECT_GT(sync, 0);
+      EXPECT_NEAR(p.dp_exposed_s, sync, 1e-15);
+      EXPECT_NEAR(p.step_time_s, p.pipeline_s + sync + p.optimizer_s, 1e-15);
+    }
+}
+
 TEST(CostModel, LlamaShapes) {
   // Grouped-query attention shrinks the QKV GEMM; SwiGLU adds the gate GEMM.
   Hardware hw = parse_hardware(kHardware, "test.toml");
@@ -392,7 +423,7 @@ TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
   for (int tp = 1; tp <= gpus; ++tp)
     for (int pp = 1; pp <= gpus; ++pp)
       for (int vp = 1; vp <= 4; ++vp)
-       for (const auto& [kind, placement] : schedule_candidates(pp, vp))
+       for (ScheduleKind kind : schedule_candidates(pp, vp))
         for (int mbs = 1; mbs <= 8; ++mbs)
           for (int rc = 0; rc < 3; ++rc)
             for (bool sp : {false, true})
@@ -405,7 +436,7 @@ TEST(Planner, EmitsValidLayoutsAndMissesNothingThatFits) {
                 c.parallel.vp = vp;
                 c.parallel.dp = gpus / (tp * pp);
                 c.parallel.schedule = kind;
-                c.parallel.placement = placement;
+                c.parallel.placement = default_placement(kind);
                 c.parallel.sequence_parallel = sp;
                 c.parallel.distributed_optimizer = dopt;
                 c.train.micro_batch_size = mbs;

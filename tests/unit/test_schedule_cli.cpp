@@ -202,7 +202,7 @@ TEST_F(ScheduleCli, BadSplitBackwardsAreRefusedNamingFileRankAndAction) {
 }
 
 TEST_F(ScheduleCli, BadArgumentsExit2) {
-  expect_refused("--kind interleaved --pp 4 --vp 2 --microbatches 6", "microbatches = 6 is not a multiple of pp = 4");
+  expect_refused("--kind interleaved --pp 4 --vp 2 --microbatches 6", "--microbatches = 6 is not a multiple of --pp = 4");
   expect_refused("--kind interleaved --pp 2 --vp 1 --microbatches 4", "vp = 1");
   expect_refused("--kind 1f1b --pp 2 --vp 2 --microbatches 4", "vp = 2");
   expect_refused("--kind 1f1b --pp 0 --microbatches 4", "pp = 0");

@@ -104,7 +104,7 @@ void write_simulated_run(const fs::path& dir, const Schedule& s, double step0_st
     for (const Action& a : s.ranks[r]) actions.push_back(a.str());
     out << json({{"tripod_trace", 1}, {"rank", r}, {"world", s.pp}, {"coords", {{"tp", 0}, {"dp", 0}, {"pp", r}}},
                  {"origin_unix_us", 1000},
-                 {"schedule", {{"kind", s.kind}, {"pp", s.pp}, {"vp", s.vp}, {"microbatches", s.microbatches},
+                 {"schedule", {{"kind", enum_name(s.kind)}, {"pp", s.pp}, {"vp", s.vp}, {"microbatches", s.microbatches},
                                {"actions", actions}}}})
                .dump()
         << "\n";
@@ -135,7 +135,7 @@ TEST_F(Trace, MergeMeasuresIdleAndComparesWithTheSimulator) {
   // Step 0 ran 3x slower (warm-up); it is left out of the averages.
   write_simulated_run(dir_, s, 3.0);
   TraceSummary sum = merge_traces(dir_.string());
-  EXPECT_EQ(sum.kind, "1f1b");
+  EXPECT_EQ(sum.kind, ScheduleKind::OneFOneB);
   EXPECT_EQ(sum.steps, 2);
   EXPECT_EQ(sum.steps_used, 1);
   EXPECT_EQ(sum.drawn_step, 1);
@@ -176,7 +176,7 @@ void write_cp_run(const fs::path& dir) {
     std::ofstream out(dir / "trace" / ("rank_" + std::to_string(r) + ".jsonl"));
     out << json({{"tripod_trace", 1}, {"rank", r}, {"world", 2},
                  {"coords", {{"tp", 0}, {"dp", 0}, {"pp", 0}, {"cp", r}}}, {"origin_unix_us", 1000},
-                 {"schedule", {{"kind", s.kind}, {"pp", 1}, {"vp", 1}, {"microbatches", 1},
+                 {"schedule", {{"kind", enum_name(s.kind)}, {"pp", 1}, {"vp", 1}, {"microbatches", 1},
                                {"actions", {"F0.0", "B0.0"}}}}})
                .dump()
         << "\n";
@@ -301,7 +301,7 @@ TEST_F(Trace, MergeReadsTheLastSessionAndIgnoresRanksOfOlderRuns) {
     std::ofstream(dir_ / "trace" / ("rank_" + std::to_string(r) + ".jsonl"), std::ios::app) << text;
   }
   TraceSummary sum = merge_traces(dir_.string());
-  EXPECT_EQ(sum.kind, "1f1b");
+  EXPECT_EQ(sum.kind, ScheduleKind::OneFOneB);
   EXPECT_EQ(sum.ranks.size(), 2u);
   EXPECT_NEAR(sum.ranks[0].measured_idle, 1.0 / 5, 1e-9);
 }

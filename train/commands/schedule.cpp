@@ -66,6 +66,10 @@ struct Built {
   std::optional<AutoSchedule> automatic;
 };
 
+// How this command's user names the settings the schedule rules check.
+constexpr ScheduleSettingNames kOptionNames{
+    .schedule = "--kind", .pp = "--pp", .vp = "--vp", .placement = "--placement", .microbatches = "--microbatches"};
+
 Built make_schedule(const ScheduleOptions& o, const std::optional<Config>& cfg) {
   if (cfg) {
     TRIPOD_INPUT_CHECK(o.kind.empty() && o.csv.empty() && !o.pp && !o.vp && !o.microbatches,
@@ -92,12 +96,14 @@ Built make_schedule(const ScheduleOptions& o, const std::optional<Config>& cfg) 
                        o.placement, o.csv, placement_name(s.placement));
     return {s, std::nullopt};
   }
-  TRIPOD_INPUT_CHECK(!o.kind.empty(), "--kind is required ({}), or --csv FILE", kScheduleKinds);
+  TRIPOD_INPUT_CHECK(!o.kind.empty(), "--kind is required ({}), or --csv FILE", enum_choices<ScheduleKind>());
   TRIPOD_INPUT_CHECK(o.pp.has_value(), "--pp is required (the number of pipeline stages, >= 1)");
   TRIPOD_INPUT_CHECK(o.microbatches.has_value(), "--microbatches is required (micro-batches per step, >= 1)");
-  const bool v_kind = o.kind == "zbv" || o.kind == "dualpipev";
-  const int vp = o.vp.value_or(v_kind || (o.kind == "auto" && placement == Placement::V) ? 2 : 1);
-  if (o.kind == "auto") {
+  const ScheduleKind kind = parse_schedule_kind(o.kind, "--kind");
+  const Placement where = placement.value_or(default_placement(kind));
+  const int vp = o.vp.value_or(default_vp(where));
+  check_schedule_kind(kind, *o.pp, vp, *o.microbatches, where, kOptionNames);
+  if (kind == ScheduleKind::Auto) {
     TRIPOD_INPUT_CHECK(std::isfinite(o.memory_cap) && o.memory_cap >= 0,
                        "--memory-cap {}: expected chunk activations per rank >= 0 (0: what 1F1B holds)", o.memory_cap);
     const int S = *o.pp * vp;
@@ -105,12 +111,12 @@ Built make_schedule(const ScheduleOptions& o, const std::optional<Config>& cfg) 
     sc.forward.assign(S, o.costs.forward);
     sc.backward.assign(S, o.costs.backward);
     sc.weight.assign(S, o.costs.w());
-    AutoSchedule a = auto_schedule(*o.pp, vp, placement.value_or(Placement::Loop), *o.microbatches, sc, o.costs.comm,
-                                   o.memory_cap, o.costs.weight_memory);
+    AutoSchedule a = auto_schedule(*o.pp, vp, where, *o.microbatches, sc, o.costs.comm, o.memory_cap,
+                                   o.costs.weight_memory);
     Schedule s = a.schedule;
     return {s, std::move(a)};
   }
-  return {build_schedule(o.kind, *o.pp, vp, *o.microbatches, placement), std::nullopt};
+  return {build_schedule(kind, *o.pp, vp, *o.microbatches, where), std::nullopt};
 }
 
 std::string percent(double f) { return fmt::format("{:.1f}%", 100 * f); }
@@ -124,7 +130,7 @@ std::string per_chunk(const RankSimulation& r) {
 
 GanttChart schedule_chart(const Schedule& s, const Simulation& sim, const PipeCosts& costs) {
   GanttChart ch;
-  ch.title = fmt::format("{} schedule: pp={} vp={}{} microbatches={}   bubble {}", s.kind, s.pp, s.vp,
+  ch.title = fmt::format("{} schedule: pp={} vp={}{} microbatches={}   bubble {}", enum_name(s.kind), s.pp, s.vp,
                          s.placement == Placement::V ? " (v placement)" : "", s.microbatches, percent(sim.bubble));
   ch.time_unit = fmt::format("time (forward {:g}, backward {:g} = I {:g} + W {:g}, communication {:g})", costs.forward,
                              costs.backward, costs.i(), costs.w(), costs.comm);
@@ -183,7 +189,7 @@ int run_schedule(ScheduleOptions o) {
                        {"peak_memory", rs.peak_memory},
                        {"peak_buffers", plan_peak_buffers(plan, s, r)}});
     }
-    nlohmann::json out = {{"kind", s.kind},
+    nlohmann::json out = {{"kind", enum_name(s.kind)},
                           {"pp", s.pp},
                           {"vp", s.vp},
                           {"placement", placement_name(s.placement)},
@@ -219,7 +225,7 @@ int run_schedule(ScheduleOptions o) {
     fmt::print("{}\n", out.dump());
     return 0;
   }
-  fmt::print("{} schedule: pp={} vp={}{} microbatches={}\n", s.kind, s.pp, s.vp,
+  fmt::print("{} schedule: pp={} vp={}{} microbatches={}\n", enum_name(s.kind), s.pp, s.vp,
              s.placement == Placement::V ? " placement=v" : "", s.microbatches);
   for (int r = 0; r < s.pp; ++r) {
     std::string line;
@@ -262,7 +268,7 @@ int run_schedule(ScheduleOptions o) {
 CommandFn add_schedule_command(CLI::App& app) {
   auto o = std::make_shared<ScheduleOptions>();
   CLI::App* sub = app.add_subcommand("schedule", "Build or load a pipeline schedule, validate and simulate it (no compute)");
-  sub->add_option("--kind", o->kind, kScheduleKinds);
+  sub->add_option("--kind", o->kind, "Schedule to build: " + enum_choices<ScheduleKind>());
   sub->add_option("--pp", o->pp, "Pipeline stages (ranks)");
   sub->add_option("--vp", o->vp, "Model chunks per rank (interleaved; default 1)");
   sub->add_option("--microbatches", o->microbatches, "Micro-batches per step");

@@ -14,7 +14,7 @@ namespace {
 
 int run_trace_merge(const std::string& run_dir) {
   TraceSummary s = merge_traces(run_dir);
-  fmt::print("{} schedule, pp={} vp={} microbatches={}: {} step(s) traced, {} averaged\n", s.kind, s.pp, s.vp,
+  fmt::print("{} schedule, pp={} vp={} microbatches={}: {} step(s) traced, {} averaged\n", enum_name(s.kind), s.pp, s.vp,
              s.microbatches, s.steps, s.steps_used);
   // The cp axis and the time of its exchanges only when the run used it.
   const bool cp = s.cp > 1;

@@ -93,7 +93,6 @@ void log_restart(const DebugOptions& debug, const Config& cfg, int64_t resumed_f
 // stages are balanced with (training profiles its own machine at start-up and may choose another).
 void print_dry_run(const Config& cfg, const std::string& split) {
   const ParallelConfig& p = cfg.parallel;
-  Schedule s = make_schedule(cfg);
   StageCosts costs;  // empty: unit costs
   std::string note;
   if (p.schedule == ScheduleKind::Auto && p.schedule_file.empty()) {
@@ -104,16 +103,17 @@ void print_dry_run(const Config& cfg, const std::string& split) {
       i.push_back(c.input());
       w.push_back(c.weight);
     }
-    costs = stage_costs_fiw(f, i, w, s.num_stages());
-    const AutoSchedule a = auto_schedule(s.pp, s.vp, s.placement, s.microbatches, costs, /*comm=*/0, /*cap=*/0);
-    s = a.schedule;
-    note = fmt::format(" ({} for the cost model's times on {}; training profiles its machine at start-up)",
-                       a.chosen, hw.name);
+    costs = stage_costs_fiw(f, i, w, p.pp * p.vp);
   }
+  AutoSchedule a;
+  const Schedule s = make_schedule(cfg, costs, &a);
+  if (!costs.forward.empty())
+    note = fmt::format(" ({} for the cost model's times on {}; training profiles its machine at start-up)", a.chosen,
+                       balance_hardware(cfg).name);
   const PipePlan plan = plan_pipeline(s);
   const Simulation sim = costs.forward.empty() ? simulate(s, PipeCosts{}) : simulate(s, plan, PipeCosts{}, costs);
   fmt::print("grid {}, vp {}, {} schedule{} over {} micro-batches per step: simulated bubble {:.1f}%\n{}\n{}",
-             RankGrid(p.tp, p.dp, p.pp, p.cp).str(), p.vp, s.kind, note, s.microbatches, 100 * sim.bubble, split,
+             RankGrid(p.tp, p.dp, p.pp, p.cp).str(), p.vp, enum_name(s.kind), note, s.microbatches, 100 * sim.bubble, split,
              memory_table(cfg, plan_memory(cfg, s)));
 }
 
