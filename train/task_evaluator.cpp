@@ -79,7 +79,10 @@ std::vector<ScoreBatch> plan_score_batches(std::span<const ScoreRequest> request
 
 TaskEvaluator::TaskEvaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par,
                              GptModel& model)
-    : cfg_(cfg), layout_(layout), ops_(ops), par_(par), model_(model) {}
+    : cfg_(cfg), layout_(layout), ops_(ops), par_(par), model_(model) {
+  TRIPOD_CHECK(layout.schedule.forward_only, "the task evaluator runs a forward-only layout (make_eval_layout), not a "
+               "{} schedule", enum_name(layout.schedule.kind));
+}
 
 PipelineExecutor& TaskEvaluator::executor(int microbatches) {
   std::unique_ptr<PipelineExecutor>& e = executors_[microbatches];

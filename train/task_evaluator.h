@@ -51,8 +51,9 @@ std::vector<ScoreBatch> plan_score_batches(std::span<const ScoreRequest> request
 
 class TaskEvaluator {
  public:
-  // As Evaluator: `model` is this rank's part as `layout` places it (make_eval_layout's forward-
-  // only schedule, or the trainer's layout).
+  // As Evaluator: `model` is this rank's part as `layout` (a forward-only layout, make_eval_layout)
+  // places it; the rows run in rounds of its micro-batch count, each through a forward-only
+  // schedule of that many micro-batches.
   TaskEvaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par, GptModel& model);
 
   // Every request's log-likelihood, on every rank. Collective over the world. `progress` names
