@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "data/documents.h"
@@ -150,19 +152,30 @@ class JsonLine {
   nlohmann::json j_;
 };
 
-// Calls fn(line number, line) for every line of `path` that is not blank (whitespace only).
-template <class Fn> void for_each_task_line(const std::string& path, Fn&& fn) {
-  std::ifstream in(path, std::ios::binary);
-  TRIPOD_INPUT_CHECK(in, "task file {} cannot be read (missing or not readable)", path);
-  std::string line;
+// Calls fn(line number, line) for every line of `text` that is not blank (whitespace only), until
+// fn returns false.
+template <class Fn> void for_each_task_line(std::string_view text, Fn&& fn) {
   int64_t n = 0;
-  while (std::getline(in, line)) {
+  while (!text.empty()) {
+    const size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
     ++n;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     if (std::all_of(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t' || c == '\f' || c == '\v'; }))
       continue;
-    if (!fn(n, std::string_view(line))) break;
+    if (!fn(n, line)) break;
   }
+}
+
+std::string read_task_file(const std::string& path) {
+  std::error_code ec;
+  TRIPOD_INPUT_CHECK(!std::filesystem::is_directory(path, ec), "task file {} is a folder; give the task's file", path);
+  std::ifstream in(path, std::ios::binary);
+  TRIPOD_INPUT_CHECK(in, "task file {} cannot be read (missing or not readable)", path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 }  // namespace
@@ -203,10 +216,15 @@ std::string hellaswag_query(std::string_view activity_label, std::string_view ct
 }
 
 std::vector<ChoiceExample> read_choice_examples(const std::string& path, TaskKind kind, int64_t limit) {
-  TRIPOD_CHECK(kind != TaskKind::BitsPerByte, "read_choice_examples of a text task");
+  return parse_choice_examples(read_task_file(path), path, kind, limit);
+}
+
+std::vector<ChoiceExample> parse_choice_examples(std::string_view content, const std::string& path, TaskKind kind,
+                                                 int64_t limit) {
+  TRIPOD_CHECK(kind != TaskKind::BitsPerByte, "parse_choice_examples of a text task");
   std::vector<ChoiceExample> out;
   const bool hellaswag = kind == TaskKind::HellaSwag;
-  for_each_task_line(path, [&](int64_t n, std::string_view text) {
+  for_each_task_line(content, [&](int64_t n, std::string_view text) {
     const JsonLine j(path, n, text);
     ChoiceExample e;
     e.line = n;
@@ -234,9 +252,14 @@ std::vector<ChoiceExample> read_choice_examples(const std::string& path, TaskKin
 }
 
 std::vector<TextDocument> read_text_documents(const std::string& path, int64_t limit) {
-  const bool jsonl = resolve_input_format(InputFormat::Auto, path) == InputFormat::Jsonl;
+  return parse_text_documents(read_task_file(path), path, resolve_input_format(InputFormat::Auto, path) ==
+                                                              InputFormat::Jsonl, limit);
+}
+
+std::vector<TextDocument> parse_text_documents(std::string_view content, const std::string& path, bool jsonl,
+                                               int64_t limit) {
   std::vector<TextDocument> out;
-  for_each_task_line(path, [&](int64_t n, std::string_view text) {
+  for_each_task_line(content, [&](int64_t n, std::string_view text) {
     TextDocument d;
     d.line = n;
     if (jsonl) {
@@ -340,8 +363,10 @@ Task load_task(const EvalTaskConfig& cfg, const EncodeFn& encode, int eot, int64
   Task task;
   task.cfg = cfg;
   {
+    std::error_code ec;
     std::ifstream probe(cfg.path);
-    TRIPOD_INPUT_CHECK(probe, "{}: task file {} cannot be read (missing or not readable)", where, cfg.path);
+    TRIPOD_INPUT_CHECK(probe && !std::filesystem::is_directory(cfg.path, ec),
+                       "{}: task file {} cannot be read (missing, not readable or a folder)", where, cfg.path);
   }
   const auto check_ids = [&](const std::vector<int32_t>& ids, int64_t line) {
     for (int32_t id : ids)

@@ -65,6 +65,11 @@ std::vector<ChoiceExample> read_choice_examples(const std::string& path, TaskKin
 // The documents of a text file (one per line; blank lines skipped) or of a JSONL file (.jsonl,
 // .json, .ndjson: the string under "text"), the first `limit` of them (0: all). InputError as above.
 std::vector<TextDocument> read_text_documents(const std::string& path, int64_t limit);
+// The same on a file's `content` (`path` names it in errors; `jsonl`: JSONL, else text).
+std::vector<ChoiceExample> parse_choice_examples(std::string_view content, const std::string& path, TaskKind kind,
+                                                 int64_t limit);
+std::vector<TextDocument> parse_text_documents(std::string_view content, const std::string& path, bool jsonl,
+                                               int64_t limit);
 
 // One row of the model's input: tokens[0, n) go in, tokens[1, n] are predicted, and the last
 // `scored` predictions are summed (n = tokens.size() - 1 <= model.seq_len).

@@ -448,6 +448,9 @@ void Trainer::load_checkpoint_state() {
   }
   if (!r.optimizer_loaded) step_ = 0;  // parameters only (e.g. converted weights): a fresh run from them
   if (r.optimizer_loaded && r.metadata.value("run_id", "") != "") run_id_ = r.metadata["run_id"].get<std::string>();
+  // The latest downstream figures go on into this run's checkpoints until its first evaluation.
+  if (r.optimizer_loaded && r.metadata.contains("eval_tasks") && r.metadata["eval_tasks"].is_object())
+    task_figures_ = r.metadata["eval_tasks"];
   last_checkpoint_ = loaded_from_ = dir;
   const nlohmann::json& g = r.metadata["grid"];
   spdlog::info("loaded checkpoint {} (saved on grid dp={}, pp={}, tp={}): continuing at step {}, {:.2f} s", dir,
