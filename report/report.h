@@ -1,6 +1,7 @@
 // The run report: one self-contained HTML page (inline CSS, SVG and a little JavaScript, nothing
 // fetched) drawn from a run directory: the config summary, loss curves (train, and validation
-// when metrics.jsonl holds eval records), throughput, MFU, learning rate, grad norm, peak memory
+// when metrics.jsonl holds eval records), downstream task accuracy and bits per byte over the
+// steps (eval_task records), throughput, MFU, learning rate, grad norm, peak memory
 // by category, and the measured pipeline timeline with each rank's measured and ideal idle.
 //
 // Inputs, all under RUN_DIR (train.output_dir), each optional except the directory itself:
