@@ -103,7 +103,7 @@ std::vector<double> TaskEvaluator::loglikelihoods(std::span<const ScoreRequest> 
       plan_score_batches(requests, {.max_tokens = static_cast<int64_t>(rl.micro_batch_size) * cfg_.model.seq_len,
                                     .seq_len = cfg_.model.seq_len,
                                     .granule = cp > 1 ? 2 * cp : 1,
-                                    .split = sp ? tp : 1,
+                                    .split = sp ? tp * cp : 1,  // this rank's B T / cp tokens split over tp
                                     .batch = batch});
   std::vector<const ScoreBatch*> mine;  // this DP rank's micro-batches
   int64_t my_rows = 0;

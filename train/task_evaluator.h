@@ -6,8 +6,9 @@
 // training micro-batch's, so memory is what training plans): the requests of one example (its
 // choices) go together where they fit, examples longest first so that a micro-batch's rows have
 // similar lengths and little padding. Rows are padded on the right to the micro-batch's length (a
-// multiple of 8, and of 2 cp under context parallelism), which causal attention does not let
-// change the real tokens' losses. Micro-batch i runs on DP rank i % dp; each DP replica runs its
+// multiple of 8, and of 2 cp under context parallelism; with rows of padding where sequence
+// parallelism needs B T / cp to divide by tp), which causal attention does not let change the
+// real tokens' losses. Micro-batch i runs on DP rank i % dp; each DP replica runs its
 // micro-batches in rounds of the training step's count through the forward-only schedule. The
 // head's TP rank 0 (every CP rank for its chunks) sums the losses in f64 and one world all-reduce
 // gives every rank every request's log-likelihood. The plan does not depend on dp, so every DP
@@ -41,7 +42,7 @@ struct BatchPlanOptions {
   int64_t max_tokens = 0;  // B * T at most (one row of up to seq_len always fits)
   int64_t seq_len = 0;
   int64_t granule = 1;     // T is a multiple of it (2 cp under context parallelism; divides seq_len)
-  int64_t split = 1;       // B * T is a multiple of it (tp under sequence parallelism)
+  int64_t split = 1;       // B * T is a multiple of it (tp cp under sequence parallelism: B T / cp splits over tp)
   bool batch = true;       // false: one request per micro-batch (the benchmark's baseline)
 };
 

@@ -160,7 +160,7 @@ TEST(TaskEvaluator, MatchesTheReferenceAndAgreesAcrossGrids) {
 
     const std::vector<Layout> layouts = {{.tp = 2},         {.dp = 2},         {.pp = 2},         {.cp = 2},
                                          {.tp = 2, .sp = true}, {.tp = 2, .dp = 2}, {.dp = 2, .pp = 2},
-                                         {.tp = 2, .pp = 2}, {.pp = 2, .cp = 2}};
+                                         {.tp = 2, .pp = 2}, {.pp = 2, .cp = 2}, {.tp = 2, .cp = 2, .sp = true}};
     for (const Layout& l : layouts) {
       SCOPED_TRACE(l.str());
       auto w = test::make_subworld(*ops, RankGrid(l.tp, l.dp, l.pp, l.cp), l.sp);
