@@ -75,7 +75,7 @@ void run_bench(int rank, int world, const std::string& dir, int rounds, int step
           1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
     }
   }
-  StragglerMonitor monitor(1.3, world);
+  StragglerMonitor monitor(1.3, std::vector<int>(world, 0));
   MPI_Barrier(MPI_COMM_WORLD);
   auto g0 = std::chrono::steady_clock::now();
   for (int i = 0; i < reps; ++i) {

@@ -104,9 +104,9 @@ void MetricsLog::log_step(const StepMetrics& m) {
     const StragglerSummary& s = *m.stragglers;
     for (const Straggler& g : s.stragglers)
       if (std::find(s.named.begin(), s.named.end(), g.rank) != s.named.end())
-        spdlog::warn("straggler: rank {} computes {:.2f}x the median of all ranks ({:.1f} ms vs {:.1f} ms per step) "
-                     "for {} log intervals in a row (train.straggler_factor)",
-                     g.rank, g.ratio, 1e3 * g.compute_s, 1e3 * s.median_compute_s, g.intervals);
+        spdlog::warn("straggler: rank {} computes {:.2f}x the median of the ranks doing the same work ({:.1f} ms vs "
+                     "{:.1f} ms per step) for {} log intervals in a row (train.straggler_factor)",
+                     g.rank, g.ratio, 1e3 * g.compute_s, 1e3 * g.compute_s / g.ratio, g.intervals);
     for (int r : s.cleared) spdlog::info("straggler: rank {} is back within the median's bar", r);
   }
 }

@@ -84,8 +84,12 @@ std::string flight_report(const std::string& run_dir, double since) {
 }
 
 Runtime make_runtime(const Config& cfg, bool flight_recorder) {
+  return make_runtime(cfg, read_debug_options(), flight_recorder);
+}
+
+Runtime make_runtime(const Config& cfg, const DebugOptions& debug, bool flight_recorder) {
   Runtime rt;
-  rt.debug = read_debug_options();
+  rt.debug = debug;
   rt.ops = make_rank_ops(cfg, rt.debug);
   const ParallelConfig& pc = cfg.parallel;
   rt.world = mpi_world(rt.ops.get(), pc.timeout_s);

@@ -34,6 +34,9 @@ std::unique_ptr<Ops> make_rank_ops(const Config& cfg, const DebugOptions& debug)
 // hung job: `kill -USR1` its ranks, then `tripod trace diagnose`); an earlier run's dumps are
 // moved to flight.previous/ first.
 Runtime make_runtime(const Config& cfg, bool flight_recorder = false);
+// The same with the TRIPOD_* switches already read (tripod train reads them before MPI starts, for
+// the launcher's heartbeat).
+Runtime make_runtime(const Config& cfg, const DebugOptions& debug, bool flight_recorder = false);
 
 // Rank 0's report after a timeout: waits briefly for the other ranks' dumps of this incident
 // (written at or after `since`), then returns the diagnosis lines ("" when there is nothing).

@@ -20,8 +20,9 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-StragglerMonitor::StragglerMonitor(double factor, int world) : factor_(factor), over_(world, 0) {
-  TRIPOD_CHECK(factor > 1 && world >= 1, "straggler factor {} (must be > 1), world {}", factor, world);
+StragglerMonitor::StragglerMonitor(double factor, std::vector<int> work_class)
+    : factor_(factor), class_(std::move(work_class)), over_(class_.size(), 0) {
+  TRIPOD_CHECK(factor > 1 && !class_.empty(), "straggler factor {} (must be > 1), world {}", factor, class_.size());
 }
 
 void StragglerMonitor::add_step(double step_s, double compute_s) {
@@ -60,13 +61,18 @@ StragglerSummary StragglerMonitor::update(int64_t step, const std::vector<RankTi
   s.median_step_s = median(steps);
   s.max_rank = static_cast<int>(std::max_element(compute.begin(), compute.end()) - compute.begin());
   s.max_compute_s = compute[s.max_rank];
-  for (int r = 0; r < static_cast<int>(times.size()); ++r) {
+  const int n = static_cast<int>(times.size());
+  for (int r = 0; r < n; ++r) {
     const bool was = over_[r] >= kIntervals;
-    // A median of 0 (nothing timed) makes no rank slow.
-    const bool over = s.median_compute_s > 0 && compute[r] > factor_ * s.median_compute_s;
+    std::vector<double> equals;  // the other ranks doing the same work
+    for (int q = 0; q < n; ++q)
+      if (q != r && class_[q] == class_[r]) equals.push_back(compute[q]);
+    const double ref = equals.empty() ? 0 : median(equals);
+    // Nobody to compare with, or a median of 0 (nothing timed), makes no rank slow.
+    const bool over = ref > 0 && compute[r] > factor_ * ref;
     over_[r] = over ? over_[r] + 1 : 0;
     if (over_[r] >= kIntervals) {
-      s.stragglers.push_back({r, compute[r], compute[r] / s.median_compute_s, over_[r]});
+      s.stragglers.push_back({r, compute[r], compute[r] / ref, over_[r]});
       if (!was) s.named.push_back(r);
     } else if (was) {
       s.cleared.push_back(r);

@@ -71,8 +71,12 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
                      par.grid.world_size() - 1);
   if (debug.slow_rank.rank == par.rank) slow_factor_ = debug.slow_rank.factor;
   step_sleep_ms_ = debug.step_sleep_ms;
-  if (tc.straggler_factor > 0 && par.grid.world_size() > 1)
-    stragglers_ = std::make_unique<StragglerMonitor>(tc.straggler_factor, par.grid.world_size());
+  if (tc.straggler_factor > 0 && par.grid.world_size() > 1) {
+    // Equals do the same work: the ranks of one pipeline rank (its chunks), across dp, cp and tp.
+    std::vector<int> stage(par.grid.world_size());
+    for (int r = 0; r < par.grid.world_size(); ++r) stage[r] = par.grid.coords(r).pp;
+    stragglers_ = std::make_unique<StragglerMonitor>(tc.straggler_factor, std::move(stage));
+  }
 
   if (!cfg_.checkpoint.load.empty()) load_checkpoint_state();
   if (tc.trace && !tc.output_dir.empty()) {

@@ -319,5 +319,53 @@ TEST_F(TensorBoard, ARankSlowedTwofoldIsNamedAsStraggler) {
   EXPECT_NE(html.find("<td>rank 2</td>"), std::string::npos);
 }
 
+// pp = 2, dp = 2 with a head 64x the width of the model: the last stage (ranks 2 and 3) computes
+// well over 1.3x the first, and is not a straggler; rank 1, slowed twofold, is compared with rank 0
+// (its stage's other rank) and alone is named.
+TEST_F(TensorBoard, InAPipelineOnlyTheSlowedRankIsNamedNotTheHeavierStage) {
+  const fs::path cfg = write_config({{"model.d_model", "64"}, {"model.seq_len", "32"}, {"model.vocab_size", "4096"},
+                                     {"parallel.pp", "2"}, {"train.steps", "60"}, {"train.log_interval", "3"},
+                                     {"train.trace", "false"}});
+  const fs::path run = dir_ / "run";
+  auto r = run_tripod("train --config " + cfg.string() + " --set train.output_dir=" + run.string(),
+                      {.np = 4, .env = "TRIPOD_SLOW_RANK=1:2 OMPI_MCA_mpi_yield_when_idle=1"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("straggler: rank 1 computes"), std::string::npos) << r.err;
+  int named = 0, heavier = 0, intervals = 0;
+  for (const json& j : test::metrics(run)) {
+    if (j.value("eval", false)) continue;
+    for (const json& s : j["stragglers"]) {
+      EXPECT_EQ(s["rank"], 1) << j.dump();
+      named += s["rank"] == 1;
+    }
+    // The premise: the head's stage out-computes even the slowed rank (a comparison with every
+    // rank would have named ranks 2 and 3, not rank 1).
+    ++intervals;
+    heavier += j["rank_compute_s"]["max_rank"].get<int>() >= 2;
+  }
+  EXPECT_GE(named, 1);
+  EXPECT_GT(heavier, intervals / 2) << heavier << " of " << intervals << " intervals";
+}
+
+// The quick start's grid, (dp, pp, tp) = (2, 2, 2) with interleaved stages, on synthetic data: the
+// pipeline's stages differ in work, the ranks of each stage do not, and nobody is named.
+TEST_F(TensorBoard, TheQuickStartGridNamesNoStraggler) {
+  const fs::path run = dir_ / "run";
+  const std::string sets = " --set data.synthetic=true --set data.prefixes=[] --set data.tokenizer='' --set "
+                           "train.steps=12 --set train.log_interval=3 --set train.eval_interval=0 --set "
+                           "checkpoint.dir='' --set checkpoint.interval=0 --set train.tensorboard_dir='' --set train.output_dir=" + run.string();
+  auto r = run_tripod(std::string("train --config ") + TRIPOD_SOURCE_PATH + "/configs/quickstart.toml" + sets,
+                      {.np = 8, .env = "OMPI_MCA_mpi_yield_when_idle=1"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err.find("straggler:"), std::string::npos) << r.err;
+  int intervals = 0;
+  for (const json& j : test::metrics(run)) {
+    if (j.value("eval", false)) continue;
+    ++intervals;
+    EXPECT_TRUE(j["stragglers"].empty()) << j.dump();
+  }
+  EXPECT_EQ(intervals, 4);  // a straggler is named after 3
+}
+
 }  // namespace
 }  // namespace tripod

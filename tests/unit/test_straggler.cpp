@@ -17,8 +17,11 @@ std::vector<RankTimes> compute_ms(std::vector<double> ms) {
   return t;
 }
 
+// One work class (every rank does the same work: data parallelism alone).
+std::vector<int> one_class(int n) { return std::vector<int>(n, 0); }
+
 TEST(Straggler, NamedAfterThreeIntervalsInARowAndClearedWhenBackUnderTheBar) {
-  StragglerMonitor m(1.3, 4);
+  StragglerMonitor m(1.3, one_class(4));
   StragglerSummary s = m.update(10, compute_ms({10, 11, 10, 21}));
   EXPECT_DOUBLE_EQ(s.median_compute_s, 10.5e-3);
   EXPECT_EQ(s.max_rank, 3);
@@ -31,7 +34,7 @@ TEST(Straggler, NamedAfterThreeIntervalsInARowAndClearedWhenBackUnderTheBar) {
   ASSERT_EQ(s.stragglers.size(), 1u);
   EXPECT_EQ(s.stragglers[0].rank, 3);
   EXPECT_EQ(s.stragglers[0].intervals, 3);
-  EXPECT_DOUBLE_EQ(s.stragglers[0].ratio, 22.0 / 10.5);
+  EXPECT_DOUBLE_EQ(s.stragglers[0].ratio, 22.0 / 10);  // over the median of the others, 10
   EXPECT_EQ(s.named, std::vector<int>{3});
   s = m.update(40, compute_ms({10, 10, 10, 30}));
   ASSERT_EQ(s.stragglers.size(), 1u);
@@ -43,7 +46,7 @@ TEST(Straggler, NamedAfterThreeIntervalsInARowAndClearedWhenBackUnderTheBar) {
 }
 
 TEST(Straggler, AnIntervalUnderTheBarRestartsTheCount) {
-  StragglerMonitor m(1.3, 3);
+  StragglerMonitor m(1.3, one_class(3));
   m.update(1, compute_ms({10, 10, 20}));
   m.update(2, compute_ms({10, 10, 20}));
   m.update(3, compute_ms({10, 10, 12}));  // 1.2x: under
@@ -53,11 +56,33 @@ TEST(Straggler, AnIntervalUnderTheBarRestartsTheCount) {
 }
 
 TEST(Straggler, NothingTimedNamesNobody) {
-  StragglerMonitor m(1.3, 2);
+  StragglerMonitor m(1.3, one_class(2));
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(m.update(i, compute_ms({0, 0})).stragglers.empty());
-  // Two ranks: the median is their mean, so one rank 2x the other is 1.33x the median.
+  // Two ranks: each is compared with the other, so one rank 2x the other is 2x its equals.
   for (int i = 0; i < 2; ++i) m.update(i, compute_ms({10, 20}));
-  EXPECT_EQ(m.update(9, compute_ms({10, 20})).named, std::vector<int>{1});
+  const StragglerSummary s = m.update(9, compute_ms({10, 20}));
+  EXPECT_EQ(s.named, std::vector<int>{1});
+  EXPECT_DOUBLE_EQ(s.stragglers[0].ratio, 2.0);
+}
+
+TEST(Straggler, RanksAreComparedWithTheirEqualsOnly) {
+  // The header's example: two pipeline stages of two ranks; the second holds the head (1.4x the
+  // first's work) and is not slow; rank 1 is.
+  StragglerMonitor m(1.3, {0, 0, 1, 1});
+  EXPECT_TRUE(m.update(1, compute_ms({10, 21, 14, 14})).stragglers.empty());
+  EXPECT_TRUE(m.update(2, compute_ms({10, 20, 15, 14})).stragglers.empty());
+  StragglerSummary s = m.update(3, compute_ms({11, 22, 14, 14}));
+  EXPECT_EQ(s.named, std::vector<int>{1});
+  ASSERT_EQ(s.stragglers.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.stragglers[0].ratio, 2.0);
+  // A heavier stage is never named, however long it lasts (against the median of all six ranks,
+  // 10, ranks 4 and 5 would be 1.6x).
+  StragglerMonitor stages(1.3, {0, 0, 0, 0, 1, 1});
+  for (int i = 0; i < 6; ++i)
+    EXPECT_TRUE(stages.update(i, compute_ms({10, 10, 10, 10, 16, 16})).stragglers.empty());
+  // A rank alone in its class has nobody to be compared with.
+  StragglerMonitor alone(1.3, {0, 1});
+  for (int i = 0; i < 6; ++i) EXPECT_TRUE(alone.update(i, compute_ms({10, 30})).stragglers.empty());
 }
 
 TEST(TfRecord, MaskedCrcMatchesPublishedValues) {

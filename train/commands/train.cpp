@@ -4,7 +4,7 @@
 #include <sys/stat.h>
 
 #include <chrono>
-#include <cstdlib>
+#include <optional>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -117,14 +117,22 @@ void print_dry_run(const Config& cfg, const std::string& split) {
              memory_table(cfg, plan_memory(cfg, s)));
 }
 
+// The TRIPOD_* switches, read once before MPI starts (the heartbeat needs the launch status);
+// invalid ones are reported once MPI runs, by rank 0 (`bad`).
+struct EnvOptions {
+  DebugOptions debug;
+  std::optional<InputError> bad;
+};
+
 // Training between MPI_Init and MPI_Finalize; `linger_ms` gets the exit test hook's value.
-int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
+int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout_s, int& linger_ms) {
   MpiSession mpi(timeout_s);
   init_logging(mpi.rank(), mpi.size(), o.verbose);
   Config cfg;
   Runtime rt;
   std::vector<Task> tasks;
   try {
+    if (env.bad) throw *env.bad;
     cfg = load_config(o.config, o.sets);
     if (o.dry_run) {
       // The plan for the grid the config asks for (dp = 1 when not given), before any allocation.
@@ -142,7 +150,7 @@ int train_under_mpi(const TrainOptions& o, double timeout_s, int& linger_ms) {
     if (!tasks.empty() && cfg.train.eval_interval == 0)
       spdlog::warn("[eval] tasks are set but train.eval_interval = 0: they do not run during training (tripod eval "
                    "--task runs them from a checkpoint)");
-    rt = make_runtime(cfg, /*flight_recorder=*/true);
+    rt = make_runtime(cfg, env.debug, /*flight_recorder=*/true);
   } catch (const InputError& e) {
     rethrow_agreed(e);
   }
@@ -182,11 +190,16 @@ int run_train(const TrainOptions& o) {
     timeout_s = load_config(o.config, o.sets).parallel.timeout_s;
   } catch (const std::exception&) {
   }
+  EnvOptions env;
+  try {
+    env.debug = read_debug_options();
+  } catch (const InputError& e) {
+    env.bad = e;
+  }
   // Beats for the launcher's watchdog (launch/restarts.sh) from before MPI starts until the exit.
-  const char* launch_status = std::getenv("TRIPOD_LAUNCH_STATUS");
-  const Heartbeat heartbeat(o.dry_run || !launch_status ? "" : launch_status, timeout_s);
+  const Heartbeat heartbeat(o.dry_run ? "" : env.debug.launch_status, timeout_s);
   int linger_ms = 0;
-  const int status = train_under_mpi(o, timeout_s, linger_ms);
+  const int status = train_under_mpi(o, env, timeout_s, linger_ms);
   std::this_thread::sleep_for(std::chrono::milliseconds(linger_ms));
   return status;
 }
