@@ -15,17 +15,19 @@ namespace tripod {
 
 namespace {
 
-// The code point at s[i] (valid UTF-8) and its length in bytes.
+// The code point at s[i] and its length in bytes (the readers pass valid UTF-8; a sequence cut
+// short counts as one byte).
 char32_t decode_utf8(std::string_view s, size_t i, size_t& len) {
   const auto b = [&](size_t k) { return static_cast<char32_t>(static_cast<unsigned char>(s[i + k])); };
   const char32_t c = b(0);
-  if (c < 0x80 || i + 1 >= s.size()) return len = 1, c;
-  if (c < 0xE0) return len = 2, ((c & 0x1F) << 6) | (b(1) & 0x3F);
-  if (c < 0xF0 || i + 3 >= s.size()) return len = 3, ((c & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
-  return len = 4, ((c & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
+  len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  if (len == 1 || i + len > s.size()) return len = 1, c;
+  if (len == 2) return ((c & 0x1F) << 6) | (b(1) & 0x3F);
+  if (len == 3) return ((c & 0x0F) << 12) | ((b(1) & 0x3F) << 6) | (b(2) & 0x3F);
+  return ((c & 0x07) << 18) | ((b(1) & 0x3F) << 12) | ((b(2) & 0x3F) << 6) | (b(3) & 0x3F);
 }
 
-// Python's str.strip() (both ends, is_python_space), and the length of the whitespace ending `s`.
+// Python's str.strip(): is_python_space characters off both ends.
 std::string_view strip(std::string_view s) {
   size_t begin = 0, end = s.size();
   while (begin < end) {
@@ -43,6 +45,7 @@ std::string_view strip(std::string_view s) {
   return s.substr(begin, end - begin);
 }
 
+// The bytes of is_python_space characters ending `s` (what str.rstrip() removes).
 size_t trailing_space(std::string_view s) {
   size_t end = s.size();
   while (end > 0) {
@@ -99,6 +102,9 @@ class JsonLine {
     } catch (const nlohmann::json::parse_error& e) {
       throw InputError(fmt::format("{}: not a JSON line (invalid JSON at byte {}); a task file is JSONL, one JSON "
                                    "object per line", where_, e.byte));
+    } catch (const nlohmann::json::exception&) {  // a number beyond a double's range
+      throw InputError(fmt::format("{}: not a JSON line (a number out of range); a task file is JSONL, one JSON "
+                                   "object per line", where_));
     }
     TRIPOD_INPUT_CHECK(j_.is_object(), "{}: a task line must be a JSON object, got {}", where_, j_.type_name());
   }

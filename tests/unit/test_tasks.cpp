@@ -219,6 +219,8 @@ TEST_F(TaskFiles, RefusesBadLinesNamingFileLineAndField) {
   };
   expect_input_error(mc("notjson.jsonl", kGood + "\nthis is not json\n"), {"notjson.jsonl:2", "not a JSON line"});
   expect_input_error(mc("array.jsonl", "[1, 2]\n"), {"array.jsonl:1", "JSON object"});
+  expect_input_error(mc("overflow.jsonl", R"({"context": 1e999, "choices": ["a", "b"], "label": 0})"),
+                     {"overflow.jsonl:1", "not a JSON line"});  // (a fuzzing finding: nlohmann's out_of_range)
   expect_input_error(mc("range.jsonl", R"({"context": "Q", "choices": ["a", "b"], "label": 2})"),
                      {"range.jsonl:1", "'label' = 2 is out of range", "valid: 0..1"});
   expect_input_error(mc("neg.jsonl", R"({"context": "Q", "choices": ["a", "b"], "label": -1})"), {"'label' = -1"});
