@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -27,6 +28,17 @@ namespace {
 struct LayerSplitRef {
   std::vector<int>* counts;
   bool* balanced;
+};
+
+// moe.layers: "all", or {first_dense = N} (the first N layers keep their dense MLP).
+struct MoeLayersRef {
+  int* first_dense;
+};
+
+// data.eod_token: a piece (a string) or a token id (an integer).
+struct EodTokenRef {
+  std::string* piece;
+  int64_t* id;
 };
 
 struct EnumRef {
@@ -86,6 +98,20 @@ class Section {
                          out.choices(), type_of(*node));
       const std::string v = *node->value<std::string>();
       TRIPOD_INPUT_CHECK(out.parse(out.ptr, v), "{}: {} = \"{}\" is not one of {}", origin_, key(k), v, out.choices());
+    } else if constexpr (std::is_same_v<T, EodTokenRef>) {
+      out.piece->clear();
+      *out.id = -1;
+      if (node->is_integer()) {
+        const int64_t v = *node->value<int64_t>();
+        TRIPOD_INPUT_CHECK(v >= 0 && v <= std::numeric_limits<int32_t>::max(),
+                           "{}: {} = {} is not a token id (give an id >= 0, or the token's piece as a string)",
+                           origin_, key(k), v);
+        *out.id = v;
+      } else {
+        TRIPOD_INPUT_CHECK(node->is_string(), "{}: {} must be a token id (an integer) or the token's piece (a string), "
+                           "got {}", origin_, key(k), type_of(*node));
+        *out.piece = *node->value<std::string>();
+      }
     } else if constexpr (std::is_same_v<T, LayerSplitRef>) {
       out.counts->clear();
       *out.balanced = false;
@@ -113,6 +139,20 @@ class Section {
       TRIPOD_INPUT_CHECK(arr, "{}: {} must be a list of tables like {{name = \"hellaswag\", path = \"FILE\"}}, got {}",
                          origin_, key(k), type_of(*node));
       for (size_t i = 0; i < arr->size(); ++i) out.push_back(eval_task(*arr->get(i), fmt::format("{}[{}]", key(k), i)));
+    } else if constexpr (std::is_same_v<T, MoeLayersRef>) {
+      const char* valid = "\"all\" (every layer a mixture of experts) or {first_dense = N} (the first N layers dense)";
+      if (node->is_string()) {
+        const std::string v = *node->value<std::string>();
+        TRIPOD_INPUT_CHECK(v == "all", "{}: {} = \"{}\" is not valid: give {}", origin_, key(k), v, valid);
+        *out.first_dense = 0;
+        return true;
+      }
+      const toml::table* t = node->as_table();
+      TRIPOD_INPUT_CHECK(t && t->size() == 1 && t->get("first_dense") && t->get("first_dense")->is_integer(),
+                         "{}: {} must be {}, got {}", origin_, key(k), valid, type_of(*node));
+      const int64_t v = *t->get("first_dense")->value<int64_t>();
+      TRIPOD_INPUT_CHECK(v >= 0 && v <= (1 << 30), "{}: {}.first_dense must be >= 0, got {}", origin_, key(k), v);
+      *out.first_dense = static_cast<int>(v);
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       out.clear();
       if (node->is_string()) {
@@ -209,7 +249,7 @@ class Section {
 // Each section's keys, listed once: parsing reads them and the resolved config writes them.
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*,
                               std::vector<double>*, std::vector<int>*, std::vector<EvalTaskConfig>*, EnumRef,
-                              LayerSplitRef>;
+                              LayerSplitRef, MoeLayersRef, EodTokenRef>;
 struct Field {
   const char* key;
   FieldRef ref;
@@ -231,7 +271,21 @@ std::vector<Field> fields(ModelConfig& m) {
           {"rope_theta", &m.rope_theta},
           {"mlp", EnumRef(&m.mlp)},
           {"bias", &m.bias},
-          {"tie_embeddings", &m.tie_embeddings}};
+          {"tie_embeddings", &m.tie_embeddings},
+          {"qk_norm", &m.qk_norm}};
+}
+std::vector<Field> fields(MoeConfig& m) {
+  return {{"experts", &m.experts},
+          {"top_k", &m.top_k},
+          {"ffn_hidden", &m.ffn_hidden},
+          {"shared_experts", &m.shared_experts},
+          {"router", EnumRef(&m.router)},
+          {"normalize_top_k", &m.normalize_top_k},
+          {"layers", MoeLayersRef{&m.first_dense}},
+          {"aux_loss_coeff", &m.aux_loss_coeff},
+          {"z_loss_coeff", &m.z_loss_coeff},
+          {"bias_update_rate", &m.bias_update_rate},
+          {"capacity_factor", &m.capacity_factor}};
 }
 std::vector<Field> fields(ParallelConfig& p) {
   return {{"tp", &p.tp},
@@ -279,7 +333,9 @@ std::vector<Field> fields(TrainConfig& t) {
 std::vector<Field> fields(RecomputeConfig& r) { return {{"mode", EnumRef(&r.mode)}, {"num_layers", &r.num_layers}}; }
 std::vector<Field> fields(DataConfig& d) {
   return {{"prefixes", &d.prefixes}, {"weights", &d.weights}, {"split", &d.split}, {"tokenizer", &d.tokenizer},
-          {"tokenizer_pattern", &d.tokenizer_pattern}, {"eod_token", &d.eod_token}, {"synthetic", &d.synthetic}};
+          {"tokenizer_pattern", &d.tokenizer_pattern}, {"eod_token", EodTokenRef{&d.eod_token, &d.eod_token_id}},
+          {"synthetic", &d.synthetic}, {"reset_position_ids", &d.reset_position_ids},
+          {"reset_attention_mask", &d.reset_attention_mask}, {"eod_mask_loss", &d.eod_mask_loss}};
 }
 std::vector<Field> fields(CheckpointConfig& k) {
   return {{"dir", &k.dir},   {"interval", &k.interval}, {"keep", &k.keep},
@@ -293,7 +349,9 @@ void read_fields(Section& s, const std::vector<Field>& fs) {
     std::visit(
         [&](auto& ref) {
           if constexpr (std::is_same_v<std::decay_t<decltype(ref)>, EnumRef> ||
-                        std::is_same_v<std::decay_t<decltype(ref)>, LayerSplitRef>)
+                        std::is_same_v<std::decay_t<decltype(ref)>, LayerSplitRef> ||
+                        std::is_same_v<std::decay_t<decltype(ref)>, MoeLayersRef> ||
+                        std::is_same_v<std::decay_t<decltype(ref)>, EodTokenRef>)
             s.get(f.key, ref);
           else
             s.get(f.key, *ref);
@@ -325,6 +383,16 @@ toml::table write_fields(const std::vector<Field>& fs) {
               a.push_back(std::move(e));
             }
             t.insert(f.key, std::move(a));
+          } else if constexpr (std::is_same_v<R, MoeLayersRef>) {
+            if (*ref.first_dense == 0)
+              t.insert(f.key, "all");
+            else
+              t.insert(f.key, toml::table{{"first_dense", *ref.first_dense}});
+          } else if constexpr (std::is_same_v<R, EodTokenRef>) {  // the id when given (or resolved), else the piece
+            if (*ref.id >= 0)
+              t.insert(f.key, *ref.id);
+            else
+              t.insert(f.key, *ref.piece);
           } else if constexpr (std::is_same_v<R, uint64_t*>) {
             t.insert(f.key, static_cast<int64_t>(*ref));
           } else if constexpr (std::is_same_v<R, std::vector<std::string>*> || std::is_same_v<R, std::vector<double>*> ||
@@ -423,6 +491,15 @@ void DataConfig::validate(const std::string& origin, bool reads_data) const {
           fmt::format("has {} entries for {} data.prefixes; give one weight per prefix", weights.size(),
                       prefixes.size()));
   for (double w : weights) require(w > 0, origin, "data.weights", fmt::format("must all be > 0, got {}", w));
+  if (documents() && synthetic) {
+    const char* key = reset_attention_mask ? "data.reset_attention_mask"
+                      : reset_position_ids ? "data.reset_position_ids"
+                                           : "data.eod_mask_loss";
+    require(false, origin, key,
+            "needs documents that end with data.eod_token, and data.synthetic = true has none: train on indexed "
+            "datasets (data.prefixes) or turn data.reset_position_ids, data.reset_attention_mask and "
+            "data.eod_mask_loss off");
+  }
 }
 
 void EvalConfig::validate(const std::string& origin) const {
@@ -459,7 +536,8 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   }
   for (const auto& o : overrides) apply_override(root, o);
 
-  static const std::set<std::string> kSections = {"model", "parallel", "train", "recompute", "data", "checkpoint", "eval"};
+  static const std::set<std::string> kSections = {"model",     "moe",  "parallel",   "train",
+                                                  "recompute", "data", "checkpoint", "eval"};
   for (auto& [k, v] : root)
     TRIPOD_INPUT_CHECK(kSections.count(std::string(k.str())), "{}: unknown section [{}] (valid: {})", origin,
                        k.str(), fmt::join(kSections, ", "));
@@ -473,6 +551,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     c.model.apply_arch_preset();
   }
   read_section(root, "model", origin, c.model);
+  read_section(root, "moe", origin, c.model.moe);
   read_section(root, "parallel", origin, c.parallel);
   read_section(root, "train", origin, c.train);
   read_section(root, "recompute", origin, c.recompute);
@@ -485,10 +564,14 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   m.ffn_hidden = m.ffn();
   m.n_kv_heads = m.kv_heads();
   m.max_positions = m.positions();
+  if (m.moe.enabled()) m.moe.ffn_hidden = m.expert_ffn();
   c.parallel.validate(origin);
   c.train.validate(origin, use.training);
   c.recompute.validate(origin);
   c.data.validate(origin, use.data);
+  require(c.data.eod_token_id < c.model.vocab_size, origin, "data.eod_token",
+          fmt::format("= {} is not a token of the vocabulary (model.vocab_size = {}: ids 0 to {})", c.data.eod_token_id,
+                      c.model.vocab_size, c.model.vocab_size - 1));
   c.checkpoint.validate(origin);
   c.eval.validate(origin);
   return c;
@@ -540,6 +623,10 @@ void validate_layout(Config& cfg, int world_size) {
                      p.tp, m.kv_heads());
   TRIPOD_INPUT_CHECK(m.ffn() % p.tp == 0, "parallel.tp = {} must divide the MLP width (model.ffn_hidden) = {}", p.tp,
                      m.ffn());
+  if (m.moe.enabled())  // experts are column- and row-parallel like the dense MLP
+    TRIPOD_INPUT_CHECK(m.expert_ffn() % p.tp == 0,
+                       "parallel.tp = {} must divide an expert's width (moe.ffn_hidden) = {}: every TP rank holds a "
+                       "slice of every expert", p.tp, m.expert_ffn());
   TrainConfig& t = cfg.train;
   if (t.global_batch_size == 0) t.global_batch_size = t.micro_batch_size * p.dp;
   TRIPOD_INPUT_CHECK(t.global_batch_size % (t.micro_batch_size * p.dp) == 0,
@@ -569,13 +656,12 @@ void validate_layout(Config& cfg, int world_size) {
     layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
 }
 
-nlohmann::json model_to_json(const ModelConfig& model) {
-  ModelConfig m = model;  // the field list takes mutable references
-  m.ffn_hidden = m.ffn();  // resolved, also for configs not made by parse_config
-  m.max_positions = m.positions();
-  m.n_kv_heads = m.kv_heads();
+namespace {
+
+// The int, double, bool and enum fields of `fs` as JSON (what a checkpoint's "model" records).
+nlohmann::json fields_to_json(const std::vector<Field>& fs) {
   nlohmann::json out = nlohmann::json::object();
-  for (const Field& f : fields(m))
+  for (const Field& f : fs)
     std::visit(
         [&](const auto& ref) {
           using R = std::decay_t<decltype(ref)>;
@@ -583,31 +669,69 @@ nlohmann::json model_to_json(const ModelConfig& model) {
             out[f.key] = std::string(ref.name(ref.ptr));
           else if constexpr (std::is_same_v<R, int*> || std::is_same_v<R, double*> || std::is_same_v<R, bool*>)
             out[f.key] = *ref;
+          else if constexpr (std::is_same_v<R, MoeLayersRef>)
+            out["first_dense"] = *ref.first_dense;
         },
         f.ref);
   return out;
 }
 
-ModelConfig model_from_json(const nlohmann::json& j, const std::string& origin) {
-  ModelConfig m;
-  for (const Field& f : fields(m))
+// The inverse: keys absent from `j` keep their values; `section` names them in errors.
+void fields_from_json(const nlohmann::json& j, const std::vector<Field>& fs, const char* section,
+                      const std::string& origin) {
+  for (const Field& f : fs)
     std::visit(
         [&](const auto& ref) {
           using R = std::decay_t<decltype(ref)>;
-          if (!j.contains(f.key)) return;
-          const nlohmann::json& v = j[f.key];
+          const char* key = std::is_same_v<R, MoeLayersRef> ? "first_dense" : f.key;
+          if (!j.contains(key)) return;
+          const nlohmann::json& v = j[key];
           if constexpr (std::is_same_v<R, EnumRef>) {
             TRIPOD_INPUT_CHECK(v.is_string() && ref.parse(ref.ptr, v.get<std::string>()),
-                               "{}: model.{} = {} is not one of {}", origin, f.key, v.dump(), ref.choices());
-          } else if constexpr (std::is_same_v<R, int*> || std::is_same_v<R, double*> || std::is_same_v<R, bool*>) {
+                               "{}: {}.{} = {} is not one of {}", origin, section, key, v.dump(), ref.choices());
+          } else if constexpr (std::is_same_v<R, int*> || std::is_same_v<R, double*> || std::is_same_v<R, bool*> ||
+                               std::is_same_v<R, MoeLayersRef>) {
+            using V = std::conditional_t<std::is_same_v<R, MoeLayersRef>, int*, R>;
+            V target;
+            if constexpr (std::is_same_v<R, MoeLayersRef>)
+              target = ref.first_dense;
+            else
+              target = ref;
             try {
-              *ref = v.get<std::remove_pointer_t<R>>();
+              *target = v.get<std::remove_pointer_t<V>>();
             } catch (const nlohmann::json::exception&) {
-              throw InputError(fmt::format("{}: model.{} = {} has the wrong type", origin, f.key, v.dump()));
+              throw InputError(fmt::format("{}: {}.{} = {} has the wrong type", origin, section, key, v.dump()));
             }
           }
         },
         f.ref);
+}
+
+}  // namespace
+
+nlohmann::json model_to_json(const ModelConfig& model) {
+  ModelConfig m = model;  // the field list takes mutable references
+  m.ffn_hidden = m.ffn();  // resolved, also for configs not made by parse_config
+  m.max_positions = m.positions();
+  m.n_kv_heads = m.kv_heads();
+  nlohmann::json out = fields_to_json(fields(m));
+  // Keys added after the first checkpoints are recorded only where they change the model, so a
+  // model without them records what it always did.
+  if (!m.qk_norm) out.erase("qk_norm");
+  if (m.moe.enabled()) {
+    m.moe.ffn_hidden = m.expert_ffn();
+    out["moe"] = fields_to_json(fields(m.moe));
+  }
+  return out;
+}
+
+ModelConfig model_from_json(const nlohmann::json& j, const std::string& origin) {
+  ModelConfig m;
+  fields_from_json(j, fields(m), "model", origin);
+  if (j.contains("moe")) {
+    TRIPOD_INPUT_CHECK(j["moe"].is_object(), "{}: model.moe = {} is not an object", origin, j["moe"].dump());
+    fields_from_json(j["moe"], fields(m.moe), "moe", origin);
+  }
   return m;
 }
 
@@ -618,11 +742,12 @@ std::string config_to_toml(const Config& cfg) {
                 {"train", write_fields(fields(c.train))},
                 {"recompute", write_fields(fields(c.recompute))},
                 {"data", write_fields(fields(c.data))},
-                {"checkpoint", write_fields(fields(c.checkpoint))},
-                {"eval", write_fields(fields(c.eval))}};
+                {"checkpoint", write_fields(fields(c.checkpoint))}};
+  // [moe] only for a mixture of experts: a dense model's file is what it always was.
+  if (c.model.moe.enabled()) t.insert("moe", write_fields(fields(c.model.moe)));
+  if (!c.eval.tasks.empty()) t.insert("eval", write_fields(fields(c.eval)));  // [eval] only with tasks
   // A library run without a run directory (output_dir "") records none, so that the text parses back.
   if (c.train.output_dir.empty()) t["train"].as_table()->erase("output_dir");
-  if (c.eval.tasks.empty()) t.erase("eval");  // no [eval] section unless it holds tasks
   std::stringstream ss;
   ss << t << "\n";
   return ss.str();

@@ -22,19 +22,25 @@ RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   RankMemory m;
   m.rank = l.rank;
   m.coords = l.coords;
-  m.params = l.flat_elements * act_bytes;
+  m.params = l.flat_elements * act_bytes + l.buffer_elements * 4;  // buffers are f32
   m.grads = l.flat_elements * 4;
   m.optimizer = l.grad_sync.owned_elements() * optimizer_bytes_per_element(cfg.train.device);
 
   // Under context parallelism a rank holds seq_len / cp tokens of every sequence, and attention
-  // merges blocks from their log-sum-exp: no probabilities are kept.
+  // merges blocks from their log-sum-exp: no probabilities are kept; nor within packed documents.
   const int cp = l.grid.cp();
+  const DataConfig& d = cfg.data;
   ActivationShape shape{.B = l.micro_batch_size, .T = cfg.model.seq_len / cp, .tp = l.grid.tp(),
                         .sequence_parallel = l.sequence_parallel, .act_bytes = act_bytes,
-                        .keeps_probs = !cuda && cp == 1};
+                        .keeps_probs = !cuda && cp == 1 && !d.reset_attention_mask};
   std::vector<ChunkActivationBytes> bytes;
   for (const ChunkLayout& c : l.chunks) bytes.push_back(chunk_activation_bytes(cfg.model, c, cfg.recompute, shape));
-  const int64_t token_bytes = (l.has_embedding ? l.micro_tokens * 4 : 0) + (l.has_head ? l.micro_tokens * 4 : 0);
+  // A micro-batch's i32 tensors, held from its first forward here to its last backward: tokens,
+  // targets, and with packed documents the tokens' positions in their documents (where the
+  // embedding or rope reads them) and where their documents start (for attention).
+  int64_t token_bytes = (l.has_embedding ? l.micro_tokens * 4 : 0) + (l.has_head ? l.micro_tokens * 4 : 0);
+  if (d.reset_position_ids && (cfg.model.rope() || l.has_embedding)) token_bytes += l.micro_tokens * 4;
+  if (d.reset_attention_mask) token_bytes += l.micro_tokens * 4;
   m.activations = activation_peak(l.schedule, l.plan, l.coords.pp, bytes, token_bytes);
   return m;
 }
@@ -64,6 +70,23 @@ std::string memory_table(const Config& cfg, const std::vector<RankMemory>& ranks
       cfg.parallel.cp > 1 ? fmt::format(" ({} per rank, cp = {})", cfg.model.seq_len / cfg.parallel.cp, cfg.parallel.cp)
                           : std::string(),
       cfg.train.device == Device::CUDA ? "bf16" : "f32");
+  const ModelConfig& mc = cfg.model;
+  if (mc.moe.enabled()) {
+    // A mixture of experts holds every expert but computes with top_k of them; its expert rows are
+    // planned at their bound, every (token, choice) pair when dropless (whatever the routing).
+    const MoeConfig& e = mc.moe;
+    const int64_t tokens = static_cast<int64_t>(cfg.train.micro_batch_size) * mc.seq_len / cfg.parallel.cp;
+    out += fmt::format(
+        "mixture of experts: {:.2f}M parameters, {:.2f}M active per token ({} experts of width {}, top {}{}, layers "
+        "{}-{}); per MoE layer and micro-batch {} expert rows ({}){}\n",
+        mc.num_params(cfg.parallel.tp) / 1e6, mc.num_params(cfg.parallel.tp, /*active=*/true) / 1e6, e.experts,
+        mc.expert_ffn(), e.top_k, e.shared_experts > 0 ? fmt::format(", {} shared", e.shared_experts) : "",
+        e.first_dense, mc.n_layers - 1, e.routed_rows(tokens),
+        e.capacity_factor > 0 ? fmt::format("at most {} per expert, capacity factor {}", e.capacity(tokens),
+                                            e.capacity_factor)
+                              : "dropless: every token's top_k choices, the most any routing sends",
+        e.selection_bias() ? "; selection biases f32 among the parameters" : "");
+  }
   out += fmt::format("{:>4} {:>4} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "pp", "tp", "params", "grads", "optimizer",
                      "activations", "total");
   for (auto& [key, m] : rows)

@@ -1,6 +1,7 @@
 // The training loop.
 #include "train/trainer.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
@@ -56,6 +57,14 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   if (sync.tied == GradSync::Tied::PipelineEnds) embedding_ = par.embedding.get();
   TRIPOD_CHECK(!(layout_.has_embedding || layout_.has_head) || data_,
                "rank {} holds the embedding or head but has no data", par.rank);
+  // Packed documents: every rank reads its samples' boundaries (and counts the batch's tokens).
+  if (cfg_.data.documents()) {
+    TRIPOD_INPUT_CHECK(cfg_.data.eod_token_id >= 0, "data.eod_token: packed documents (data.reset_position_ids, "
+                       "data.reset_attention_mask, data.eod_mask_loss) need the end-of-document token's id");
+    TRIPOD_CHECK(data_, "rank {} has no data, but packed documents need every rank's samples", par.rank);
+  }
+  batch_docs_ = {.counted = static_cast<int64_t>(tc.global_batch_size) * cfg_.model.seq_len,
+                 .attended = static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len * cfg_.model.seq_len};
 
   evaluator_ = std::make_unique<Evaluator>(cfg_, make_eval_layout(layout_), ops, par, *model_);
 
@@ -109,9 +118,14 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   int64_t n_params = cfg_.model.num_params(pc.tp);
   const ModelConfig& mc = cfg_.model;
   spdlog::info("model: {} ({}, {}, {}), {} layers, d_model {}, {} heads ({} key/value), seq {}, vocab {} (padded {}): "
-               "{:.2f}M parameters",
+               "{:.2f}M parameters{}",
                enum_name(mc.arch), enum_name(mc.norm), enum_name(mc.position), enum_name(mc.mlp), mc.n_layers, mc.d_model, mc.n_heads, mc.kv_heads(), mc.seq_len,
-               mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6);
+               mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6,
+               mc.moe.enabled()
+                   ? fmt::format(" ({:.2f}M active: {} experts, top {}, {} shared, layers {}+)",
+                                 mc.num_params(pc.tp, /*active=*/true) / 1e6, mc.moe.experts, mc.moe.top_k,
+                                 mc.moe.shared_experts, mc.moe.first_dense)
+                   : std::string());
   spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {}{} (vp {}, placement {}); "
                "device {}", par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
                enum_name(layout_.schedule.kind), auto_chosen_.empty() ? "" : " (" + auto_chosen_ + ")", pc.vp,
@@ -126,15 +140,19 @@ Trainer::~Trainer() {
 
 void Trainer::load_microbatch(int64_t step, int micro, MicroBatch& mb) {
   const TrainConfig& tc = cfg_.train;
-  mb.grad_scale = 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * cfg_.model.seq_len);
+  // d(step loss)/d(token loss): the loss is the mean over the global batch's counted tokens.
+  mb.grad_scale = cfg_.data.eod_mask_loss
+                      ? 1.0f / static_cast<float>(std::max<int64_t>(1, batch_docs_.counted))
+                      : 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * cfg_.model.seq_len);
   tripod::load_microbatch(data_, cfg_, layout_, ops_, step * tc.global_batch_size, micro, mb);
 }
 
 void Trainer::on_grads_ready(const std::vector<Param*>& params) {
-  // Under sequence parallelism the LayerNorm gradients are partial per TP rank: sum them first.
-  if (par_.sequence_parallel && par_.grid.tp() > 1) {
+  // Under sequence parallelism the LayerNorm gradients are partial per TP rank, and per-head
+  // norms' always are: sum them first.
+  if (par_.grid.tp() > 1) {
     for (Param* p : params)
-      if (p->spec.sp_partial_grad) par_.tp->all_reduce(p->grad);
+      if ((par_.sequence_parallel && p->spec.sp_partial_grad) || p->spec.tp_partial_grad) par_.tp->all_reduce(p->grad);
   }
   const FlatSpan& tied = layout_.grad_sync.tied_table;
   for (Param* p : params) {
@@ -221,9 +239,12 @@ StepMetrics Trainer::step() {
   ops_.allocator().stats().reset_peaks();
   reg_.zero_grads(ops_);
   reducer_->begin_step();
+  for (MoeLayer* moe : model_->moe_layers()) moe->reset_stats();
 
   if (trace_) trace_->set_step(step_ + 1);
   if (par_.flight) par_.flight->set_step(step_ + 1);
+  if (cfg_.data.documents())
+    batch_docs_ = summarize_documents(*data_, cfg_, step_ * tc.global_batch_size, tc.global_batch_size);
   // Losses of this rank's micro-batches, one row each (the last stage fills them).
   Tensor losses;
   if (layout_.has_head) {
@@ -248,20 +269,39 @@ StepMetrics Trainer::step() {
       if (f.step == step_ + 1) (f.in_loss ? loss_sum : sq) = std::numeric_limits<double>::quiet_NaN();
   }
   CpuAllocator host;
-  Tensor red = Tensor::empty(host, {3}, DType::F64, MemCategory::Workspace);
+  // A mixture of experts' step statistics join the same reduction: one row per MoE layer of the
+  // model, filled by the ranks holding it (TP rank 0 of each, its tokens), summed over the world.
+  const int64_t moe_width = cfg_.model.moe.experts + 3;
+  std::vector<int> moe_rows(cfg_.model.n_layers, -1);  // layer -> row
+  int n_moe = 0;
+  for (int l = 0; l < cfg_.model.n_layers; ++l)
+    if (cfg_.model.moe.sparse(l)) moe_rows[l] = n_moe++;
+  Tensor red = Tensor::empty(host, {3 + n_moe * moe_width}, DType::F64, MemCategory::Workspace);
   // Summed in f64, so that every grid clips and reports what the single-rank run does. The third
   // sum counts the ranks that received a stop signal, so that every rank agrees to stop.
   double* sums = red.data<double>();
+  std::fill(sums, sums + red.numel(), 0.0);
   sums[0] = sq;
   sums[1] = loss_sum;
   sums[2] = stop_signal() != 0 ? 1.0 : 0.0;
+  if (par_.coords.tp == 0)
+    for (MoeLayer* moe : model_->moe_layers()) {
+      const MoeStepStats& st = moe->stats();
+      double* row = sums + 3 + moe_rows[moe->layer()] * moe_width;
+      std::copy(st.routed.begin(), st.routed.end(), row);
+      row[moe_width - 3] = st.dropped;
+      row[moe_width - 2] = st.aux;
+      row[moe_width - 1] = st.z;
+    }
   if (par_.grid.world_size() > 1) {
     FlightPhase phase(par_.flight.get(), "grad-norm");
     par_.world->all_reduce(red);
   }
   stop_requested_ = sums[2] > 0;
   double grad_norm = std::sqrt(sums[0]);
-  double loss = sums[1] / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
+  double loss = cfg_.data.eod_mask_loss
+                    ? sums[1] / static_cast<double>(std::max<int64_t>(1, batch_docs_.counted))
+                    : sums[1] / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
 
   StepMetrics m;
   m.step = step_ + 1;
@@ -269,6 +309,15 @@ StepMetrics Trainer::step() {
   m.lr = lr_.at(step_);
   m.loss = loss;
   m.grad_norm = grad_norm;
+  // The losses are means over the step's micro-batches (each its micro-batch's).
+  const double micro_batches = static_cast<double>(tc.global_batch_size) / tc.micro_batch_size;
+  for (int l = 0; l < cfg_.model.n_layers; ++l) {
+    if (moe_rows[l] < 0) continue;
+    const double* row = sums + 3 + moe_rows[l] * moe_width;
+    m.moe.push_back({.layer = l, .tokens_per_expert = std::vector<double>(row, row + moe_width - 3),
+                     .dropped = row[moe_width - 3], .load_balancing_loss = row[moe_width - 2] / micro_batches,
+                     .z_loss = row[moe_width - 1] / micro_batches});
+  }
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     m.skipped = true;
     ++skipped_total_;
@@ -282,6 +331,8 @@ StepMetrics Trainer::step() {
     // Adam's bias correction counts the updates applied; the LR follows the iteration.
     optimizer_->step(m.lr, optimizer_->steps_taken() + 1, clip);
     reducer_->all_gather_values();
+    // Aux-loss-free balancing: every copy of a layer's selection bias moves by the same counts.
+    for (MoeLayer* moe : model_->moe_layers()) moe->update_bias(m.moe[moe_rows[moe->layer()]].tokens_per_expert);
   }
   ops_.synchronize();
   double compute_s = ops_.take_compute_seconds();
@@ -295,8 +346,14 @@ StepMetrics Trainer::step() {
   m.consumed_samples = step_ * tc.global_batch_size;
   m.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len / m.step_time_s;
-  m.mfu = cfg_.model.flops_per_token(par_.grid.tp()) * m.tokens_per_s / peak_flops_;
-  m.tflops = cfg_.model.flops_per_token(par_.grid.tp()) * m.tokens_per_s / par_.grid.world_size() / 1e12;
+  // Model FLOPs: attention counts the keys each token's document gives it under
+  // data.reset_attention_mask (the pairs the step needs), seq_len otherwise.
+  const double attended = batch_docs_.attended / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
+  const double flops_per_token = cfg_.data.reset_attention_mask
+                                     ? cfg_.model.flops_per_token(par_.grid.tp(), attended)
+                                     : cfg_.model.flops_per_token(par_.grid.tp());
+  m.mfu = flops_per_token * m.tokens_per_s / peak_flops_;
+  m.tflops = flops_per_token * m.tokens_per_s / par_.grid.world_size() / 1e12;
   m.batch_size = tc.global_batch_size;
   if (stragglers_) stragglers_->add_step(m.step_time_s, compute_s);
   const MemoryStats& ms = ops_.allocator().stats();
@@ -352,6 +409,24 @@ std::vector<OptimizerShardRef> Trainer::optimizer_state() {
   return out;
 }
 
+namespace {
+// The names of every buffer of the model (all stages'): their values are saved, never optimizer
+// state (ckpt verify reads the list).
+nlohmann::json buffer_names(const ModelConfig& model) {
+  nlohmann::json out = nlohmann::json::array();
+  if (!model.moe.selection_bias()) return out;  // the only buffers
+  for (const ParamSpec& p : model_param_specs(model))
+    if (p.buffer) out.push_back(p.name);
+  return out;
+}
+
+// The packed-document keys a checkpoint was trained with.
+nlohmann::json documents_record(const DataConfig& d) {
+  return {{"reset_position_ids", d.reset_position_ids}, {"reset_attention_mask", d.reset_attention_mask},
+          {"eod_mask_loss", d.eod_mask_loss}, {"eod_token", d.eod_token_id}};
+}
+}  // namespace
+
 nlohmann::json Trainer::checkpoint_metadata() const {
   const TrainConfig& tc = cfg_.train;
   const ParallelConfig& pc = cfg_.parallel;
@@ -378,6 +453,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       // The schedule itself when it was chosen at start-up, so that a resume runs the same one.
       {"schedule_csv", layout_.schedule.kind == ScheduleKind::Auto ? schedule_csv(layout_.schedule) : std::string()},
       {"has_optimizer", true},
+      {"documents", documents_record(cfg_.data)},
       {"lr_schedule", {{"lr", lr_.lr}, {"min_lr", lr_.min_lr}, {"warmup_steps", lr_.warmup_steps},
                        {"total_steps", lr_.total_steps}, {"decay", enum_name(lr_.decay)}, {"next_step", step_},
                        {"next_lr", lr_.at(step_)}}},
@@ -389,6 +465,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
                {"dropout", "none"},
                {"ranks", ranks}}},
   };
+  if (nlohmann::json buffers = buffer_names(cfg_.model); !buffers.empty()) meta["buffers"] = std::move(buffers);
   if (!task_figures_.is_null()) meta["eval_tasks"] = task_figures_;  // the latest downstream figures
   return meta;
 }
@@ -435,6 +512,21 @@ void Trainer::load_checkpoint_state() {
     CheckpointReader reader(dir);  // metadata.json validated: checksum, every field's type and range
     const nlohmann::json& meta = reader.metadata();
     if (meta.contains("model")) check_model_record(meta["model"], model_to_json(cfg_.model), dir);
+    // Another choice of the packed-document keys continues training on other masks and positions:
+    // allowed (a run may switch them on for long-context training), but said. A checkpoint without
+    // the record was trained with them off.
+    const nlohmann::json now = documents_record(cfg_.data);
+    const nlohmann::json then = meta.contains("documents") && meta["documents"].is_object() ? meta["documents"]
+                                                                                             : nlohmann::json::object();
+    std::vector<std::string> changed;
+    for (const char* key : {"reset_position_ids", "reset_attention_mask", "eod_mask_loss"}) {
+      const bool was = then.contains(key) && then[key].is_boolean() && then[key].get<bool>();
+      if (was != now[key].get<bool>())
+        changed.push_back(fmt::format("data.{} = {} (the checkpoint: {})", key, now[key].get<bool>(), was));
+    }
+    if (!changed.empty() && par_.rank == 0)
+      spdlog::warn("checkpoint {} was trained with other packed-document settings: {}; training continues with "
+                   "this run's", dir, fmt::join(changed, ", "));
     if (meta.value("has_optimizer", false) && meta.contains("global_batch_size"))
       TRIPOD_INPUT_CHECK(meta["global_batch_size"].get<int64_t>() == cfg_.train.global_batch_size,
                          "checkpoint {} was trained with train.global_batch_size = {}, this run has {}: the data "

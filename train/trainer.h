@@ -123,6 +123,9 @@ class Trainer {
   int64_t skipped_total_ = 0, bad_in_a_row_ = 0;
   double peak_flops_ = 0;  // the whole world's
   Communicator* embedding_ = nullptr;  // the tied table's first/last-stage group (GradSync::Tied::PipelineEnds)
+  // The step's global batch as its packed documents make it (data.reset_*, eod_mask_loss): the
+  // tokens the loss counts and the attention pairs needed (every rank reads them the same).
+  BatchDocuments batch_docs_;
 };
 
 }  // namespace tripod

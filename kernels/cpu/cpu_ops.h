@@ -38,6 +38,10 @@ class CpuOps final : public Ops {
                          Tensor& out) override;
   void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte, Tensor& dwpe,
                           int64_t T) override;
+  void embedding_forward_positions(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe,
+                                   const Tensor& positions, Tensor& out) override;
+  void embedding_backward_positions(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte,
+                                    Tensor& dwpe, const Tensor& positions) override;
 
   void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;
@@ -47,6 +51,7 @@ class CpuOps final : public Ops {
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
                         Tensor& dw) override;
   void rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) override;
+  void rope_positions(Tensor& x, int64_t rot_heads, const Tensor& positions, double theta, bool inverse) override;
   void swiglu_forward(const Tensor& gu, Tensor& y) override;
   void swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) override;
 
@@ -56,15 +61,40 @@ class CpuOps final : public Ops {
   void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
   void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) override;
 
+  void grouped_linear_forward(const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
+                              Tensor& y) override;
+  void grouped_linear_backward_input(const Tensor& dy, std::span<const Tensor> w, std::span<const int64_t> offsets,
+                                     Tensor& dx) override;
+  void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets,
+                                      std::span<Tensor> dw) override;
+  void moe_route(const Tensor& logits, const Tensor& bias, bool sigmoid, bool normalize, Tensor& idx, Tensor& weights,
+                 Tensor& stats) override;
+  void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& dweights, const Tensor& aux,
+                          float z_scale, bool sigmoid, bool normalize, Tensor& dlogits) override;
+  void moe_dispatch(const Tensor& idx, int64_t experts, int64_t capacity, Tensor& routed, Tensor& row_of,
+                    Tensor& slot_of) override;
+  void moe_permute(const Tensor& x, const Tensor& slot_of, int64_t k, const Tensor& weights, Tensor& xp) override;
+  void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, Tensor& y) override;
+  void moe_combine_backward(Tensor& g, const Tensor& act, const Tensor& slot_of, const Tensor& weights,
+                            Tensor& dweights) override;
+  void qk_norm_forward(Tensor& qkv, int64_t hq, int64_t hk, const Tensor& w, float eps, Tensor& saved,
+                       Tensor& rstd) override;
+  void qk_norm_backward(Tensor& dqkv, int64_t hq, const Tensor& saved, const Tensor& w, const Tensor& rstd,
+                        Tensor& dw) override;
+
   void gelu_forward(const Tensor& x, Tensor& y) override;
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
 
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& probs, Tensor& dqkv) override;
-  void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) override;
+  void attention_forward_docs(const Tensor& qkv, const DocRows& docs, Tensor& out, Tensor& lse) override;
+  void attention_backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                               const DocRows& docs, Tensor& dqkv) override;
+  void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, const BlockDocs& docs, Tensor& out,
+                               Tensor& lse) override;
   void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
-                                const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) override;
+                                const Tensor& lse, bool causal, const BlockDocs& docs, Tensor& dq, Tensor& dkv) override;
   void attention_kv_pack(const Tensor& qkv, int64_t H, Tensor& kv) override;
   void attention_kv_unpack(const Tensor& kv, int64_t H, Tensor& qkv) override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) override;

@@ -26,6 +26,8 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/op.h"
 
+struct cublasContext;  // cublasHandle_t's (kernels/cuda/cublas.h)
+
 namespace tripod::cuda {
 
 // Number of usable CUDA devices; 0 (never an exception) without a driver or a GPU.
@@ -65,6 +67,10 @@ class CudaOps final : public Ops {
                          Tensor& out) override;
   void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte, Tensor& dwpe,
                           int64_t T) override;
+  void embedding_forward_positions(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe,
+                                   const Tensor& positions, Tensor& out) override;
+  void embedding_backward_positions(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte,
+                                    Tensor& dwpe, const Tensor& positions) override;
 
   void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;
@@ -74,6 +80,7 @@ class CudaOps final : public Ops {
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
                         Tensor& dw) override;
   void rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) override;
+  void rope_positions(Tensor& x, int64_t rot_heads, const Tensor& positions, double theta, bool inverse) override;
   void swiglu_forward(const Tensor& gu, Tensor& y) override;
   void swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) override;
 
@@ -84,6 +91,30 @@ class CudaOps final : public Ops {
   void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
   void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) override;
 
+  // One cublasGemmGroupedBatchedEx per call (libcublas loaded at the first), each expert a group;
+  // per-expert cuBLASLt GEMMs where cuBLAS declines the types.
+  void grouped_linear_forward(const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
+                              Tensor& y) override;
+  void grouped_linear_backward_input(const Tensor& dy, std::span<const Tensor> w, std::span<const int64_t> offsets,
+                                     Tensor& dx) override;
+  void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets,
+                                      std::span<Tensor> dw) override;
+  // Routing: one thread per token (moe.cu); the dispatch order by a block scan per expert.
+  void moe_route(const Tensor& logits, const Tensor& bias, bool sigmoid, bool normalize, Tensor& idx, Tensor& weights,
+                 Tensor& stats) override;
+  void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& dweights, const Tensor& aux,
+                          float z_scale, bool sigmoid, bool normalize, Tensor& dlogits) override;
+  void moe_dispatch(const Tensor& idx, int64_t experts, int64_t capacity, Tensor& routed, Tensor& row_of,
+                    Tensor& slot_of) override;
+  void moe_permute(const Tensor& x, const Tensor& slot_of, int64_t k, const Tensor& weights, Tensor& xp) override;
+  void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, Tensor& y) override;
+  void moe_combine_backward(Tensor& g, const Tensor& act, const Tensor& slot_of, const Tensor& weights,
+                            Tensor& dweights) override;
+  void qk_norm_forward(Tensor& qkv, int64_t hq, int64_t hk, const Tensor& w, float eps, Tensor& saved,
+                       Tensor& rstd) override;
+  void qk_norm_backward(Tensor& dqkv, int64_t hq, const Tensor& saved, const Tensor& w, const Tensor& rstd,
+                        Tensor& dw) override;
+
   void gelu_forward(const Tensor& x, Tensor& y) override;
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
 
@@ -92,11 +123,18 @@ class CudaOps final : public Ops {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& probs, Tensor& dqkv) override;
+  // Packed documents: the reference kernels (attention_ref.cu), each query visiting only the keys of
+  // its document.
+  void attention_forward_docs(const Tensor& qkv, const DocRows& docs, Tensor& out, Tensor& lse) override;
+  void attention_backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                               const DocRows& docs, Tensor& dqkv) override;
   // One warp per (b, query head, new token) over its group's cache (attention_ref.cu), bf16 in,
   // f32 softmax.
-  void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) override;
+  void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, const BlockDocs& docs, Tensor& out,
+                               Tensor& lse) override;
   void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
-                                const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) override;
+                                const Tensor& lse, bool causal, const BlockDocs& docs, Tensor& dq,
+                                Tensor& dkv) override;
   void attention_kv_pack(const Tensor& qkv, int64_t H, Tensor& kv) override;
   void attention_kv_unpack(const Tensor& kv, int64_t H, Tensor& qkv) override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) override;
@@ -152,6 +190,19 @@ class CudaOps final : public Ops {
   double reduce_to_host(const float* x, const k::Chunk* chunks, int nchunks, bool square, const char* what);
   void upload(const Tensor& src, Tensor& dst);
   void reap_uploads();
+  // One column-major GEMM of a grouped call (GemmArgs' conventions, gemm_runner.h): C (m x n, ldc)
+  // = op(A) op(B) + beta C, A and B bf16.
+  struct GroupedGemm {
+    int64_t m = 0, n = 0, k = 0;
+    const void* a = nullptr;
+    int64_t lda = 0;
+    const void* b = nullptr;
+    int64_t ldb = 0;
+    void* c = nullptr;
+    int64_t ldc = 0;
+  };
+  void grouped_gemm(bool trans_a, bool trans_b, const std::vector<GroupedGemm>& problems, bool f32_out, float beta,
+                    const std::string& what);
 
   int device_ = 0;
   std::string device_name_;
@@ -160,6 +211,8 @@ class CudaOps final : public Ops {
   DeviceAllocator device_alloc_;
   PinnedAllocator pinned_alloc_;
   std::unique_ptr<GemmRunner> gemm_;
+  ::cublasContext* cublas_ = nullptr;  // cuBLAS's handle, created at the first grouped GEMM
+  bool grouped_declined_ = false;           // cuBLAS refused the grouped call: per-group cuBLASLt GEMMs
   std::unique_ptr<AttentionRunner> attention_;
 
   // Reductions: kReduceBlocks partial sums and the result on the device, the result on the host.

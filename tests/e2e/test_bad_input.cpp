@@ -50,6 +50,8 @@ class BadInput : public ::testing::Test {
     must("data train-tokenizer --input " + q(src) + " --vocab-size 400 --model-prefix " + q(fx / "tok"));
     must("data preprocess --input " + q(src) + " --tokenizer-model " + q(fx / "tok.model") + " --output-prefix " +
          q(fx / "gen") + " --workers 1");
+    must("data preprocess --input " + q(src) + " --tokenizer-model " + q(fx / "tok.model") + " --output-prefix " +
+         q(fx / "gen_noeod") + " --workers 1 --no-eod");
     test::ConfigOverrides data = small;
     data.insert(data.end(), {{"data.synthetic", ""},
                              {"data.prefixes", "[" + json((fx / "gen").string()).dump() + "]"},
@@ -289,6 +291,19 @@ TEST_F(BadInput, Battery) {
   refused(train("--set data.split='1,0,0' --set train.eval_interval=1", "data.toml"), "split");
   refused(train("--set data.split='a,b'", "data.toml"), "data.split");
   refused(train("--set data.weights=[1.0,2.0]", "data.toml"), "data.weights");
+  // Packed documents: flags on synthetic data (no documents), an end-of-document token outside the
+  // vocabulary or of the wrong kind, a dataset that does not hold it, no tokenizer to find it in.
+  refused(train("--set data.reset_attention_mask=true"), "data.reset_attention_mask");
+  refused(train("--set data.eod_mask_loss=true"), "data.eod_mask_loss");
+  refused(train("--set data.eod_token=600"), "data.eod_token");
+  refused(train("--set data.eod_token=-3"), "data.eod_token");
+  refused(train("--set data.eod_token=1.5"), "data.eod_token");
+  refused(train("--set data.reset_attention_mask=true --set data.prefixes=[" + q(json((fx / "gen_noeod").string()).dump()) +
+                "]", "data.toml"), "data.eod_token");
+  refused(train("--set data.reset_position_ids=true --set data.eod_token=\"<nope>\"", "data.toml"), "data.eod_token");
+  refused(train("--set data.eod_mask_loss=true --set data.tokenizer=''", "data.toml"), "data.eod_token");
+  refused(train("--set data.reset_position_ids=true --set data.prefixes=[" +
+                q(json((fx / "gen_noeod").string()).dump()) + "]", "data.toml"), "data.eod_token", 2);
   refused("generate " + cfg("--init-seed 1 --prompt hi --set data.tokenizer=" + q(fx / "cases/no.model"), "data.toml"),
           "no.model");
   const fs::path csv2 = file("two.csv", "F0, B0\nF0, B0\n");
@@ -488,6 +503,58 @@ TEST_F(BadInput, TaskFiles) {
   refused("train --config " + q(fx / "data.toml") + " --set 'eval.tasks=[{name=\"multiple_choice\", path=\"" +
               (fx / "cases" / "label.jsonl").string() + "\"}]'",
           "label.jsonl:2", 2);
+}
+
+// Mixtures of experts: [moe] keys, a layout that cannot split the experts, a checkpoint loaded
+// with another expert count, Hugging Face folders that disagree with the config or hold what tripod
+// cannot express, and a model no Hugging Face type can express.
+TEST_F(BadInput, MixtureOfExperts) {
+  const std::string moe = "--set moe.experts=4 --set moe.ffn_hidden=24 ";
+  refused(train(moe + "--set moe.top_k=5"), "moe.top_k = 5 must be in [1, moe.experts = 4]");
+  refused(train(moe + "--set moe.router='topk'"), "moe.router = \"topk\" is not one of \"softmax\", \"sigmoid\"");
+  refused(train(moe + "--set moe.layers='some'"), "moe.layers");
+  refused(train(moe + "--set moe.layers={first_dense=2}"), "moe.layers = {first_dense = 2}");
+  refused(train(moe + "--set moe.capacity_factor=-1"), "moe.capacity_factor");
+  refused(train(moe + "--set moe.bias_update_rate=-0.1"), "moe.bias_update_rate");
+  refused(train(moe + "--set moe.expert=4"), "moe.expert");
+  refused(train(moe + "--set parallel.tp=2 --set moe.ffn_hidden=25"), "moe.ffn_hidden", 2);
+  // A dense checkpoint loaded as a mixture of experts, and one with another expert count.
+  refused(train(moe + "--set checkpoint.load=" + q(ck_iter())), "moe.experts = 0 (a dense model)");
+  const std::string llama = "--set model.arch='llama' --set moe.router='sigmoid' ";
+  must("train " + cfg(moe + llama + "--set train.steps=1 --set checkpoint.dir=" + q(dir / "ckm")));
+  refused(train("--set moe.experts=8 --set moe.ffn_hidden=24 " + llama + "--set checkpoint.load=" + q(dir / "ckm")),
+          "moe.experts = 4");
+  // GPT2LMHeadModel has no experts at all.
+  must("train " + cfg(moe + "--set train.steps=1 --set checkpoint.dir=" + q(dir / "ckg")));
+  refused("ckpt convert " + q(dir / "ckg") + " --to safetensors " + q(dir / "moe.safetensors"), "moe.experts = 4");
+  // No Hugging Face type routes by sigmoid: the export names the key; nothing is written.
+  refused("ckpt convert " + q(dir / "ckm") + " --to safetensors " + q(dir / "moe_hf"), "moe.router = \"sigmoid\"");
+  EXPECT_FALSE(fs::exists(dir / "moe_hf"));
+  // The Mixtral folder of the PyTorch reference (4 experts) with a config of 8; and edited.
+  const fs::path mixtral = fs::path(TRIPOD_SOURCE_PATH) / "tests/fixtures/mixtral_hf";
+  const std::string mixtral_toml =
+      "[model]\narch = \"llama\"\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nd_model = 32\nseq_len = 8\n"
+      "vocab_size = 40\nrope_theta = 500000.0\nnorm_eps = 1e-6\n[moe]\nexperts = 8\ntop_k = 2\nffn_hidden = 24\n"
+      "[train]\nsteps = 1\n[data]\nsynthetic = true\n";
+  refused("ckpt convert " + q(mixtral) + " --from safetensors " + q(dir / "imp_moe") + " --config " +
+              q(file("mixtral8.toml", mixtral_toml)),
+          "num_local_experts = 4 but moe.experts = 8");
+  auto mixtral_edited = [&](const std::string& name, const std::function<void(json&)>& edit) {
+    const fs::path d = fx / "cases" / name;
+    fs::create_directories(d);
+    fs::copy(mixtral, d, fs::copy_options::recursive);
+    json c = json::parse(slurp(d / "config.json"));
+    edit(c);
+    write_file(d / "config.json", c.dump(2));
+    return "ckpt convert " + q(d) + " --from safetensors " + q(dir / "imp" / name);
+  };
+  refused(mixtral_edited("mx_window", [](json& c) { c["sliding_window"] = 4096; }), "sliding_window = 4096");
+  refused(mixtral_edited("mx_jitter", [](json& c) { c["router_jitter_noise"] = 0.1; }), "router_jitter_noise");
+  refused(mixtral_edited("mx_topk", [](json& c) { c["num_experts_per_tok"] = 6; }), "num_experts_per_tok = 6");
+  refused(mixtral_edited("mx_experts", [](json& c) { c["num_local_experts"] = "four"; }), "num_local_experts");
+  refused(mixtral_edited("mx_more", [](json& c) { c["num_local_experts"] = 5; }),
+          "block_sparse_moe.gate.weight has shape (4, 32), expected (5, 32)");
+  refused(mixtral_edited("mx_type", [](json& c) { c["model_type"] = "deepseek_v3"; }), "model_type = \"deepseek_v3\"");
 }
 
 // Tokenizer files people bring, damaged: the reader names the file and line or field.
