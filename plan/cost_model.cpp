@@ -336,6 +336,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
   if (p.pp > 2) pp_ranks.push_back(1);
   struct Sync {
     double reduce = 0, last_bucket = 0, tied = 0;  // all buckets, the rank's first (finished last), the tied table's
+    bool ends = false;                             // the tied table's copies meet here (first and last rank)
   };
   std::vector<Sync> sync(p.pp);
   double gather = 0;
@@ -359,8 +360,10 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
       if (g.sharded) gather = std::max(gather, hw.collective_time(Collective::AllGather, g.size, m.params, pl.dp_intra));
     }
     // The tied table's copies on the pipeline's first and last rank sum their gradients first.
-    if (l.grad_sync.tied == GradSync::Tied::PipelineEnds)
+    if (l.grad_sync.tied == GradSync::Tied::PipelineEnds) {
       y.tied = hw.collective_time(Collective::AllReduce, 2, l.grad_sync.tied_table.size() * 4, pl.pp_intra);
+      y.ends = true;
+    }
   }
   for (int q = 1; q + 1 < p.pp; ++q) sync[q] = sync[1];
   // Each pipeline rank reduces its f32 gradients in its buckets, each started as the final
@@ -395,7 +398,14 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
 
   // The step of each pipeline rank by where its time goes: its chunks' work for every
   // micro-batch, the DP and embedding reductions past its backward, the optimizer, and the rest
-  // (waiting between actions, and for the slowest rank at the end of the step) idle.
+  // (waiting between actions, and for the slowest rank at the end of the step) idle. The tied
+  // table's all-reduce ends on both pipeline ends together: the end that finished first waits in
+  // it (as a run measures it: inside the collective).
+  double ends_done = 0;
+  for (int q = 0; q < p.pp; ++q)
+    if (sync[q].ends) ends_done = std::max(ends_done, done[q]);
+  for (int q = 0; q < p.pp; ++q)
+    if (sync[q].ends) done[q] = ends_done;
   const int M = schedule.microbatches;
   double tp_comm = 0;
   for (int q = 0; q < p.pp; ++q) {

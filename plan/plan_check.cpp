@@ -204,8 +204,8 @@ PlanCheck read_plan_check(const std::string& run_dir) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw InputError(fmt::format("{}: not JSON ({})", path, e.what()));
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InputError(fmt::format("{}: not JSON (a syntax error at byte {})", path, e.byte));
   }
   return parse_plan_check(j, path);
 }

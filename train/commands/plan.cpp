@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "config/layout.h"
 #include "parallel/pipeline/schedules.h"
 #include "plan/plan_check.h"
@@ -51,6 +52,7 @@ int run_check(const PlanOptions& o) {
 }
 
 int run_plan(const PlanOptions& o) {
+  init_logging(0, 1);  // (stderr: a hardware file's warnings)
   if (!o.check.empty()) {
     TRIPOD_INPUT_CHECK(o.config.empty() && o.gpus == 0 && o.layout.empty() && o.global_batch == 0,
                        "tripod plan --check RUN_DIR reads the run's own config and layout: give only --hardware and "

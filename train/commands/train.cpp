@@ -37,7 +37,7 @@ struct TrainOptions {
   std::vector<std::string> sets;
   bool verbose = false;
   bool dry_run = false;
-  int profile_steps = -1;  // --profile-steps N: train.profile_steps = N
+  std::optional<int> profile_steps;  // --profile-steps N: train.profile_steps = N
 };
 
 // Rank 0 tells the launcher (TRIPOD_LAUNCH_STATUS, see launch/restarts.sh) where the run lives
@@ -189,7 +189,7 @@ int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout
 }
 
 int run_train(TrainOptions o) {
-  if (o.profile_steps >= 0) o.sets.push_back(fmt::format("train.profile_steps={}", o.profile_steps));
+  if (o.profile_steps) o.sets.push_back(fmt::format("train.profile_steps={}", *o.profile_steps));
   // parallel.timeout_s bounds MPI's start-up too; a config that does not load is reported after
   // MPI_Init, once.
   double timeout_s = ParallelConfig{}.timeout_s;
