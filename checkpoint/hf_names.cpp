@@ -73,8 +73,9 @@ HfName gpt2_hf_name(const std::string& name) {
   throw InputError(fmt::format("tensor {} has no Hugging Face GPT-2 name", name));
 }
 
-std::string llama_hf_name(const std::string& name) {
-  static const std::vector<std::pair<std::regex, std::string>> rules = {
+std::string llama_hf_name(const std::string& name, HfArch arch) {
+  using Rules = std::vector<std::pair<std::regex, std::string>>;
+  static const Rules common = {
       {std::regex(R"(wte)"), "model.embed_tokens.weight"},
       {std::regex(R"(lm_head\.weight)"), "lm_head.weight"},
       {std::regex(R"(ln_f\.weight)"), "model.norm.weight"},
@@ -82,12 +83,30 @@ std::string llama_hf_name(const std::string& name) {
       {std::regex(R"(h\.(\d+)\.ln_2\.weight)"), "model.layers.$1.post_attention_layernorm.weight"},
       {std::regex(R"(h\.(\d+)\.attn\.(q|k|v)\.(weight|bias))"), "model.layers.$1.self_attn.$2_proj.$3"},
       {std::regex(R"(h\.(\d+)\.attn\.proj\.(weight|bias))"), "model.layers.$1.self_attn.o_proj.$2"},
+  };
+  static const Rules dense_mlp = {
       {std::regex(R"(h\.(\d+)\.mlp\.(gate|up)\.(weight|bias))"), "model.layers.$1.mlp.$2_proj.$3"},
       {std::regex(R"(h\.(\d+)\.mlp\.proj\.(weight|bias))"), "model.layers.$1.mlp.down_proj.$2"},
   };
-  for (const auto& [re, target] : rules)
-    if (std::regex_match(name, re)) return std::regex_replace(name, re, target);
-  throw InputError(fmt::format("tensor {} has no Hugging Face Llama name", name));
+  static const Rules mixtral = {
+      {std::regex(R"(h\.(\d+)\.mlp\.router\.weight)"), "model.layers.$1.block_sparse_moe.gate.weight"},
+      {std::regex(R"(h\.(\d+)\.mlp\.experts\.(\d+)\.gate\.weight)"), "model.layers.$1.block_sparse_moe.experts.$2.w1.weight"},
+      {std::regex(R"(h\.(\d+)\.mlp\.experts\.(\d+)\.proj\.weight)"), "model.layers.$1.block_sparse_moe.experts.$2.w2.weight"},
+      {std::regex(R"(h\.(\d+)\.mlp\.experts\.(\d+)\.up\.weight)"), "model.layers.$1.block_sparse_moe.experts.$2.w3.weight"},
+  };
+  static const Rules qwen3_moe = {
+      {std::regex(R"(h\.(\d+)\.attn\.(q|k)_norm\.weight)"), "model.layers.$1.self_attn.$2_norm.weight"},
+      {std::regex(R"(h\.(\d+)\.mlp\.router\.weight)"), "model.layers.$1.mlp.gate.weight"},
+      {std::regex(R"(h\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up)\.weight)"), "model.layers.$1.mlp.experts.$2.$3_proj.weight"},
+      {std::regex(R"(h\.(\d+)\.mlp\.experts\.(\d+)\.proj\.weight)"), "model.layers.$1.mlp.experts.$2.down_proj.weight"},
+  };
+  const Rules* own = arch == HfArch::Mixtral ? &mixtral : arch == HfArch::Qwen3Moe ? &qwen3_moe : nullptr;
+  for (const Rules* rules : {&common, own, arch == HfArch::Mixtral ? nullptr : &dense_mlp}) {
+    if (!rules) continue;
+    for (const auto& [re, target] : *rules)
+      if (std::regex_match(name, re)) return std::regex_replace(name, re, target);
+  }
+  throw InputError(fmt::format("tensor {} has no Hugging Face {} name", name, hf_architecture_name(arch)));
 }
 
 std::string qkv_part_name(std::string name, int w) {
@@ -119,21 +138,21 @@ SafetensorsFile gpt2_hf_tensors(CheckpointReader& r) {
   return f;
 }
 
-SafetensorsFile llama_hf_tensors(CheckpointReader& r) {
+SafetensorsFile llama_hf_tensors(CheckpointReader& r, HfArch arch) {
   SafetensorsFile f;
   f.metadata["format"] = "pt";
   f.metadata["source"] = export_source(r);
   for (const auto& [name, shape] : r.tensors()) {
     std::vector<float> data = whole_tensor(r, name, shape);
     if (!is_fused_qkv(name)) {
-      f.tensors.push_back({.name = llama_hf_name(name), .shape = shape, .data = std::move(data)});
+      f.tensors.push_back({.name = llama_hf_name(name, arch), .shape = shape, .data = std::move(data)});
       continue;
     }
     // (3, C, C) or (3, C): q, k and v, each its own tensor.
     const int64_t part = shape_numel(shape) / 3;
     const Shape one(shape.begin() + 1, shape.end());
     for (int w = 0; w < 3; ++w)
-      f.tensors.push_back({.name = llama_hf_name(qkv_part_name(name, w)), .shape = one,
+      f.tensors.push_back({.name = llama_hf_name(qkv_part_name(name, w), arch), .shape = one,
                            .data = std::vector<float>(data.begin() + w * part, data.begin() + (w + 1) * part)});
   }
   return f;
@@ -237,11 +256,12 @@ void check_llama_layers(const SafetensorsFile& weights, const ModelConfig& m, co
 
 Snapshot llama_from_hf(const SafetensorsFile& weights, const ModelConfig& m, const std::vector<ParamSpec>& params,
                        const std::string& where) {
+  const HfArch arch = hf_arch_of(m);
   std::map<std::string, const NamedTensor*> by_name;
   for (const NamedTensor& t : weights.tensors) by_name[t.name] = &t;
   std::set<std::string> used;
   auto take = [&](const std::string& tripod_name, const Shape& shape) -> const std::vector<float>& {
-    const std::string hf = llama_hf_name(tripod_name);
+    const std::string hf = llama_hf_name(tripod_name, arch);
     auto it = by_name.find(hf);
     TRIPOD_INPUT_CHECK(it != by_name.end(), "{} has no tensor {} (for tripod's {})", where, hf, tripod_name);
     TRIPOD_INPUT_CHECK(it->second->shape == shape, "{}: {} has shape {}, expected {} from config.json", where, hf,
@@ -251,7 +271,12 @@ Snapshot llama_from_hf(const SafetensorsFile& weights, const ModelConfig& m, con
   };
   Snapshot snap;
   snap.file = shard_file_name(Coords{});
-  for_each_saved(params, [&](const std::string& name, const Shape& shape) {
+  for (const ParamSpec& p : params)  // a buffer (a selection bias) starts at its initial zeros
+    if (p.buffer) add_whole(snap, p.name, p.global_shape, std::vector<float>(shape_numel(p.global_shape), 0.f));
+  std::vector<ParamSpec> trained;
+  for (const ParamSpec& p : params)
+    if (!p.buffer) trained.push_back(p);
+  for_each_saved(trained, [&](const std::string& name, const Shape& shape) {
     if (!is_fused_qkv(name)) return add_whole(snap, name, shape, take(name, shape));
     std::vector<float> data;  // q, k and v joined into GPT-2's fused layout
     const Shape one(shape.begin() + 1, shape.end());

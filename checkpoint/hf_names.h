@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/llama_hf.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/writer.h"
@@ -27,10 +28,13 @@ struct HfName {
 // "h.3.attn.qkv.weight" -> {"transformer.h.3.attn.c_attn.weight", Transpose}. InputError for a
 // tensor GPT-2 does not have.
 HfName gpt2_hf_name(const std::string& tripod_name);
-// "h.3.attn.q.weight" -> "model.layers.3.self_attn.q_proj.weight" (Llama keeps tripod's (out, in)
-// layout). A fused "attn.qkv" tensor has no name of its own: see qkv_part_name. InputError for a
-// tensor Llama does not have.
-std::string llama_hf_name(const std::string& tripod_name);
+// "h.3.attn.q.weight" -> "model.layers.3.self_attn.q_proj.weight" (the Llama family keeps tripod's
+// (out, in) layout). A fused "attn.qkv" tensor has no name of its own: see qkv_part_name. A mixture
+// of experts' router and experts: Mixtral's "model.layers.L.block_sparse_moe.gate.weight" and
+// ".experts.E.w1/w3/w2.weight" (gate, up, down), Qwen3-MoE's "model.layers.L.mlp.gate.weight" and
+// ".mlp.experts.E.{gate,up,down}_proj.weight" (and "self_attn.{q,k}_norm.weight"). InputError for
+// a tensor that model type does not have.
+std::string llama_hf_name(const std::string& tripod_name, HfArch arch = HfArch::Llama);
 // "h.N.attn.qkv.X" -> "h.N.attn.q.X", ".k.X" or ".v.X" (w = 0, 1, 2): the parts of GPT-2's fused
 // QKV, which a Llama model with as many key/value heads as query heads holds.
 std::string qkv_part_name(std::string name, int w);
@@ -38,9 +42,9 @@ std::string qkv_part_name(std::string name, int w);
 // The whole tensors of the checkpoint read by `r` (master weights when saved, else values) under
 // GPT-2 names and layouts, the checkpoint's "model" record and its source in __metadata__.
 SafetensorsFile gpt2_hf_tensors(CheckpointReader& r);
-// The same under Llama names: the fused (3, C, C) QKV of a model with as many key/value heads as
-// query heads split into q_proj, k_proj and v_proj.
-SafetensorsFile llama_hf_tensors(CheckpointReader& r);
+// The same under the names of Llama (or Mixtral, Qwen3-MoE: `arch`): the fused (3, C, C) QKV of a
+// model with as many key/value heads as query heads split into q_proj, k_proj and v_proj.
+SafetensorsFile llama_hf_tensors(CheckpointReader& r, HfArch arch = HfArch::Llama);
 
 // The GPT-2 model that a file of HF GPT-2 tensors holds (names with or without "transformer."):
 // vocabulary, width and positions from wte and wpe, layers counted, the MLP width from c_fc;
@@ -56,9 +60,10 @@ Snapshot gpt2_from_hf(const SafetensorsFile& f, const std::vector<ParamSpec>& pa
 // first missing one. A config.json may claim more layers than its folder holds (2^30): this
 // bounds the work before the model's tensors are listed.
 void check_llama_layers(const SafetensorsFile& weights, const ModelConfig& m, const std::string& where);
-// As gpt2_from_hf for a Hugging Face Llama folder's weights and the model `m` its config.json
-// describes (q, k and v joined into the fused QKV where the model has one; a tied lm_head.weight
-// must equal model.embed_tokens.weight; rotary inv_freq buffers ignored).
+// As gpt2_from_hf for a Hugging Face Llama, Mixtral or Qwen3-MoE folder's weights (hf_arch_of(m))
+// and the model `m` its config.json describes (q, k and v joined into the fused QKV where the model
+// has one; a tied lm_head.weight must equal model.embed_tokens.weight; rotary inv_freq buffers
+// ignored; tripod's buffers, a selection bias, start at zero).
 Snapshot llama_from_hf(const SafetensorsFile& weights, const ModelConfig& m, const std::vector<ParamSpec>& params,
                        const std::string& where);
 

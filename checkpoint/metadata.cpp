@@ -1,6 +1,8 @@
 // Validation of checkpoint metadata.
 #include "checkpoint/metadata.h"
 
+#include <set>
+
 #include <fmt/format.h>
 
 #include <cmath>
@@ -140,10 +142,25 @@ void validate_metadata(const json& meta, const std::string& path) {
   grid.string("schedule");
   grid.string("placement");
   top.string("schedule_csv");
+  if (const json* b = top.find("buffers", false)) {
+    bool ok = b->is_array();
+    for (const json& e : ok ? *b : json::array()) ok = ok && e.is_string();
+    if (!ok) top.fail("buffers", fmt::format("is {}; it must be a list of tensor names", b->dump().substr(0, 64)));
+  }
   const Fields model = top.object("model", false);
-  for (const auto& [k, v] : model.obj.items())
-    if (!(v.is_string() || v.is_boolean() || (v.is_number() && std::isfinite(v.get<double>()))))
-      model.fail(k.c_str(), fmt::format("is {}; it must be a number, string or boolean", v.dump()));
+  auto scalar = [](const json& v) {
+    return v.is_string() || v.is_boolean() || (v.is_number() && std::isfinite(v.get<double>()));
+  };
+  for (const auto& [k, v] : model.obj.items()) {
+    if (k == "moe" && v.is_object()) {  // the [moe] keys of a mixture of experts
+      const Fields moe = model.object("moe", true);
+      for (const auto& [mk, mv] : v.items())
+        if (!scalar(mv)) moe.fail(mk.c_str(), fmt::format("is {}; it must be a number, string or boolean", mv.dump()));
+      for (const char* mk : {"experts", "top_k"}) moe.integer(mk, 1, 1 << 20, false);
+      continue;
+    }
+    if (!scalar(v)) model.fail(k.c_str(), fmt::format("is {}; it must be a number, string or boolean", v.dump()));
+  }
   for (const char* k : {"n_layers", "n_heads", "d_model", "vocab_size"}) model.integer(k, 1, 1 << 30, false);
   for (const char* k : {"ffn_hidden", "seq_len", "max_positions"}) model.integer(k, 1, 1 << 30, false);
   const Fields trainer = top.object("trainer", false);
@@ -157,14 +174,36 @@ void validate_metadata(const json& meta, const std::string& path) {
 }
 
 void check_model_record(const json& recorded, const json& current, const std::string& path) {
+  auto refuse = [&](const std::string& key, const std::string& was, const std::string& now) {
+    throw InputError(fmt::format("checkpoint {} holds a model with {} = {}, this run's model has {}: it computes "
+                                 "another function; load it with the same model config",
+                                 path, key, was, now));
+  };
   for (const auto& [key, was] : recorded.items()) {
-    if (key == "seq_len") continue;  // not structural: positions are compared by max_positions
+    if (key == "seq_len" || key == "moe") continue;  // seq_len: positions are compared by max_positions
     auto now = current.find(key);
     const std::string here = now == current.end() ? "(not a key of this model)" : now->dump();
-    if (now == current.end() || *now != was)
-      throw InputError(fmt::format("checkpoint {} holds a model with model.{} = {}, this run's model has {}: it "
-                                   "computes another function; load it with the same model config",
-                                   path, key, was.dump(), here));
+    if (now == current.end() || *now != was) refuse("model." + key, was.dump(), here);
+  }
+  // Recorded only where they change the model (config/config.h model_to_json): absent is the
+  // default (false; a dense model), compared both ways.
+  auto qk = [](const json& m) { return m.value("qk_norm", false); };
+  if (qk(recorded) != qk(current)) refuse("model.qk_norm", json(qk(recorded)).dump(), json(qk(current)).dump());
+  const json none = json::object();
+  const json& was_moe = recorded.contains("moe") ? recorded["moe"] : none;
+  const json& now_moe = current.contains("moe") ? current["moe"] : none;
+  if (was_moe.empty() != now_moe.empty())
+    refuse("moe.experts", was_moe.empty() ? "0 (a dense model)" : was_moe.value("experts", json()).dump(),
+           now_moe.empty() ? "0 (a dense model)" : now_moe.value("experts", json()).dump());
+  // The losses' coefficients, the capacity and the bias update rate are training choices: a run
+  // may change them (a selection bias present on one side only shows as a missing tensor).
+  static const std::set<std::string> training = {"aux_loss_coeff", "z_loss_coeff", "capacity_factor",
+                                                 "bias_update_rate"};
+  for (const auto& [key, was] : was_moe.items()) {
+    if (training.count(key)) continue;
+    auto now = now_moe.find(key);
+    if (now == now_moe.end() || *now != was)
+      refuse("moe." + key, was.dump(), now == now_moe.end() ? "(not a key of this model)" : now->dump());
   }
 }
 

@@ -77,7 +77,8 @@ struct Staged {
 
 // Every tensor of this rank must be in the checkpoint with the same (saved) global shape.
 void check_tensors(CheckpointReader& r, ParamRegistry& reg) {
-  for (const Param& p : reg.params()) {
+  for (const Param* pp : reg.tensors()) {
+    const Param& p = *pp;
     PieceGeom g = saved_geometry(p.spec);
     auto it = r.tensors().find(p.spec.name);
     TRIPOD_INPUT_CHECK(it != r.tensors().end(),
@@ -135,9 +136,11 @@ void apply(Ops& ops, std::vector<Staged>& staged) {
 std::vector<Staged> value_targets(CheckpointReader& r, ParamRegistry& reg) {
   const StateKind src = r.has_kind(StateKind::Master) ? StateKind::Master : StateKind::Value;
   std::vector<Staged> out;
-  for (Param& p : reg.params()) {
-    Staged s{.param = &p, .src_kind = src, .dst = &reg.flat_values(), .dst_offset = p.offset,
-             .geom = saved_geometry(p.spec), .buf = {}};
+  for (Param* pp : reg.tensors()) {  // a buffer's values are its own tensor, not in the flat values
+    Param& p = *pp;
+    Staged s{.param = &p, .src_kind = p.spec.buffer ? StateKind::Value : src,  // buffers have no master
+             .dst = p.spec.buffer ? &p.value : &reg.flat_values(),
+             .dst_offset = p.spec.buffer ? 0 : p.offset, .geom = saved_geometry(p.spec), .buf = {}};
     s.buf.resize(p.numel());
     std::fill(s.buf.begin() + s.geom.numel(), s.buf.end(), 0.f);  // vocabulary padding
     out.push_back(std::move(s));

@@ -53,8 +53,13 @@ VerifyResult verify_checkpoint(const std::string& dir) {
   if (r.metadata().value("has_optimizer", false)) required.insert(required.end(), {StateKind::M, StateKind::V});
   if (kinds.count(StateKind::Master)) required.push_back(StateKind::Master);
   out.optimizer_state = required.size() > 1;
+  // Buffers (metadata "buffers": state that is not trained, e.g. a router's selection bias) have
+  // values only.
+  std::set<std::string> buffers;
+  for (const auto& b : r.metadata().value("buffers", nlohmann::json::array())) buffers.insert(b.get<std::string>());
   for (const auto& [name, shape] : shapes)
     for (StateKind kind : required) {
+      if (kind != StateKind::Value && buffers.count(name)) continue;
       const PieceGeom whole = PieceGeom::whole(shape);
       std::vector<uint8_t> count(shape_numel(shape), 0);
       std::string where;

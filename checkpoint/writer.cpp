@@ -65,7 +65,8 @@ Snapshot take_snapshot(ParamRegistry& reg, Ops& ops, const std::vector<Optimizer
   s.file = shard_file_name(c);
   auto saves = [&](const ParamSpec& p) { return !p.tied_copy && (p.shard_dim >= 0 || c.tp == 0); };
   if (c.dp == 0)
-    for (Param& p : reg.params()) {
+    for (Param* pp : reg.tensors()) {  // parameters and buffers
+      Param& p = *pp;
       if (!saves(p.spec)) continue;
       PieceGeom g = saved_geometry(p.spec);
       if (g.numel() == 0) continue;  // a TP shard made only of vocabulary padding

@@ -29,6 +29,11 @@ struct LayerSplitRef {
   bool* balanced;
 };
 
+// moe.layers: "all", or {first_dense = N} (the first N layers keep their dense MLP).
+struct MoeLayersRef {
+  int* first_dense;
+};
+
 struct EnumRef {
   void* ptr;
   std::string_view (*name)(const void*);
@@ -107,6 +112,20 @@ class Section {
                            key(k));
         out.counts->push_back(static_cast<int>(*e.value<int64_t>()));
       }
+    } else if constexpr (std::is_same_v<T, MoeLayersRef>) {
+      const char* valid = "\"all\" (every layer a mixture of experts) or {first_dense = N} (the first N layers dense)";
+      if (node->is_string()) {
+        const std::string v = *node->value<std::string>();
+        TRIPOD_INPUT_CHECK(v == "all", "{}: {} = \"{}\" is not valid: give {}", origin_, key(k), v, valid);
+        *out.first_dense = 0;
+        return true;
+      }
+      const toml::table* t = node->as_table();
+      TRIPOD_INPUT_CHECK(t && t->size() == 1 && t->get("first_dense") && t->get("first_dense")->is_integer(),
+                         "{}: {} must be {}, got {}", origin_, key(k), valid, type_of(*node));
+      const int64_t v = *t->get("first_dense")->value<int64_t>();
+      TRIPOD_INPUT_CHECK(v >= 0 && v <= (1 << 30), "{}: {}.first_dense must be >= 0, got {}", origin_, key(k), v);
+      *out.first_dense = static_cast<int>(v);
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       out.clear();
       if (node->is_string()) {
@@ -168,7 +187,7 @@ class Section {
 
 // Each section's keys, listed once: parsing reads them and the resolved config writes them.
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*,
-                              std::vector<double>*, std::vector<int>*, EnumRef, LayerSplitRef>;
+                              std::vector<double>*, std::vector<int>*, EnumRef, LayerSplitRef, MoeLayersRef>;
 struct Field {
   const char* key;
   FieldRef ref;
@@ -190,7 +209,21 @@ std::vector<Field> fields(ModelConfig& m) {
           {"rope_theta", &m.rope_theta},
           {"mlp", EnumRef(&m.mlp)},
           {"bias", &m.bias},
-          {"tie_embeddings", &m.tie_embeddings}};
+          {"tie_embeddings", &m.tie_embeddings},
+          {"qk_norm", &m.qk_norm}};
+}
+std::vector<Field> fields(MoeConfig& m) {
+  return {{"experts", &m.experts},
+          {"top_k", &m.top_k},
+          {"ffn_hidden", &m.ffn_hidden},
+          {"shared_experts", &m.shared_experts},
+          {"router", EnumRef(&m.router)},
+          {"normalize_top_k", &m.normalize_top_k},
+          {"layers", MoeLayersRef{&m.first_dense}},
+          {"aux_loss_coeff", &m.aux_loss_coeff},
+          {"z_loss_coeff", &m.z_loss_coeff},
+          {"bias_update_rate", &m.bias_update_rate},
+          {"capacity_factor", &m.capacity_factor}};
 }
 std::vector<Field> fields(ParallelConfig& p) {
   return {{"tp", &p.tp},
@@ -251,7 +284,8 @@ void read_fields(Section& s, const std::vector<Field>& fs) {
     std::visit(
         [&](auto& ref) {
           if constexpr (std::is_same_v<std::decay_t<decltype(ref)>, EnumRef> ||
-                        std::is_same_v<std::decay_t<decltype(ref)>, LayerSplitRef>)
+                        std::is_same_v<std::decay_t<decltype(ref)>, LayerSplitRef> ||
+                        std::is_same_v<std::decay_t<decltype(ref)>, MoeLayersRef>)
             s.get(f.key, ref);
           else
             s.get(f.key, *ref);
@@ -275,6 +309,11 @@ toml::table write_fields(const std::vector<Field>& fs) {
               for (int e : *ref.counts) a.push_back(e);
               t.insert(f.key, std::move(a));
             }
+          } else if constexpr (std::is_same_v<R, MoeLayersRef>) {
+            if (*ref.first_dense == 0)
+              t.insert(f.key, "all");
+            else
+              t.insert(f.key, toml::table{{"first_dense", *ref.first_dense}});
           } else if constexpr (std::is_same_v<R, uint64_t*>) {
             t.insert(f.key, static_cast<int64_t>(*ref));
           } else if constexpr (std::is_same_v<R, std::vector<std::string>*> || std::is_same_v<R, std::vector<double>*> ||
@@ -394,7 +433,8 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   }
   for (const auto& o : overrides) apply_override(root, o);
 
-  static const std::set<std::string> kSections = {"model", "parallel", "train", "recompute", "data", "checkpoint"};
+  static const std::set<std::string> kSections = {"model",     "moe",  "parallel",  "train",
+                                                  "recompute", "data", "checkpoint"};
   for (auto& [k, v] : root)
     TRIPOD_INPUT_CHECK(kSections.count(std::string(k.str())), "{}: unknown section [{}] (valid: {})", origin,
                        k.str(), fmt::join(kSections, ", "));
@@ -408,6 +448,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
     c.model.apply_arch_preset();
   }
   read_section(root, "model", origin, c.model);
+  read_section(root, "moe", origin, c.model.moe);
   read_section(root, "parallel", origin, c.parallel);
   read_section(root, "train", origin, c.train);
   read_section(root, "recompute", origin, c.recompute);
@@ -419,6 +460,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   m.ffn_hidden = m.ffn();
   m.n_kv_heads = m.kv_heads();
   m.max_positions = m.positions();
+  if (m.moe.enabled()) m.moe.ffn_hidden = m.expert_ffn();
   c.parallel.validate(origin);
   c.train.validate(origin, use.training);
   c.recompute.validate(origin);
@@ -473,6 +515,10 @@ void validate_layout(Config& cfg, int world_size) {
                      p.tp, m.kv_heads());
   TRIPOD_INPUT_CHECK(m.ffn() % p.tp == 0, "parallel.tp = {} must divide the MLP width (model.ffn_hidden) = {}", p.tp,
                      m.ffn());
+  if (m.moe.enabled())  // experts are column- and row-parallel like the dense MLP
+    TRIPOD_INPUT_CHECK(m.expert_ffn() % p.tp == 0,
+                       "parallel.tp = {} must divide an expert's width (moe.ffn_hidden) = {}: every TP rank holds a "
+                       "slice of every expert", p.tp, m.expert_ffn());
   TrainConfig& t = cfg.train;
   if (t.global_batch_size == 0) t.global_batch_size = t.micro_batch_size * p.dp;
   TRIPOD_INPUT_CHECK(t.global_batch_size % (t.micro_batch_size * p.dp) == 0,
@@ -502,13 +548,12 @@ void validate_layout(Config& cfg, int world_size) {
     layers_per_stage(m.n_layers, p.pp, p.vp, p.layers_per_stage);  // throws on impossible splits
 }
 
-nlohmann::json model_to_json(const ModelConfig& model) {
-  ModelConfig m = model;  // the field list takes mutable references
-  m.ffn_hidden = m.ffn();  // resolved, also for configs not made by parse_config
-  m.max_positions = m.positions();
-  m.n_kv_heads = m.kv_heads();
+namespace {
+
+// The int, double, bool and enum fields of `fs` as JSON (what a checkpoint's "model" records).
+nlohmann::json fields_to_json(const std::vector<Field>& fs) {
   nlohmann::json out = nlohmann::json::object();
-  for (const Field& f : fields(m))
+  for (const Field& f : fs)
     std::visit(
         [&](const auto& ref) {
           using R = std::decay_t<decltype(ref)>;
@@ -516,31 +561,69 @@ nlohmann::json model_to_json(const ModelConfig& model) {
             out[f.key] = std::string(ref.name(ref.ptr));
           else if constexpr (std::is_same_v<R, int*> || std::is_same_v<R, double*> || std::is_same_v<R, bool*>)
             out[f.key] = *ref;
+          else if constexpr (std::is_same_v<R, MoeLayersRef>)
+            out["first_dense"] = *ref.first_dense;
         },
         f.ref);
   return out;
 }
 
-ModelConfig model_from_json(const nlohmann::json& j, const std::string& origin) {
-  ModelConfig m;
-  for (const Field& f : fields(m))
+// The inverse: keys absent from `j` keep their values; `section` names them in errors.
+void fields_from_json(const nlohmann::json& j, const std::vector<Field>& fs, const char* section,
+                      const std::string& origin) {
+  for (const Field& f : fs)
     std::visit(
         [&](const auto& ref) {
           using R = std::decay_t<decltype(ref)>;
-          if (!j.contains(f.key)) return;
-          const nlohmann::json& v = j[f.key];
+          const char* key = std::is_same_v<R, MoeLayersRef> ? "first_dense" : f.key;
+          if (!j.contains(key)) return;
+          const nlohmann::json& v = j[key];
           if constexpr (std::is_same_v<R, EnumRef>) {
             TRIPOD_INPUT_CHECK(v.is_string() && ref.parse(ref.ptr, v.get<std::string>()),
-                               "{}: model.{} = {} is not one of {}", origin, f.key, v.dump(), ref.choices());
-          } else if constexpr (std::is_same_v<R, int*> || std::is_same_v<R, double*> || std::is_same_v<R, bool*>) {
+                               "{}: {}.{} = {} is not one of {}", origin, section, key, v.dump(), ref.choices());
+          } else if constexpr (std::is_same_v<R, int*> || std::is_same_v<R, double*> || std::is_same_v<R, bool*> ||
+                               std::is_same_v<R, MoeLayersRef>) {
+            using V = std::conditional_t<std::is_same_v<R, MoeLayersRef>, int*, R>;
+            V target;
+            if constexpr (std::is_same_v<R, MoeLayersRef>)
+              target = ref.first_dense;
+            else
+              target = ref;
             try {
-              *ref = v.get<std::remove_pointer_t<R>>();
+              *target = v.get<std::remove_pointer_t<V>>();
             } catch (const nlohmann::json::exception&) {
-              throw InputError(fmt::format("{}: model.{} = {} has the wrong type", origin, f.key, v.dump()));
+              throw InputError(fmt::format("{}: {}.{} = {} has the wrong type", origin, section, key, v.dump()));
             }
           }
         },
         f.ref);
+}
+
+}  // namespace
+
+nlohmann::json model_to_json(const ModelConfig& model) {
+  ModelConfig m = model;  // the field list takes mutable references
+  m.ffn_hidden = m.ffn();  // resolved, also for configs not made by parse_config
+  m.max_positions = m.positions();
+  m.n_kv_heads = m.kv_heads();
+  nlohmann::json out = fields_to_json(fields(m));
+  // Keys added after the first checkpoints are recorded only where they change the model, so a
+  // model without them records what it always did.
+  if (!m.qk_norm) out.erase("qk_norm");
+  if (m.moe.enabled()) {
+    m.moe.ffn_hidden = m.expert_ffn();
+    out["moe"] = fields_to_json(fields(m.moe));
+  }
+  return out;
+}
+
+ModelConfig model_from_json(const nlohmann::json& j, const std::string& origin) {
+  ModelConfig m;
+  fields_from_json(j, fields(m), "model", origin);
+  if (j.contains("moe")) {
+    TRIPOD_INPUT_CHECK(j["moe"].is_object(), "{}: model.moe = {} is not an object", origin, j["moe"].dump());
+    fields_from_json(j["moe"], fields(m.moe), "moe", origin);
+  }
   return m;
 }
 
@@ -552,6 +635,8 @@ std::string config_to_toml(const Config& cfg) {
                 {"recompute", write_fields(fields(c.recompute))},
                 {"data", write_fields(fields(c.data))},
                 {"checkpoint", write_fields(fields(c.checkpoint))}};
+  // [moe] only for a mixture of experts: a dense model's file is what it always was.
+  if (c.model.moe.enabled()) t.insert("moe", write_fields(fields(c.model.moe)));
   // A library run without a run directory (output_dir "") records none, so that the text parses back.
   if (c.train.output_dir.empty()) t["train"].as_table()->erase("output_dir");
   std::stringstream ss;

@@ -150,6 +150,7 @@ RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedul
   ParamRegistry reg;
   GptModel model(*cpu, par, cfg.model, l.chunks, cfg.recompute, reg);
   l.flat_elements = reg.flat_size();
+  l.buffer_elements = reg.buffer_size();
   l.grad_sync = make_grad_sync(cfg, l, reg, model.wte());
   return l;
 }

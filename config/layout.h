@@ -49,6 +49,7 @@ struct RankLayout {
   // they are synchronised (the reduce group, its buckets and the ranges this rank's optimizer
   // updates, the tied table's sum between the pipeline's ends).
   int64_t flat_elements = 0;
+  int64_t buffer_elements = 0;  // f32 buffers (a router's selection bias), not in the flat buffers
   GradSync grad_sync;
 };
 

@@ -22,7 +22,7 @@ RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   RankMemory m;
   m.rank = l.rank;
   m.coords = l.coords;
-  m.params = l.flat_elements * act_bytes;
+  m.params = l.flat_elements * act_bytes + l.buffer_elements * 4;  // buffers are f32
   m.grads = l.flat_elements * 4;
   m.optimizer = l.grad_sync.owned_elements() * optimizer_bytes_per_element(cfg.train.device);
 
@@ -64,6 +64,23 @@ std::string memory_table(const Config& cfg, const std::vector<RankMemory>& ranks
       cfg.parallel.cp > 1 ? fmt::format(" ({} per rank, cp = {})", cfg.model.seq_len / cfg.parallel.cp, cfg.parallel.cp)
                           : std::string(),
       cfg.train.device == Device::CUDA ? "bf16" : "f32");
+  const ModelConfig& mc = cfg.model;
+  if (mc.moe.enabled()) {
+    // A mixture of experts holds every expert but computes with top_k of them; its expert rows are
+    // planned at their bound, every (token, choice) pair when dropless (whatever the routing).
+    const MoeConfig& e = mc.moe;
+    const int64_t tokens = static_cast<int64_t>(cfg.train.micro_batch_size) * mc.seq_len / cfg.parallel.cp;
+    out += fmt::format(
+        "mixture of experts: {:.2f}M parameters, {:.2f}M active per token ({} experts of width {}, top {}{}, layers "
+        "{}-{}); per MoE layer and micro-batch {} expert rows ({}){}\n",
+        mc.num_params(cfg.parallel.tp) / 1e6, mc.num_params(cfg.parallel.tp, /*active=*/true) / 1e6, e.experts,
+        mc.expert_ffn(), e.top_k, e.shared_experts > 0 ? fmt::format(", {} shared", e.shared_experts) : "",
+        e.first_dense, mc.n_layers - 1, e.routed_rows(tokens),
+        e.capacity_factor > 0 ? fmt::format("at most {} per expert, capacity factor {}", e.capacity(tokens),
+                                            e.capacity_factor)
+                              : "dropless: every token's top_k choices, the most any routing sends",
+        e.selection_bias() ? "; selection biases f32 among the parameters" : "");
+  }
   out += fmt::format("{:>4} {:>4} {:>10} {:>10} {:>10} {:>12} {:>10}\n", "pp", "tp", "params", "grads", "optimizer",
                      "activations", "total");
   for (auto& [key, m] : rows)

@@ -144,6 +144,65 @@ class Ops {
     gelu_forward(pre, y);
   }
 
+  // ---- grouped linear (the experts of a mixture-of-experts layer) ---------------------------------
+  // One GEMM per group, over rows [offsets[g], offsets[g + 1]) of the row-major inputs (G = w.size()
+  // groups, offsets G + 1 ascending host values; empty groups are skipped). CPU: a loop of sgemms;
+  // CUDA: one grouped call.
+  // y rows of group g (., O) = x rows (., I) w[g]^T (w[g]: (O, I)).
+  virtual void grouped_linear_forward(const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
+                                      Tensor& y) = 0;
+  // dx rows of group g (., I) = dy rows (., O) w[g].
+  virtual void grouped_linear_backward_input(const Tensor& dy, std::span<const Tensor> w,
+                                             std::span<const int64_t> offsets, Tensor& dx) = 0;
+  // dw[g] (O, I) f32 += dy rows^T x rows.
+  virtual void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets,
+                                              std::span<Tensor> dw) = 0;
+
+  // ---- mixture-of-experts routing (model/moe.h) ---------------------------------------------------
+  // The router's decision for N tokens over E experts from logits (N, E) f32: scores s = softmax of
+  // the row, or (`sigmoid`) the sigmoid of each logit; the k = idx.size(1) experts of largest
+  // s + bias (bias (E) f32, the selection bias, optional; ties: the lower index first), by
+  // decreasing s + bias, into idx (N, k) i32, and their scores (divided by the k scores' sum when
+  // `normalize`) into weights (N, k) f32. stats (E + 1) f32 receives the sums over the tokens of
+  // each expert's balancing probability P_e (softmax: s_e; sigmoid: s_e / sum of s) and, last, of
+  // lse(logits)^2.
+  virtual void moe_route(const Tensor& logits, const Tensor& bias, bool sigmoid, bool normalize, Tensor& idx,
+                         Tensor& weights, Tensor& stats) = 0;
+  // dlogits (N, E) (compute dtype) = the gradient with respect to the logits of
+  //   sum_{t,j} dweights[t,j] weights[t,j] + sum_{t,e} aux[e] P_e(t) + z_scale sum_t lse_t^2
+  // for the choices idx of moe_route (the bias only chose them); aux (E) f32 optional (zero).
+  virtual void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& dweights, const Tensor& aux,
+                                  float z_scale, bool sigmoid, bool normalize, Tensor& dlogits) = 0;
+  // The expert-sorted order of the N k (token, choice) pairs p = t k + j of idx (N, k) i32: expert
+  // e's pairs in order of p, the first `capacity` of them kept (capacity < 0: all), experts after
+  // one another. routed (E) i32 = the pairs choosing each expert (before the capacity); row_of
+  // (N k) i32 = each pair's row in that order, or -1 when dropped; slot_of (>= kept rows) i32 =
+  // the pair p of each kept row (rows beyond untouched).
+  virtual void moe_dispatch(const Tensor& idx, int64_t experts, int64_t capacity, Tensor& routed, Tensor& row_of,
+                            Tensor& slot_of) = 0;
+  // xp (R, C) row r = x (N, C) row slot_of[r] / k, times weights[slot_of[r]] when weights (N k) f32
+  // is defined; R = xp.size(0) rows of slot_of are read.
+  virtual void moe_permute(const Tensor& x, const Tensor& slot_of, int64_t k, const Tensor& weights, Tensor& xp) = 0;
+  // y (N, C) row t = sum over j of weights[t k + j] * yp row row_of[t k + j] (weight 1 when weights
+  // is undefined; dropped pairs skipped; 0 when all are), summed in f32 in order of j.
+  virtual void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, Tensor& y) = 0;
+  // For each of the R = g.size(0) rows: dweights[slot_of[r]] (f32) = <act row r, g row r>, then g
+  // row r *= weights[slot_of[r]] (the gradient through y = w * (expert output) when g is the
+  // expert's output gradient times its second weight). act and g (R, F) in the compute dtype.
+  virtual void moe_combine_backward(Tensor& g, const Tensor& act, const Tensor& slot_of, const Tensor& weights,
+                                    Tensor& dweights) = 0;
+
+  // ---- per-head q/k RMSNorm (Qwen3's qk_norm) -------------------------------------------------------
+  // In place on qkv (N, heads, D): heads [0, hq) normalised with w row 0, heads [hq, hq + hk) with
+  // row 1 (w (2, D)): y = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps). saved (N, hq + hk, D)
+  // receives the input of those heads and rstd (N, hq + hk) f32 their statistics.
+  virtual void qk_norm_forward(Tensor& qkv, int64_t hq, int64_t hk, const Tensor& w, float eps, Tensor& saved,
+                               Tensor& rstd) = 0;
+  // From dy = heads [0, n) of dqkv (N, heads, D) (n = saved.size(1)): those heads of dqkv become the
+  // gradient with respect to the input (in place); dw (2, D) f32 += the weights' gradient.
+  virtual void qk_norm_backward(Tensor& dqkv, int64_t hq, const Tensor& saved, const Tensor& w, const Tensor& rstd,
+                                Tensor& dw) = 0;
+
   // ---- GELU, tanh approximation ---------------------------------------------------------------
   virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;
   // dx = dy * gelu'(x); dx may alias dy.

@@ -10,9 +10,9 @@ namespace tripod {
 
 // The families the backend's ops are timed in; every op belongs to exactly one.
 enum class OpFamily {
-  Gemm,         // linear_forward, linear_backward (and linear_gelu_forward where it is one fused GEMM)
+  Gemm,         // linear_*, grouped_linear_* (and linear_gelu_forward where it is one fused GEMM)
   Attention,    // attention_forward, attention_backward, attention_decode, rope
-  LayerNorm,    // layernorm_*, rmsnorm_*
+  LayerNorm,    // layernorm_*, rmsnorm_*, qk_norm_*
   Gelu,         // gelu_*, swiglu_*
   Xent,         // xent_stats, xent_combine, xent_backward
   Embedding,    // embedding_forward, embedding_backward
@@ -20,13 +20,15 @@ enum class OpFamily {
   Elementwise,  // add, accumulate, scale
   Memory,       // fill, copy
   Reduction,    // sum, sum_squares
+  Moe,          // moe_route*, moe_dispatch, moe_permute, moe_unpermute, moe_combine_backward
 };
-inline constexpr int kNumOpFamilies = 10;
+inline constexpr int kNumOpFamilies = 11;
 
 // The family's name in tables: "gemm", "attention", "layernorm", ...
 inline const char* op_family_name(OpFamily f) {
   static constexpr const char* kNames[kNumOpFamilies] = {
-      "gemm", "attention", "layernorm", "gelu", "xent", "embedding", "optimizer", "elementwise", "memory", "reduction"};
+      "gemm",        "attention", "layernorm", "gelu",      "xent", "embedding",
+      "optimizer",   "elementwise", "memory",  "reduction", "moe"};
   return kNames[static_cast<int>(f)];
 }
 

@@ -36,7 +36,18 @@ AttentionParams AttentionParams::find(ParamRegistry& reg, const ModelConfig& cfg
   }
   a.proj.w.push_back(need("proj.weight"));
   if (cfg.bias) a.proj.b.push_back(need("proj.bias"));
+  if (cfg.qk_norm) {
+    a.q_norm = need("q_norm.weight");
+    a.k_norm = need("k_norm.weight");
+  }
   return a;
+}
+
+Tensor AttentionParams::qk_norm_weight(bool grad) const {
+  Param* const parts[2] = {q_norm, k_norm};
+  ParamRegistry& reg = *qkv.reg;
+  const Tensor& flat = grad ? reg.flat_grads() : reg.flat_values();
+  return ParamRegistry::packed_view(flat, parts).view({2, q_norm->numel()});
 }
 
 Attention::Attention(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg,
@@ -74,6 +85,10 @@ Attention::Attention(Ops& ops, const ParallelContext& par, const ModelConfig& cf
                  .shard_offset = r * local[i], .shard_size = local[i], .init = Init::Zeros, .chunk = chunk,
                  .packed = i > 0});
   }
+  if (cfg.qk_norm)  // per-head norms of q and k, packed into one (2, D) weight
+    for (int i = 0; i < 2; ++i)
+      reg.add({.name = prefix + (i == 0 ? ".q_norm.weight" : ".k_norm.weight"), .global_shape = {D},
+               .init = Init::Ones, .chunk = chunk, .packed = i > 0, .tp_partial_grad = true});
   // Row-parallel: the input dimension is split.
   reg.add({.name = prefix + ".proj.weight", .global_shape = {C, Ql * tp}, .shard_dim = 1, .shard_offset = r * Ql,
            .shard_size = Ql, .decay = true, .init = Init::Normal, .stddev = proj_std, .chunk = chunk});
@@ -86,6 +101,13 @@ void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_pr
   const int64_t N = ms.N(), heads = H_local_ + 2 * KV_local_;
   a.qkv = ops_.empty({N, heads * D_}, ops_.compute_dtype(), MemCategory::Activations);
   ops_.linear_forward(h_full, p_.qkv.weight(), p_.qkv.bias(), a.qkv);
+  if (cfg_.qk_norm) {
+    a.qk_in = ops_.empty({N, H_local_ + KV_local_, D_}, ops_.compute_dtype(), MemCategory::Activations);
+    a.qk_rstd = ops_.empty({N, H_local_ + KV_local_}, DType::F32, MemCategory::Activations);
+    Tensor rows = a.qkv.view({N, heads, D_});
+    ops_.qk_norm_forward(rows, H_local_, KV_local_, p_.qk_norm_weight(), static_cast<float>(cfg_.norm_eps), a.qk_in,
+                         a.qk_rstd);
+  }
   if (cfg_.rope()) rope_slots(ops_, a.qkv, ms, heads, H_local_ + KV_local_, D_, cfg_.rope_theta, /*inverse=*/false);
   a.att = ops_.empty({N, H_local_ * D_}, ops_.compute_dtype(), MemCategory::Activations);
   if (ms.cp > 1) {
@@ -136,6 +158,12 @@ Tensor Attention::backward_input(const Tensor& dout_full, const MicroShape& ms, 
   datt = Tensor{};
   // Back through the rotation of q and k.
   if (cfg_.rope()) rope_slots(ops_, dqkv, ms, heads, H_local_ + KV_local_, D_, cfg_.rope_theta, /*inverse=*/true);
+  // Back through the q and k norms. Their weights' gradients (two D-vectors) are computed here,
+  // also in a split backward's I: keeping their output gradient for W would cost N (H + Hkv) D.
+  if (cfg_.qk_norm) {
+    Tensor rows = dqkv.view({N, heads, D_}), dw = p_.qk_norm_weight(/*grad=*/true);
+    ops_.qk_norm_backward(rows, H_local_, a.qk_in, p_.qk_norm_weight(), a.qk_rstd, dw);
+  }
   ops_.linear_backward_input(dqkv, p_.qkv.weight(), dh_full);
   return dqkv;
 }

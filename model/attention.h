@@ -7,6 +7,9 @@
 // ".qkv.bias" (3, C) (GPT-2's); with fewer, ".q.weight" (H D, C), ".k.weight" and ".v.weight"
 // (Hkv D, C) (and biases), packed so that this rank's shards of the three are one GEMM weight.
 // ".proj.weight" (C, H D) is row-parallel; ".proj.bias" (C) replicated. Biases only with model.bias.
+// With model.qk_norm (Qwen3), ".q_norm.weight" and ".k_norm.weight" (D), replicated: every query
+// and key head is RMS-normalised over its D dimensions before rope (each TP rank's gradient covers
+// its own heads and is summed over TP).
 #pragma once
 
 #include "model/config.h"
@@ -23,6 +26,9 @@ struct CpAttentionShape;
 struct MicroShape {
   int64_t B = 0, T = 0;
   int cp = 1, cp_rank = 0;
+  // d(step loss)/d(token loss), the micro-batch's MicroBatch::grad_scale: what a layer's own loss
+  // terms (a mixture of experts' balancing and z-losses) scale their gradients by.
+  float grad_scale = 0.f;
   int64_t N() const { return B * T; }
   int slots() const { return cp > 1 ? 2 : 1; }
   // Tokens per sequence of one slot, and its first position in the sequence.
@@ -33,7 +39,8 @@ struct MicroShape {
 };
 
 struct AttentionActs {
-  Tensor qkv;    // (N, (H + 2 Hkv) D / tp) = (B, T, (H + 2 Hkv)/tp, D), q and k rotated
+  Tensor qkv;    // (N, (H + 2 Hkv) D / tp) = (B, T, (H + 2 Hkv)/tp, D), q and k normalised (qk_norm) and rotated
+  Tensor qk_in, qk_rstd;  // model.qk_norm: q and k before their norm (N, (H + Hkv)/tp, D), rstd (N, (H + Hkv)/tp) f32
   Tensor att;    // (N, H D/tp) attention output, input of the output projection
   Tensor lse;    // (B, H/tp, T) f32 softmax statistics ((2, B, H/tp, T/2) under context parallelism)
   Tensor probs;  // (B, H/tp, T, T) softmax, only when kept (no recomputation, CPU, cp = 1)
@@ -49,7 +56,10 @@ struct LinearPending {
 // (inference).
 struct AttentionParams {
   LinearParams qkv, proj;
+  Param *q_norm = nullptr, *k_norm = nullptr;  // model.qk_norm: (D) each, packed
   static AttentionParams find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix);
+  // The q and k norms' weights (or f32 gradients) as one (2, D) tensor.
+  Tensor qk_norm_weight(bool grad = false) const;
 };
 
 class Attention {

@@ -15,14 +15,14 @@ Block::Block(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, Param
       ln1_(Norm::make(reg, fmt::format("h.{}.ln_1", layer), cfg, chunk)),
       ln2_(Norm::make(reg, fmt::format("h.{}.ln_2", layer), cfg, chunk)),
       attn_(ops, par, cfg, reg, fmt::format("h.{}.attn", layer), chunk),
-      mlp_(ops, par, cfg, reg, fmt::format("h.{}.mlp", layer), chunk) {
+      ffn_(make_feed_forward(ops, par, cfg, reg, layer, chunk)) {
   // The four sub-layers registered their parameters in construction order; gather them.
   const std::string prefix = fmt::format("h.{}.", layer);
-  for (Param& p : reg.params())
+  for (Param& p : reg.params())  // (buffers are not among them: they have no gradient)
     if (p.spec.name.rfind(prefix, 0) == 0) params_.push_back(&p);
 }
 
-Tensor Block::run_forward(const Tensor& x, const MicroShape& ms, BlockActs& a) {
+Tensor Block::run_forward(const Tensor& x, const MicroShape& ms, BlockActs& a, bool replay) {
   const int64_t Ns = x.size(0), C = x.size(1), N = ms.N();
   const DType dt = ops_.compute_dtype();
   a.x = x;
@@ -38,12 +38,12 @@ Tensor Block::run_forward(const Tensor& x, const MicroShape& ms, BlockActs& a) {
   a.x1 = ops_.empty({Ns, C}, dt, MemCategory::Activations);
   ops_.add(x, attn_out, a.x1);
   attn_out = Tensor{};
-  // MLP half.
+  // Feed-forward half.
   a.h2 = ops_.empty({Ns, C}, dt, MemCategory::Activations);
   ln2_.forward(ops_, a.x1, a.h2, a.ln2);
   Tensor h2_full = enter_tp_forward(ops_, par_, a.h2, MemCategory::Workspace);
-  // `partial` is free again (the residual add consumed it) and takes the MLP's partial sums.
-  mlp_.forward(h2_full, a.mlp, partial);
+  // `partial` is free again (the residual add consumed it) and takes the feed-forward's partial sums.
+  ffn_->forward(h2_full, ms, replay, a.ffn, partial);
   h2_full = Tensor{};
   Tensor mlp_out = exit_tp_forward(ops_, par_, partial, MemCategory::Workspace);
   Tensor out = ops_.empty({Ns, C}, dt, MemCategory::Activations);
@@ -52,27 +52,30 @@ Tensor Block::run_forward(const Tensor& x, const MicroShape& ms, BlockActs& a) {
 }
 
 Tensor Block::forward(const Tensor& x, const MicroShape& ms, BlockActs& a) {
-  Tensor out = run_forward(x, ms, a);
+  Tensor out = run_forward(x, ms, a, /*replay=*/false);
   if (recompute_ == RecomputeMode::Full) {
+    FfnActs kept = std::move(a.ffn);
+    ffn_->keep_for_recompute(kept);
     a = BlockActs{};
     a.x = x;
+    a.ffn = std::move(kept);
     a.recomputed = true;
   }
   return out;
 }
 
 Tensor Block::backward(Tensor dres, const MicroShape& ms, BlockActs& a) {
-  if (a.recomputed) run_forward(a.x, ms, a);  // the output is dropped; the activations are back
+  if (a.recomputed) run_forward(a.x, ms, a, /*replay=*/true);  // the output is dropped; the activations are back
   const int64_t N = ms.N(), C = dres.size(1);
   const DType dt = ops_.compute_dtype();
-  // MLP half: dres is the gradient of x2 = x1 + mlp(...), so it flows to x1 unchanged, plus the
-  // MLP's contribution through ln_2.
+  // Feed-forward half: dres is the gradient of x2 = x1 + ffn(...), so it flows to x1 unchanged,
+  // plus the feed-forward's contribution through ln_2.
   {
     Tensor dout_full = exit_tp_backward(ops_, par_, dres);
     Tensor h2_full = enter_tp_forward(ops_, par_, a.h2, MemCategory::Workspace);
     Tensor dh2_full = ops_.empty({N, C}, dt, MemCategory::Workspace);
-    mlp_.backward(dout_full, h2_full, a.mlp, dh2_full);
-    a.mlp = MlpActs{};
+    ffn_->backward(dout_full, h2_full, ms, a.ffn, dh2_full);
+    a.ffn = FfnActs{};
     Tensor dh2 = enter_tp_backward(ops_, par_, dh2_full);
     ln2_.backward(ops_, dh2, a.x1, a.ln2, dres);
   }
@@ -92,7 +95,7 @@ Tensor Block::backward(Tensor dres, const MicroShape& ms, BlockActs& a) {
 }
 
 Tensor Block::backward_input(Tensor dres, const MicroShape& ms, BlockActs& a, BlockPending& p) {
-  if (a.recomputed) run_forward(a.x, ms, a);
+  if (a.recomputed) run_forward(a.x, ms, a, /*replay=*/true);
   const int64_t N = ms.N(), C = dres.size(1);
   const DType dt = ops_.compute_dtype();
   auto keep_copy = [&](const Tensor& t) {
@@ -103,18 +106,17 @@ Tensor Block::backward_input(Tensor dres, const MicroShape& ms, BlockActs& a, Bl
   // The norm's input gradient before the reduce-scatter: kept itself without SP, a workspace with.
   const MemCategory dh_full_category =
       sequence_parallel(par_) ? MemCategory::Workspace : MemCategory::Activations;
-  // MLP half. dres is about to take the norm's gradient in place; W needs it as it is now.
+  // Feed-forward half. dres is about to take the norm's gradient in place; W needs it as it is now.
   {
-    p.mlp_proj.dy = keep_copy(dres);
+    p.ffn.dy = keep_copy(dres);
     Tensor dout_full = exit_tp_backward(ops_, par_, dres);
     Tensor dh2_full = ops_.empty({N, C}, dt, dh_full_category);
-    p.fc.dy = mlp_.backward_input(dout_full, a.mlp, dh2_full, MemCategory::Activations);
-    p.mlp_proj.x = a.mlp.act;
-    a.mlp = MlpActs{};
+    ffn_->backward_input(dout_full, ms, a.ffn, dh2_full, p.ffn_work, MemCategory::Activations);
+    a.ffn = FfnActs{};
     Tensor dh2 = enter_tp_backward(ops_, par_, dh2_full, MemCategory::Activations);
     ln2_.backward_input(ops_, dh2, a.x1, a.ln2, dres);
     p.ln2 = {.x = a.x1, .dy = dh2, .stats = a.ln2};
-    p.fc.x = a.h2;
+    p.ffn.x = a.h2;
   }
   a.h2 = a.x1 = Tensor{};
   a.ln2 = NormActs{};
@@ -135,13 +137,14 @@ Tensor Block::backward_input(Tensor dres, const MicroShape& ms, BlockActs& a, Bl
   return dres;
 }
 
-void Block::backward_weight(BlockPending& p) {
+void Block::backward_weight(BlockPending& p, const MicroShape& ms) {
   {
-    Tensor dout_full = exit_tp_backward(ops_, par_, p.mlp_proj.dy);
-    Tensor h2_full = enter_tp_forward(ops_, par_, p.fc.x, MemCategory::Workspace);
-    mlp_.backward_weight(dout_full, p.mlp_proj.x, p.fc.dy, h2_full);
+    Tensor dout_full = exit_tp_backward(ops_, par_, p.ffn.dy);
+    Tensor h2_full = enter_tp_forward(ops_, par_, p.ffn.x, MemCategory::Workspace);
+    ffn_->backward_weight(dout_full, h2_full, ms, p.ffn_work);
   }
-  p.mlp_proj = p.fc = LinearPending{};
+  p.ffn = LinearPending{};
+  p.ffn_work = FfnPending{};
   ln2_.backward_weight(ops_, p.ln2);
   p.ln2 = NormPending{};
   {

@@ -1,22 +1,24 @@
-// A pre-norm transformer block: x1 = x + attn(ln_1(x)); x2 = x1 + mlp(ln_2(x1)) (ln: LayerNorm or
-// RMSNorm). Under sequence parallelism x, x1, x2 and the norm outputs are this rank's token slice
-// (N/tp, C); the linears see the gathered (N, C).
+// A pre-norm transformer block: x1 = x + attn(ln_1(x)); x2 = x1 + ffn(ln_2(x1)) (ln: LayerNorm or
+// RMSNorm; ffn: the dense MLP or a mixture of experts, model/ffn.h). Under sequence parallelism x,
+// x1, x2 and the norm outputs are this rank's token slice (N/tp, C); the linears see the gathered
+// (N, C).
 #pragma once
 
 #include "model/attention.h"
+#include "model/ffn.h"
 #include "model/layernorm.h"
-#include "model/mlp.h"
 
 namespace tripod {
 
-// What a block keeps between its forward and backward. With full recomputation only `x`.
+// What a block keeps between its forward and backward. With full recomputation only `x` (and what
+// the feed-forward half keeps to replay: an MoE router's decision).
 struct BlockActs {
   Tensor x;            // (Ns, C) input (the previous block's output)
   Tensor h1, h2;       // (Ns, C) norm outputs
   NormActs ln1, ln2;
   AttentionActs attn;
   Tensor x1;           // (Ns, C) after the attention residual
-  MlpActs mlp;
+  FfnActs ffn;
   bool recomputed = false;  // only x is held; the forward reruns before the backward
 };
 
@@ -30,8 +32,10 @@ struct BlockActs {
 // more all-gather per GEMM in W.
 struct BlockPending {
   NormPending ln1, ln2;        // x (Ns, C) (the block input, x1), dy (Ns, C), statistics
-  LinearPending qkv, fc;       // x: h1, h2 (Ns, C), gathered in W; dy (N, (H + 2 Hkv) D/tp), (N, F/tp or 2F/tp)
-  LinearPending attn_proj, mlp_proj;  // x: att (N, H D/tp), act (N, F/tp); dy (Ns, C), gathered in W
+  LinearPending qkv;           // x: h1 (Ns, C), gathered in W; dy (N, (H + 2 Hkv) D/tp)
+  LinearPending attn_proj;     // x: att (N, H D/tp); dy (Ns, C), gathered in W
+  LinearPending ffn;           // the feed-forward half's input h2 and output gradient (Ns, C), gathered in W
+  FfnPending ffn_work;         // the rest of what its weight gradients need (model/ffn.h)
 };
 
 class Block {
@@ -49,18 +53,19 @@ class Block {
   Tensor backward_input(Tensor dres, const MicroShape& ms, BlockActs& a, BlockPending& p);
   // The weight half: accumulates the parameters' gradients and releases `p`. Under tensor
   // parallelism it all-gathers (SP), so every TP rank runs its W actions in the same order.
-  void backward_weight(BlockPending& p);
+  void backward_weight(BlockPending& p, const MicroShape& ms);
   const std::vector<Param*>& params() const { return params_; }
+  FeedForward& ffn() { return *ffn_; }
 
  private:
-  Tensor run_forward(const Tensor& x, const MicroShape& ms, BlockActs& a);
+  Tensor run_forward(const Tensor& x, const MicroShape& ms, BlockActs& a, bool replay);
   Ops& ops_;
   const ParallelContext& par_;
   RecomputeMode recompute_;
   Norm ln1_, ln2_;
   Attention attn_;
-  Mlp mlp_;
-  std::vector<Param*> params_;
+  std::unique_ptr<FeedForward> ffn_;
+  std::vector<Param*> params_;  // trained parameters (not buffers)
 };
 
 }  // namespace tripod

@@ -4,6 +4,8 @@
 // ModelConfig::validate (model/config.cpp) checks it.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -24,6 +26,50 @@ template <> struct EnumNames<PositionKind> {
 };
 template <> struct EnumNames<MlpKind> { static constexpr std::array<std::string_view, 2> names{"gelu", "swiglu"}; };
 
+// How a mixture-of-experts router turns its logits into scores: a softmax over all experts (Mixtral,
+// Qwen3-MoE), or an independent sigmoid per expert (DeepSeek-V3).
+enum class MoeRouter { Softmax, Sigmoid };
+template <> struct EnumNames<MoeRouter> {
+  static constexpr std::array<std::string_view, 2> names{"softmax", "sigmoid"};
+};
+
+// The [moe] section: the feed-forward half of (some) layers as a mixture of experts. experts = 0
+// (the default) is a dense model, exactly as without the section. model/moe.h has the equations.
+struct MoeConfig {
+  int experts = 0;         // routed experts per MoE layer; 0: dense
+  int top_k = 2;           // experts each token is sent to
+  int ffn_hidden = 0;      // hidden width of one expert; 0: model.ffn_hidden
+  int shared_experts = 0;  // always-on experts of the same shape (one MLP of shared_experts x ffn_hidden)
+  MoeRouter router = MoeRouter::Softmax;
+  bool normalize_top_k = true;  // the chosen experts' weights renormalised to sum to 1
+  int first_dense = 0;     // layers [0, first_dense) keep the dense MLP (moe.layers = {first_dense = N})
+  double aux_loss_coeff = 0.0;    // the load-balancing loss of every MoE layer, times this
+  double z_loss_coeff = 0.0;      // the router z-loss of every MoE layer, times this
+  double bias_update_rate = 0.0;  // > 0: aux-loss-free balancing by a per-expert selection bias
+  double capacity_factor = 0.0;   // > 0: at most ceil(factor * tokens * top_k / experts) tokens per expert
+
+  // InputError naming `origin` and the [moe] key at fault, with what would be valid.
+  void validate(const std::string& origin, int n_layers) const;
+
+  bool enabled() const { return experts > 0; }
+  // Whether layer `layer` is a mixture of experts.
+  bool sparse(int layer) const { return enabled() && layer >= first_dense; }
+  // The selection bias exists (a buffer saved in checkpoints) when it is updated.
+  bool selection_bias() const { return bias_update_rate > 0; }
+  // Tokens one expert may take out of `tokens` routed to top_k experts each; -1: no limit.
+  int64_t capacity(int64_t tokens) const {
+    if (capacity_factor <= 0) return -1;
+    const double c = std::ceil(capacity_factor * static_cast<double>(tokens) * top_k / experts);
+    return static_cast<int64_t>(c);
+  }
+  // Rows of the expert-sorted token copies a layer holds for `tokens` tokens: every (token,
+  // choice) pair when dropless, else at most `capacity` per expert.
+  int64_t routed_rows(int64_t tokens) const {
+    const int64_t all = tokens * top_k, cap = capacity(tokens);
+    return cap < 0 ? all : std::min(all, cap * experts);
+  }
+};
+
 struct ModelConfig {
   int n_layers = 0;
   int n_heads = 0;
@@ -41,6 +87,8 @@ struct ModelConfig {
   int n_kv_heads = 0;        // key/value heads (grouped-query attention); 0: n_heads
   bool bias = true;          // biases in every linear
   bool tie_embeddings = true;  // the output head is the input embedding table
+  bool qk_norm = false;        // per-head RMSNorm of q and k before rope (Qwen3)
+  MoeConfig moe;               // the [moe] section
 
   // Llama's choices (RMSNorm, rope, SwiGLU, no biases, an untied head) when arch is Llama: what
   // model.arch = "llama" sets before the keys given override them.
@@ -75,27 +123,43 @@ struct ModelConfig {
     int64_t m = 128LL * tp;
     return (vocab_size + m - 1) / m * m;
   }
-  // Parameters of one transformer layer.
-  int64_t layer_params() const {
-    const int64_t C = d_model, F = ffn(), D = head_dim(), Q = int64_t{n_heads} * D, KV = int64_t{kv_heads()} * D;
-    const int64_t b = bias ? 1 : 0, norms = 2 * (rms() ? C : 2 * C);
-    const int64_t attn = C * (Q + 2 * KV) + b * (Q + 2 * KV) + Q * C + b * C;
-    const int64_t mlp_p = swiglu() ? 3 * F * C + b * (2 * F + C) : 2 * F * C + b * (F + C);
-    return norms + attn + mlp_p;
+  // One expert's hidden width (MoE layers).
+  int expert_ffn() const { return moe.ffn_hidden > 0 ? moe.ffn_hidden : ffn(); }
+  // Parameters of a feed-forward block of hidden width F (GELU: fc, proj; SwiGLU: gate, up, proj).
+  int64_t mlp_params(int64_t F, bool with_bias) const {
+    const int64_t C = d_model, b = with_bias ? 1 : 0;
+    return swiglu() ? 3 * F * C + b * (2 * F + C) : 2 * F * C + b * (F + C);
   }
-  // All parameters, counting each vocabulary table with its padded rows (the tied table once).
-  int64_t num_params(int tp = 1) const {
+  // Parameters of transformer layer `layer`; `active`: only those one token is multiplied by (an
+  // MoE layer's router, top_k routed experts and the shared experts). The selection bias, a
+  // buffer, is not a parameter.
+  int64_t layer_params(int layer = 0, bool active = false) const {
+    const int64_t C = d_model, D = head_dim(), Q = int64_t{n_heads} * D, KV = int64_t{kv_heads()} * D;
+    const int64_t b = bias ? 1 : 0, norms = 2 * (rms() ? C : 2 * C) + (qk_norm ? 2 * D : 0);
+    const int64_t attn = C * (Q + 2 * KV) + b * (Q + 2 * KV) + Q * C + b * C;
+    if (!moe.sparse(layer)) return norms + attn + mlp_params(ffn(), bias);
+    const int64_t Fe = expert_ffn(), routed = active ? moe.top_k : moe.experts;
+    const int64_t ffn_p = int64_t{moe.experts} * C + routed * mlp_params(Fe, false) +
+                          (moe.shared_experts > 0 ? mlp_params(int64_t{moe.shared_experts} * Fe, bias) : 0);
+    return norms + attn + ffn_p;
+  }
+  // All parameters, counting each vocabulary table with its padded rows (the tied table once);
+  // `active`: with MoE layers' active parameters only (layer_params).
+  int64_t num_params(int tp = 1, bool active = false) const {
     const int64_t C = d_model, V = padded_vocab(tp);
     const int64_t tables = (tie_embeddings ? 1 : 2) * V * C + (rope() ? 0 : int64_t{positions()} * C);
-    return tables + n_layers * layer_params() + (rms() ? C : 2 * C);
+    int64_t layers = 0;
+    for (int l = 0; l < n_layers; ++l) layers += layer_params(l, active);
+    return tables + layers + (rms() ? C : 2 * C);
   }
   // Model FLOPs per token of a training step (forward + backward), llm.c's convention:
   // 6 N' + 6 L (H D) T, where N' is num_params() less the input embedding table when it is untied
-  // (a lookup, not a matrix product; the tied table is counted once, as llm.c does). The
-  // attention term counts the query heads (H D = d_model): grouped K/V do not reduce it.
-  // Recomputation is not counted.
+  // (a lookup, not a matrix product; the tied table is counted once, as llm.c does), and with
+  // mixture-of-experts layers the active parameters only (top_k routed experts, the shared ones and
+  // the router). The attention term counts the query heads (H D = d_model): grouped K/V do not
+  // reduce it. Recomputation is not counted.
   double flops_per_token(int tp = 1) const {
-    const double n = static_cast<double>(num_params(tp)) -
+    const double n = static_cast<double>(num_params(tp, /*active=*/true)) -
                      (tie_embeddings ? 0.0 : static_cast<double>(padded_vocab(tp)) * d_model);
     return 6.0 * n + 6.0 * n_layers * static_cast<double>(n_heads) * head_dim() * static_cast<double>(seq_len);
   }

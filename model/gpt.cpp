@@ -68,6 +68,7 @@ GptModel::GptModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
       bool recompute_here = recompute.mode != RecomputeMode::None && recompute.applies_to(l - ch.layout.layer_begin);
       ch.blocks.push_back(std::make_unique<Block>(ops, par, cfg, reg, l, c,
                                                   recompute_here ? recompute.mode : RecomputeMode::None));
+      if (auto* moe = dynamic_cast<MoeLayer*>(&ch.blocks.back()->ffn())) moe_layers_.push_back(moe);
     }
     if (ch.layout.has_head) {
       size_t before = reg.params().size();
@@ -93,15 +94,25 @@ std::vector<ParamSpec> model_param_specs(const ModelConfig& cfg) {
   ParamRegistry reg;
   GptModel model(*cpu, serial, cfg, rank_chunks({cfg.n_layers}, 1, 1, 0), RecomputeConfig{}, reg);
   std::vector<ParamSpec> out;
-  for (const Param& p : reg.params()) out.push_back(p.spec);
+  for (const Param* p : reg.tensors()) out.push_back(p->spec);
   return out;
 }
 
+namespace {
+// The micro-batch's shape as the layers see it, with its gradient scale (MicroShape::grad_scale).
+MicroShape layer_shape(const MicroBatch& mb) {
+  MicroShape ms = mb.shape;
+  ms.grad_scale = mb.grad_scale;
+  return ms;
+}
+}  // namespace
+
 Tensor GptModel::forward(int chunk, const MicroBatch& mb, const Tensor& input, ChunkActs& acts) {
   Chunk& ch = chunks_.at(chunk);
-  Tensor x = ch.embedding ? ch.embedding->forward(mb.tokens, mb.shape) : input;
+  const MicroShape ms = layer_shape(mb);
+  Tensor x = ch.embedding ? ch.embedding->forward(mb.tokens, ms) : input;
   acts.blocks.resize(ch.blocks.size());
-  for (size_t i = 0; i < ch.blocks.size(); ++i) x = ch.blocks[i]->forward(x, mb.shape, acts.blocks[i]);
+  for (size_t i = 0; i < ch.blocks.size(); ++i) x = ch.blocks[i]->forward(x, ms, acts.blocks[i]);
   if (!ch.head) return x;
   Tensor losses = mb.losses;
   ch.head->forward(x, mb.targets, mb.grad_scale, acts.head, losses);
@@ -114,8 +125,9 @@ Tensor GptModel::backward(int chunk, const MicroBatch& mb, Tensor dy, ChunkActs&
   // head_params holds the table only where the head owns a tied copy; a table shared with the
   // embedding on this rank is reported after the embedding's backward.
   if (ch.head && ready) ready(ch.head_params);
+  const MicroShape ms = layer_shape(mb);
   for (int i = static_cast<int>(ch.blocks.size()) - 1; i >= 0; --i) {
-    d = ch.blocks[i]->backward(d, mb.shape, acts.blocks[i]);
+    d = ch.blocks[i]->backward(d, ms, acts.blocks[i]);
     if (ready) ready(ch.blocks[i]->params());
   }
   acts = ChunkActs{};
@@ -129,11 +141,11 @@ Tensor GptModel::backward_input(int chunk, const MicroBatch& mb, Tensor dy, Chun
   Chunk& ch = chunks_.at(chunk);
   TRIPOD_CHECK(!pending.active, "backward_input of chunk {}: its pending weight gradients were never computed", chunk);
   pending = ChunkPending{};
-  pending.shape = mb.shape;
+  pending.shape = layer_shape(mb);
   pending.blocks.resize(ch.blocks.size());
   Tensor d = ch.head ? ch.head->backward_input(acts.head, pending.head) : dy;
   for (int i = static_cast<int>(ch.blocks.size()) - 1; i >= 0; --i)
-    d = ch.blocks[i]->backward_input(d, mb.shape, acts.blocks[i], pending.blocks[i]);
+    d = ch.blocks[i]->backward_input(d, pending.shape, acts.blocks[i], pending.blocks[i]);
   acts = ChunkActs{};
   pending.active = true;
   if (!ch.embedding) return d;
@@ -156,7 +168,7 @@ void GptModel::backward_weight(int chunk, ChunkPending& pending, const GradReady
     if (ready) ready(ch.head_params);
   }
   for (int i = static_cast<int>(ch.blocks.size()) - 1; i >= 0; --i) {
-    ch.blocks[i]->backward_weight(pending.blocks[i]);
+    ch.blocks[i]->backward_weight(pending.blocks[i], pending.shape);
     if (ready) ready(ch.blocks[i]->params());
   }
   if (ch.embedding) {

@@ -16,6 +16,7 @@
 
 #include "model/block.h"
 #include "model/embedding.h"
+#include "model/moe.h"
 #include "parallel/pipeline/placement.h"
 
 namespace tripod {
@@ -94,6 +95,8 @@ class GptModel {
 
   // The tied embedding table on this rank (owner or copy), or null (none here, or untied).
   Param* wte() const { return wte_; }
+  // This rank's mixture-of-experts layers, by layer index (none for a dense model).
+  const std::vector<MoeLayer*>& moe_layers() const { return moe_layers_; }
 
  private:
   struct Chunk {
@@ -107,12 +110,13 @@ class GptModel {
   ModelConfig cfg_;
   std::vector<Chunk> chunks_;
   Param* wte_ = nullptr;
+  std::vector<MoeLayer*> moe_layers_;
 };
 
 // Every parameter of model `cfg` as one rank holding it whole (tp = pp = 1) registers it: global
-// names and shapes (vocabulary tables padded), in registration order; nothing allocated. The one
-// list of a model's tensors for whoever needs it without building a rank's model (the Hugging
-// Face import of `tripod ckpt convert`).
+// names and shapes (vocabulary tables padded), in registration order, then its buffers
+// (ParamSpec::buffer); nothing allocated. The one list of a model's tensors for whoever needs it
+// without building a rank's model (the Hugging Face import of `tripod ckpt convert`).
 std::vector<ParamSpec> model_param_specs(const ModelConfig& cfg);
 
 }  // namespace tripod

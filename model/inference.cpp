@@ -43,7 +43,10 @@ InferenceModel::InferenceModel(Ops& ops, const ParallelContext& par, const Model
     L.ln1 = Norm::find(reg, h + "ln_1", cfg);
     L.ln2 = Norm::find(reg, h + "ln_2", cfg);
     L.attn = AttentionParams::find(reg, cfg, h + "attn");
-    L.mlp = MlpParams::find(reg, cfg, h + "mlp");
+    if (cfg.moe.sparse(l))
+      L.moe = MoeParams::find(reg, cfg, h + "mlp");
+    else
+      L.mlp = MlpParams::find(reg, cfg, h + "mlp", cfg.bias);
     // (B = 1, Hkv/tp, max_tokens, D): this rank's key/value heads.
     L.k_cache = ops.empty({1, KV_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
     L.v_cache = ops.empty({1, KV_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
@@ -82,6 +85,13 @@ std::vector<float> InferenceModel::forward(std::span<const int32_t> tokens, bool
   for (Layer& L : layers_) {
     L.ln1.forward(ops_, x, h, stats, MemCategory::Workspace);
     ops_.linear_forward(h, L.attn.qkv.weight(), L.attn.qkv.bias(), qkv);
+    if (cfg_.qk_norm) {
+      Tensor rows = qkv.view({n, heads, D_});
+      Tensor saved = ops_.empty({n, H_local_ + KV_local_, D_}, dt, MemCategory::Workspace);
+      Tensor rstd = ops_.empty({n, H_local_ + KV_local_}, DType::F32, MemCategory::Workspace);
+      ops_.qk_norm_forward(rows, H_local_, KV_local_, L.attn.qk_norm_weight(), static_cast<float>(cfg_.norm_eps), saved,
+                           rstd);
+    }
     if (cfg_.rope()) {  // the new tokens sit at positions pos_, pos_ + 1, ...
       Tensor rows = qkv.view({n, heads, D_});
       ops_.rope(rows, H_local_ + KV_local_, n, pos_, cfg_.rope_theta, /*inverse=*/false);
@@ -90,8 +100,15 @@ std::vector<float> InferenceModel::forward(std::span<const int32_t> tokens, bool
     ops_.attention_decode(qkv.view({1, n, heads, D_}), L.k_cache, L.v_cache, pos_, att4);
     add_row_parallel(att, L.attn.proj, x);
     L.ln2.forward(ops_, x, h, stats, MemCategory::Workspace);
-    Mlp::activate(ops_, cfg_.swiglu(), L.mlp, h, fc, act);
-    add_row_parallel(act, L.mlp.proj, x);
+    if (L.moe) {
+      Tensor partial = ops_.empty({n, C}, dt, MemCategory::Workspace);
+      MoeLayer::infer(ops_, par_, cfg_, *L.moe, h, partial);
+      if (par_.grid.tp() > 1) par_.tp->all_reduce(partial);
+      ops_.add(x, partial, x);
+    } else {
+      Mlp::activate(ops_, cfg_.swiglu(), *L.mlp, h, fc, act);
+      add_row_parallel(act, L.mlp->proj, x);
+    }
   }
   pos_ += n;
 

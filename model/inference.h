@@ -2,13 +2,14 @@
 // with per-layer K/V caches, so generating a token costs one token's forward. It reads the
 // parameters the training model registered (by global name, this rank's TP shard, through the
 // layers' own parameter lookups), and reuses the training ops (norm, linear, rope, GELU or
-// SwiGLU) plus Ops::attention_decode, whose caches hold this rank's key/value heads. Heads are
+// SwiGLU, a mixture of experts' routing and grouped GEMMs, dropless) plus Ops::attention_decode, whose caches hold this rank's key/value heads. Heads are
 // split as in training: column-parallel QKV and MLP input, row-parallel projections followed by
 // an all-reduce over TP; the vocabulary-parallel head's logits are all-gathered so every TP rank
 // holds the same full row and samples the same token.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <span>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "model/config.h"
 #include "model/embedding.h"
 #include "model/mlp.h"
+#include "model/moe.h"
 #include "model/param_registry.h"
 #include "parallel/context.h"
 
@@ -44,7 +46,8 @@ class InferenceModel {
   struct Layer {
     Norm ln1, ln2;
     AttentionParams attn;
-    MlpParams mlp;
+    std::optional<MlpParams> mlp;  // a dense layer's MLP, or
+    std::optional<MoeParams> moe;  // a mixture of experts
     Tensor k_cache, v_cache;  // (1, Hkv/tp, max_tokens, D), compute dtype
   };
   // x (n, C) += the row-parallel output of `in` (n, I) through p (bias on TP rank 0), summed over TP.

@@ -13,34 +13,69 @@ int64_t local_tokens(const ActivationShape& s) {
 }
 }  // namespace
 
-int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, RecomputeMode mode) {
+FfnBytes ffn_bytes(const ModelConfig& cfg, const ActivationShape& s, int layer) {
+  const int64_t N = s.B * s.T, b = s.act_bytes, sw = cfg.swiglu() ? 2 : 1;
+  FfnBytes f;
+  if (!cfg.moe.sparse(layer)) {
+    // fc before and after the GELU, or [gate | up] and silu(gate) * up; I turns fc into dfc.
+    const int64_t Fl = cfg.ffn() / s.tp;
+    f.fc = N * sw * Fl * b;
+    f.saved = f.fc + N * Fl * b;
+    f.grads = f.fc;
+    f.input_peak = f.grads;
+    f.pending = f.grads + N * Fl * b;  // dfc and act
+    return f;
+  }
+  const MoeConfig& m = cfg.moe;
+  const int64_t E = m.experts, k = m.top_k, rows = m.routed_rows(N), Fl = cfg.expert_ffn() / s.tp;
+  const int64_t Fs = int64_t{m.shared_experts} * cfg.expert_ffn() / s.tp;
+  // The router's decision: logits (f32), experts and weights of every pair, their rows, each row's pair.
+  const int64_t logits = N * E * 4, idx = N * k * 4, weights = N * k * 4, row_of = N * k * 4;
+  const int64_t slot_of = std::max<int64_t>(rows, 1) * 4;
+  const int64_t expert_fc = rows * sw * Fl * b, expert_act = rows * Fl * b;
+  const int64_t shared_fc = N * sw * Fs * b, shared_act = N * Fs * b;
+  f.replay = logits + idx + weights + row_of + slot_of;
+  f.saved = f.replay + expert_fc + expert_act + shared_fc + shared_act;
+  // I allocates the experts' dfc (then frees their fc), the router's output gradient and the
+  // shared experts' dfc; at its end it frees the shared fc and the router's logits, experts and rows.
+  const int64_t dlogits = N * E * b;
+  f.grads = expert_fc + dlogits + shared_fc;
+  f.fc = expert_fc + shared_fc + logits + idx + row_of;
+  f.input_peak = std::max(expert_fc, dlogits + shared_fc);
+  f.pending = f.grads + expert_act + shared_act + weights + slot_of;
+  return f;
+}
+
+int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, RecomputeMode mode, int layer) {
   const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model, D = cfg.head_dim();
-  const int64_t Hl = cfg.n_heads / s.tp, KVl = cfg.kv_heads() / s.tp, Fl = cfg.ffn() / s.tp;
+  const int64_t Hl = cfg.n_heads / s.tp, KVl = cfg.kv_heads() / s.tp;
   const int64_t b = s.act_bytes;
-  if (mode == RecomputeMode::Full) return 0;  // only the input, counted by the caller
+  const FfnBytes ffn = ffn_bytes(cfg, s, layer);
+  if (mode == RecomputeMode::Full) return ffn.replay;  // and the input, counted by the caller
   int64_t bytes = 0;
   bytes += 2 * Ns * C * b;                     // h1, h2: norm outputs (this rank's token slice under SP)
   bytes += 2 * Ns * Norm::stat_bytes(cfg);     // both norms' statistics, f32
   bytes += N * (Hl + 2 * KVl) * D * b;         // q, k, v of this rank's heads (q and k rotated)
+  if (cfg.qk_norm) bytes += N * (Hl + KVl) * (D * b + 4);  // q and k before their norms, rstd
   bytes += N * Hl * D * b;                     // attention output (input of the output projection)
   bytes += s.B * Hl * s.T * 4;                 // softmax log-sum-exp, f32
   if (mode == RecomputeMode::None && s.keeps_probs) bytes += s.B * Hl * s.T * s.T * b;  // softmax
   bytes += Ns * C * b;                         // x1, the residual after attention
-  bytes += (cfg.swiglu() ? 3 : 2) * N * Fl * b;  // fc before and after the GELU, or [gate | up] and silu(gate) * up
+  bytes += ffn.saved;                          // the feed-forward half's
   return bytes;
 }
 
-int64_t layer_pending_bytes(const ModelConfig& cfg, const ActivationShape& s) {
+int64_t layer_pending_bytes(const ModelConfig& cfg, const ActivationShape& s, int layer) {
   const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model, D = cfg.head_dim();
-  const int64_t Hl = cfg.n_heads / s.tp, KVl = cfg.kv_heads() / s.tp, Fl = cfg.ffn() / s.tp;
+  const int64_t Hl = cfg.n_heads / s.tp, KVl = cfg.kv_heads() / s.tp;
   const int64_t b = s.act_bytes;
   int64_t bytes = 0;
   bytes += 2 * (2 * Ns * C * b + Ns * Norm::stat_bytes(cfg));  // norms: input (x, x1), output gradient, statistics
-  bytes += 2 * Ns * C * b;                                    // QKV, fc: input h1, h2 (token slice under SP)
+  bytes += 2 * Ns * C * b;                                    // QKV, feed-forward: input h1, h2 (token slice under SP)
   bytes += N * (Hl + 2 * KVl) * D * b;                        // QKV: output gradient
-  bytes += N * (cfg.swiglu() ? 2 : 1) * Fl * b;               // fc ([gate; up]): output gradient
-  bytes += N * Hl * D * b + N * Fl * b;                       // output projections: input (att, act)
-  bytes += 2 * Ns * C * b;                                    // output projections: output gradient (token slice)
+  bytes += N * Hl * D * b;                                    // output projection: input (att)
+  bytes += 2 * Ns * C * b;                                    // output projection, feed-forward: output gradient (token slice)
+  bytes += ffn_bytes(cfg, s, layer).pending;                  // the feed-forward half's own
   return bytes;
 }
 
@@ -48,20 +83,23 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
                                             const RecomputeConfig& rc, const ActivationShape& s) {
   const int64_t N = s.B * s.T, Ns = local_tokens(s), C = cfg.d_model, b = s.act_bytes;
   const int64_t x = Ns * C * b;
-  // What a fully recomputed layer holds while it runs: everything but the attention probabilities
-  // (a recomputing layer never keeps those).
-  const int64_t working_set = layer_saved_bytes(cfg, s, RecomputeMode::Selective);
   ChunkActivationBytes out;
   out.input = x;
   out.tokens = (chunk.has_embedding ? N * 4 : 0) + (chunk.has_head ? N * 4 : 0);
   const int n = chunk.layer_end - chunk.layer_begin;
-  std::vector<int64_t> saved(n);
+  // Per layer: what it keeps; and what a fully recomputed layer holds while it runs: everything but
+  // the attention probabilities (a recomputing layer never keeps those), of which it kept `saved`.
+  std::vector<int64_t> saved(n), working_set(n);
   std::vector<bool> recomputed(n), keeps_probs(n);
+  std::vector<FfnBytes> ffn(n);
   for (int i = 0; i < n; ++i) {
+    const int layer = chunk.layer_begin + i;
     RecomputeMode mode = rc.mode != RecomputeMode::None && rc.applies_to(i) ? rc.mode : RecomputeMode::None;
-    saved[i] = layer_saved_bytes(cfg, s, mode);
+    saved[i] = layer_saved_bytes(cfg, s, mode, layer);
+    working_set[i] = layer_saved_bytes(cfg, s, RecomputeMode::Selective, layer);
     recomputed[i] = mode == RecomputeMode::Full;
     keeps_probs[i] = mode == RecomputeMode::None && s.keeps_probs;
+    ffn[i] = ffn_bytes(cfg, s, layer);
   }
   const int64_t head =
       chunk.has_head ? x + Ns * Norm::stat_bytes(cfg) + N * (cfg.padded_vocab(s.tp) / s.tp) * b : 0;
@@ -70,7 +108,7 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
   // first holds everything, then drops all but its input.
   int64_t live = x, peak = x;
   for (int i = 0; i < n; ++i) {
-    if (recomputed[i]) peak = std::max(peak, live + working_set + x);
+    if (recomputed[i]) peak = std::max(peak, live + working_set[i] + x);
     live += saved[i] + x;
   }
   live += head;
@@ -87,7 +125,7 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
   peak = live;
   live -= head + (chunk.has_head ? x : 0);  // ln_f's output, statistics, logits' gradient; its input
   for (int i = n - 1; i >= 0; --i) {
-    if (recomputed[i]) peak = std::max(peak, live + working_set + x);
+    if (recomputed[i]) peak = std::max(peak, live - saved[i] + working_set[i] + x);
     live -= saved[i] + x;
   }
   out.backward_peak = peak;
@@ -95,29 +133,31 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
   // The split backward's I (Block::backward_input, LmHead::backward_input), tensor by tensor:
   // what W needs stays (moved from the activations or newly kept), the rest is freed.
   const bool sp = s.sequence_parallel && s.tp > 1;
-  const int64_t D = cfg.head_dim(), Hl = cfg.n_heads / s.tp, KVl = cfg.kv_heads() / s.tp, Fl = cfg.ffn() / s.tp;
-  const int64_t dqkv = N * (Hl + 2 * KVl) * D * b, dfc = N * (cfg.swiglu() ? 2 : 1) * Fl * b;
-  const int64_t fc = dfc, qkv = dqkv, lse = s.B * Hl * s.T * 4;
+  const int64_t D = cfg.head_dim(), Hl = cfg.n_heads / s.tp, KVl = cfg.kv_heads() / s.tp;
+  const int64_t dqkv = N * (Hl + 2 * KVl) * D * b, qkv = dqkv, lse = s.B * Hl * s.T * 4;
+  const int64_t qk_norm = cfg.qk_norm ? N * (Hl + KVl) * (D * b + 4) : 0;
   live = x + out.held;
   peak = live;
   if (chunk.has_head) live += x;  // ln_f's output gradient; the head's activations all stay
   peak = std::max(peak, live);
   for (int i = n - 1; i >= 0; --i) {
     if (recomputed[i]) {
-      peak = std::max(peak, live + working_set + x);
-      live += working_set;
+      peak = std::max(peak, live - saved[i] + working_set[i] + x);
+      live += working_set[i] - saved[i];
     }
     const int64_t probs_bytes = keeps_probs[i] ? s.B * Hl * s.T * s.T * b : 0;
-    // MLP half: a copy of the residual gradient, the norm's output gradient (whole without SP, a
-    // workspace before its reduce-scatter with), the fc output gradient; then fc is freed.
-    live += x + (sp ? 0 : x) + dfc;
-    peak = std::max(peak, live);
-    live -= fc;
+    // Feed-forward half: a copy of the residual gradient, the norm's output gradient (whole
+    // without SP, a workspace before its reduce-scatter with), the fc (and router) output
+    // gradients; then fc (and the router's logits, experts and rows) are freed.
+    live += x + (sp ? 0 : x);
+    peak = std::max(peak, live + ffn[i].input_peak);
+    live += ffn[i].grads - ffn[i].fc;
     if (sp) live += x, peak = std::max(peak, live);
-    // Attention half: the same, with QKV's output gradient; then qkv, lse (and probs) are freed.
+    // Attention half: the same, with QKV's output gradient; then qkv, lse (and probs, q and k
+    // before their norms) are freed.
     live += x + (sp ? 0 : x) + dqkv;
     peak = std::max(peak, live);
-    live -= qkv + lse + probs_bytes;
+    live -= qkv + lse + probs_bytes + qk_norm;
     if (sp) live += x, peak = std::max(peak, live);
   }
   if (chunk.has_embedding) live += x, peak = std::max(peak, live);  // a copy of the embedding's output gradient
@@ -125,8 +165,8 @@ ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkL
   out.weight_pending = live;
   // What is left is exactly the pending work: the layers', the head's (ln_f's input and output
   // gradient besides its activations) and the embedding's.
-  const int64_t pending = n * layer_pending_bytes(cfg, s) + (chunk.has_head ? head + 2 * x : 0) +
-                          (chunk.has_embedding ? x : 0);
+  int64_t pending = (chunk.has_head ? head + 2 * x : 0) + (chunk.has_embedding ? x : 0);
+  for (int i = 0; i < n; ++i) pending += layer_pending_bytes(cfg, s, chunk.layer_begin + i);
   TRIPOD_CHECK(live == pending, "split-backward accounting of chunk {}: {} bytes left after I, {} pending",
                chunk.virtual_stage, live, pending);
   return out;

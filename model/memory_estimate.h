@@ -39,10 +39,24 @@ struct ChunkActivationBytes {
   int64_t weight_pending = 0, input_backward_peak = 0;
 };
 
-// Bytes of one transformer layer's saved tensors under `mode` (input x excluded).
-int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, RecomputeMode mode);
-// Bytes of one transformer layer's pending weight-gradient work (BlockPending), its input x included.
-int64_t layer_pending_bytes(const ModelConfig& cfg, const ActivationShape& s);
+// Bytes of transformer layer `layer`'s saved tensors under `mode` (input x excluded; under full
+// recomputation what the feed-forward half keeps to replay: an MoE router's decision).
+int64_t layer_saved_bytes(const ModelConfig& cfg, const ActivationShape& s, RecomputeMode mode, int layer = 0);
+// Bytes of transformer layer `layer`'s pending weight-gradient work (BlockPending), its input x included.
+int64_t layer_pending_bytes(const ModelConfig& cfg, const ActivationShape& s, int layer = 0);
+
+// The feed-forward half of layer `layer` (model/ffn.h): the dense MLP's tensors or an MoE layer's,
+// whose routed rows are counted at their most (every (token, choice) pair, or the capacity's
+// bound: MoeConfig::routed_rows), what the layers allocate.
+struct FfnBytes {
+  int64_t saved = 0;      // kept from the forward to the backward
+  int64_t replay = 0;     // of which kept under full recomputation (the router's decision)
+  int64_t fc = 0;         // of which freed by the split backward's I (fc, the router's logits, ...)
+  int64_t grads = 0;      // allocated by I for W (the fc and router output gradients)
+  int64_t input_peak = 0; // the most I adds above what it started with, before its frees end
+  int64_t pending = 0;    // held from I to W
+};
+FfnBytes ffn_bytes(const ModelConfig& cfg, const ActivationShape& s, int layer);
 // The per-micro-batch bytes of a chunk.
 ChunkActivationBytes chunk_activation_bytes(const ModelConfig& cfg, const ChunkLayout& chunk,
                                             const RecomputeConfig& rc, const ActivationShape& s);

@@ -5,7 +5,7 @@
 
 namespace tripod {
 
-MlpParams MlpParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix) {
+MlpParams MlpParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix, bool bias) {
   MlpParams m;
   m.fc.reg = m.proj.reg = &reg;
   auto need = [&](const std::string& name) {
@@ -15,18 +15,18 @@ MlpParams MlpParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std:
   };
   for (const char* part : cfg.swiglu() ? std::vector<const char*>{"gate", "up"} : std::vector<const char*>{"fc"}) {
     m.fc.w.push_back(need(std::string(part) + ".weight"));
-    if (cfg.bias) m.fc.b.push_back(need(std::string(part) + ".bias"));
+    if (bias) m.fc.b.push_back(need(std::string(part) + ".bias"));
   }
   m.proj.w.push_back(need("proj.weight"));
-  if (cfg.bias) m.proj.b.push_back(need("proj.bias"));
+  if (bias) m.proj.b.push_back(need("proj.bias"));
   return m;
 }
 
 Mlp::Mlp(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg, const std::string& prefix,
-         int chunk)
-    : ops_(ops), par_(par), swiglu_(cfg.swiglu()), F_local_(cfg.ffn() / par.grid.tp()) {
+         int chunk, int64_t ffn, bool bias)
+    : ops_(ops), par_(par), swiglu_(cfg.swiglu()), F_local_(ffn / par.grid.tp()) {
   const int r = par.coords.tp;
-  const int64_t C = cfg.d_model, F = cfg.ffn(), Fl = F_local_;
+  const int64_t C = cfg.d_model, F = ffn, Fl = F_local_;
   const float std = 0.02f, proj_std = 0.02f / std::sqrt(2.0f * cfg.n_layers);
   const std::vector<const char*> parts = swiglu_ ? std::vector<const char*>{"gate", "up"}
                                                  : std::vector<const char*>{"fc"};
@@ -34,14 +34,14 @@ Mlp::Mlp(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegi
     reg.add({.name = prefix + "." + parts[i] + ".weight", .global_shape = {F, C}, .shard_dim = 0,
              .shard_offset = r * Fl, .shard_size = Fl, .decay = true, .init = Init::Normal, .stddev = std,
              .chunk = chunk, .packed = i > 0});
-  if (cfg.bias)
+  if (bias)
     for (size_t i = 0; i < parts.size(); ++i)
       reg.add({.name = prefix + "." + parts[i] + ".bias", .global_shape = {F}, .shard_dim = 0,
                .shard_offset = r * Fl, .shard_size = Fl, .init = Init::Zeros, .chunk = chunk, .packed = i > 0});
   reg.add({.name = prefix + ".proj.weight", .global_shape = {C, F}, .shard_dim = 1, .shard_offset = r * Fl,
            .shard_size = Fl, .decay = true, .init = Init::Normal, .stddev = proj_std, .chunk = chunk});
-  if (cfg.bias) reg.add({.name = prefix + ".proj.bias", .global_shape = {C}, .init = Init::Zeros, .chunk = chunk});
-  p_ = MlpParams::find(reg, cfg, prefix);
+  if (bias) reg.add({.name = prefix + ".proj.bias", .global_shape = {C}, .init = Init::Zeros, .chunk = chunk});
+  p_ = MlpParams::find(reg, cfg, prefix, bias);
 }
 
 void Mlp::activate(Ops& ops, bool swiglu, const MlpParams& p, const Tensor& h, Tensor& fc, Tensor& act) {
@@ -59,11 +59,6 @@ void Mlp::forward(const Tensor& h_full, MlpActs& a, Tensor& out_partial) {
   a.act = ops_.empty({N, F_local_}, ops_.compute_dtype(), MemCategory::Activations);
   activate(ops_, swiglu_, p_, h_full, a.fc, a.act);
   ops_.linear_forward(a.act, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
-}
-
-void Mlp::backward(const Tensor& dout_full, const Tensor& h_full, const MlpActs& a, Tensor& dh_full) {
-  Tensor dfc = backward_input(dout_full, a, dh_full, MemCategory::Workspace);
-  backward_weight(dout_full, a.act, dfc, h_full);
 }
 
 Tensor Mlp::backward_input(const Tensor& dout_full, const MlpActs& a, Tensor& dh_full, MemCategory dfc_category) {

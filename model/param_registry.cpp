@@ -21,6 +21,15 @@ Param& ParamRegistry::add(ParamSpec spec) {
                      spec.shard_offset + spec.shard_size <= spec.global_shape[spec.shard_dim],
                  "parameter {}: shard [{}, +{}) of dim {} of {}", spec.name, spec.shard_offset, spec.shard_size,
                  spec.shard_dim, shape_str(spec.global_shape));
+  if (spec.buffer) {
+    TRIPOD_CHECK(!spec.packed && spec.shard_dim < 0, "buffer {} must be replicated and not packed", spec.name);
+    Param& b = buffers_.emplace_back();
+    b.spec = std::move(spec);
+    b.offset = buffer_size_;
+    buffer_size_ += b.spec.local_numel();
+    by_name_.emplace(b.spec.name, &b);
+    return b;
+  }
   TRIPOD_CHECK(!spec.packed || !params_.empty(), "parameter {} is packed but has no predecessor", spec.name);
   const int64_t at = spec.packed ? params_.back().offset + params_.back().numel() : size_;
   Param& p = params_.emplace_back();
@@ -42,6 +51,17 @@ void ParamRegistry::allocate(Ops& ops) {
     p.value = values_.flat(p.offset, p.offset + n).view(p.spec.local_shape());
     p.grad = grads_.flat(p.offset, p.offset + n).view(p.spec.local_shape());
   }
+  if (buffers_.empty()) return;
+  buffer_values_ = ops.empty({buffer_size_}, DType::F32, MemCategory::Params);
+  for (Param& b : buffers_)
+    b.value = buffer_values_.flat(b.offset, b.offset + b.spec.local_numel()).view(b.spec.local_shape());
+}
+
+std::vector<Param*> ParamRegistry::tensors() {
+  std::vector<Param*> out;
+  for (Param& p : params_) out.push_back(&p);
+  for (Param& b : buffers_) out.push_back(&b);
+  return out;
 }
 
 Param* ParamRegistry::find(const std::string& name) {
@@ -114,7 +134,8 @@ void init_shard_values(const ParamSpec& spec, uint64_t seed, float* out) {
 
 void ParamRegistry::initialize(Ops& ops, uint64_t seed) {
   CpuAllocator host;
-  for (Param& p : params_) {
+  for (Param* pp : tensors()) {
+    Param& p = *pp;
     Tensor h = Tensor::empty(host, p.spec.local_shape(), DType::F32, MemCategory::Workspace);
     init_shard_values(p.spec, seed, h.data<float>());
     ops.copy(h, p.value);

@@ -5,7 +5,10 @@
 // Values live in one flat buffer in the compute dtype and gradients in one flat f32 buffer, both
 // in registration order with each parameter aligned to kAlign elements (except packed ones, which
 // follow their predecessor directly), so buckets and optimizer shards are plain ranges of those
-// buffers.
+// buffers. Buffers (ParamSpec::buffer: state that is not trained, e.g. a router's selection bias)
+// are registered alike but kept apart: f32 values in a small buffer of their own, no gradient,
+// outside the flat buffers (so no optimizer, reducer or grad norm sees them); checkpoints save and
+// load them with the parameters (tensors()).
 #pragma once
 
 #include <cstdint>
@@ -46,18 +49,27 @@ struct ParamSpec {
   // SwiGLU's gate and up, while each is still its own tensor (own name, shape and TP shard) for
   // the optimizer and checkpoints.
   bool packed = false;
+  // Each TP rank's gradient covers only its own heads (a per-head norm's weight, replicated): the
+  // gradients are summed across TP before use, with or without sequence parallelism.
+  bool tp_partial_grad = false;
+  // Not trained: f32 state changed by the model itself between steps (a router's selection bias),
+  // replicated, saved and loaded like a parameter's values. See the file comment.
+  bool buffer = false;
+  // A routed expert's tensor: the expert's global index (expert parallelism shards experts, and
+  // their gradients are reduced over the expert-data-parallel group); -1: not an expert's.
+  int expert = -1;
 
   Shape local_shape() const;
   int64_t local_numel() const { return shape_numel(local_shape()); }
   // Counted in the global grad norm by this rank (replicated copies count once, on tp rank 0).
-  bool counts_in_norm(int tp_rank) const { return !tied_copy && (shard_dim >= 0 || tp_rank == 0); }
+  bool counts_in_norm(int tp_rank) const { return !tied_copy && !buffer && (shard_dim >= 0 || tp_rank == 0); }
 };
 
 struct Param {
   ParamSpec spec;
-  int64_t offset = 0;  // into the flat buffers
-  Tensor value;        // (local shape), compute dtype, a view into the flat values
-  Tensor grad;         // (local shape), f32, a view into the flat gradients
+  int64_t offset = 0;  // into the flat buffers (a buffer's: into the buffers' own storage)
+  Tensor value;        // (local shape), compute dtype, a view into the flat values (a buffer's: f32)
+  Tensor grad;         // (local shape), f32, a view into the flat gradients (a buffer has none)
   int64_t numel() const { return spec.local_numel(); }
 };
 
@@ -71,7 +83,8 @@ class ParamRegistry {
   ParamRegistry(ParamRegistry&&) = default;  // a deque's elements keep their addresses
   ParamRegistry& operator=(ParamRegistry&&) = default;
 
-  // Registers a parameter; the returned reference stays valid (tensors bound by allocate()).
+  // Registers a parameter (or a buffer, spec.buffer); the returned reference stays valid (tensors
+  // bound by allocate()).
   Param& add(ParamSpec spec);
   // Allocates the flat buffers and binds every parameter's views.
   void allocate(Ops& ops);
@@ -81,8 +94,14 @@ class ParamRegistry {
   void initialize(Ops& ops, uint64_t seed);
   void zero_grads(Ops& ops) { ops.fill(grads_, 0.f); }
 
+  // The trained parameters, in registration order (buffers are not among them).
   std::deque<Param>& params() { return params_; }
   const std::deque<Param>& params() const { return params_; }
+  std::deque<Param>& buffers() { return buffers_; }
+  const std::deque<Param>& buffers() const { return buffers_; }
+  // Every tensor a checkpoint holds: the parameters, then the buffers.
+  std::vector<Param*> tensors();
+  // A parameter or buffer by its global name.
   Param* find(const std::string& name);
   // The values (or f32 gradients: `flat` is either buffer) of parameters each packed after the one
   // before, as one (rows, cols) matrix: the sum of their local dim-0 extents by the common
@@ -91,12 +110,15 @@ class ParamRegistry {
   Tensor& flat_values() { return values_; }
   Tensor& flat_grads() { return grads_; }
   int64_t flat_size() const { return size_; }
+  // Elements of the buffers' own f32 storage (MemCategory::Params).
+  int64_t buffer_size() const { return buffer_size_; }
 
  private:
   std::deque<Param> params_;                        // a deque: the Param& handed out stay valid
-  std::unordered_map<std::string, Param*> by_name_;  // every parameter by its global name
-  int64_t size_ = 0;
-  Tensor values_, grads_;
+  std::deque<Param> buffers_;
+  std::unordered_map<std::string, Param*> by_name_;  // every parameter and buffer by its global name
+  int64_t size_ = 0, buffer_size_ = 0;
+  Tensor values_, grads_, buffer_values_;
 };
 
 // The weight (out, in) and optional bias (out) of a linear layer: one parameter each, or several

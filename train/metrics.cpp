@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "core/error.h"
@@ -31,6 +32,12 @@ void MetricsLog::log_json(const nlohmann::json& j) {
   std::fflush(file_);
 }
 
+double MoeLayerMetrics::max_over_mean() const {
+  double sum = 0, top = 0;
+  for (double c : tokens_per_expert) sum += c, top = std::max(top, c);
+  return sum > 0 ? top * static_cast<double>(tokens_per_expert.size()) / sum : 0.0;
+}
+
 std::vector<Scalar> tensorboard_scalars(const StepMetrics& m) {
   std::vector<Scalar> s = {{"lm loss", m.loss},
                            {"learning-rate", m.lr},
@@ -44,6 +51,20 @@ std::vector<Scalar> tensorboard_scalars(const StepMetrics& m) {
   if (m.memory.is_object())
     for (const auto& [category, bytes] : m.memory.items())
       if (bytes.is_number()) s.push_back({"mem-peak-bytes/" + category, bytes.get<double>()});
+  if (!m.moe.empty()) {
+    double aux = 0, z = 0;
+    for (const MoeLayerMetrics& l : m.moe) aux += l.load_balancing_loss, z += l.z_loss;
+    s.push_back({"load_balancing_loss", aux / static_cast<double>(m.moe.size())});
+    s.push_back({"z_loss", z / static_cast<double>(m.moe.size())});
+    for (const MoeLayerMetrics& l : m.moe) {
+      s.push_back({fmt::format("moe/load_balancing_loss_layer_{}", l.layer), l.load_balancing_loss});
+      s.push_back({fmt::format("moe/z_loss_layer_{}", l.layer), l.z_loss});
+      s.push_back({fmt::format("moe/dropped_tokens_layer_{}", l.layer), l.dropped});
+      s.push_back({fmt::format("moe/max_over_mean_load_layer_{}", l.layer), l.max_over_mean()});
+      for (size_t e = 0; e < l.tokens_per_expert.size(); ++e)
+        s.push_back({fmt::format("moe/tokens_per_expert_layer_{}/expert_{}", l.layer, e), l.tokens_per_expert[e]});
+    }
+  }
   return s;
 }
 
@@ -75,6 +96,29 @@ void MetricsLog::log_step(const StepMetrics& m) {
                       {"skipped", m.skipped},
                       {"skipped_total", m.skipped_total}};
   if (!m.memory.is_null()) j["mem_peak_bytes"] = m.memory;
+  std::string moe_note;
+  if (!m.moe.empty()) {
+    // Per MoE layer, in layer order: the expert load table over the step and its losses.
+    nlohmann::json layers = nlohmann::json::array(), tokens = nlohmann::json::array(),
+                   dropped = nlohmann::json::array(), aux = nlohmann::json::array(), z = nlohmann::json::array(),
+                   ratio = nlohmann::json::array();
+    double worst = 0, aux_mean = 0;
+    for (const MoeLayerMetrics& l : m.moe) {
+      layers.push_back(l.layer);
+      nlohmann::json row = nlohmann::json::array();
+      for (double c : l.tokens_per_expert) row.push_back(static_cast<int64_t>(std::llround(c)));
+      tokens.push_back(std::move(row));
+      dropped.push_back(static_cast<int64_t>(std::llround(l.dropped)));
+      aux.push_back(l.load_balancing_loss);
+      z.push_back(l.z_loss);
+      ratio.push_back(l.max_over_mean());
+      worst = std::max(worst, l.max_over_mean());
+      aux_mean += l.load_balancing_loss / static_cast<double>(m.moe.size());
+    }
+    j["moe"] = {{"layers", layers}, {"tokens_per_expert", tokens}, {"dropped_tokens", dropped},
+                {"load_balancing_loss", aux}, {"z_loss", z}, {"max_over_mean_load", ratio}};
+    moe_note = fmt::format(" | moe balance loss {:.3f}, max/mean load {:.2f}", aux_mean, worst);
+  }
   std::string straggler_note;
   if (m.stragglers) {
     const StragglerSummary& s = *m.stragglers;
@@ -91,9 +135,9 @@ void MetricsLog::log_step(const StepMetrics& m) {
   log_json(j);
   write_scalars(m.step, m.consumed_samples, tensorboard_scalars(m));
   double eta = m.step_time_s * static_cast<double>(m.steps - m.step);
-  spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}{}{}",
+  spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}{}{}{}",
                m.step, m.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, format_duration(eta),
-               m.skipped ? " | SKIPPED (non-finite)" : "", straggler_note);
+               moe_note, m.skipped ? " | SKIPPED (non-finite)" : "", straggler_note);
   if (m.stragglers) {
     const StragglerSummary& s = *m.stragglers;
     for (const Straggler& g : s.stragglers)

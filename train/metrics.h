@@ -16,6 +16,17 @@
 
 namespace tripod {
 
+// One mixture-of-experts layer's step, over the whole batch (train/trainer.cpp).
+struct MoeLayerMetrics {
+  int layer = 0;
+  std::vector<double> tokens_per_expert;  // (token, choice) pairs routed to each expert
+  double dropped = 0;                     // pairs past an expert's capacity
+  double load_balancing_loss = 0;         // E sum_e f_e P_e, the mean over the micro-batches
+  double z_loss = 0;                      // mean logsumexp(logits)^2, the mean over the micro-batches
+  // The busiest expert's load over the mean (1: balanced).
+  double max_over_mean() const;
+};
+
 struct StepMetrics {
   int64_t step = 0, steps = 0;
   double loss = 0, lr = 0, grad_norm = 0;
@@ -27,6 +38,7 @@ struct StepMetrics {
   int64_t skipped_total = 0;
   nlohmann::json memory;  // peak bytes per category (per rank when gathered)
   std::optional<StragglerSummary> stragglers;  // at the end of a log interval (train.straggler_factor)
+  std::vector<MoeLayerMetrics> moe;            // mixture-of-experts layers, by layer
 };
 
 struct EvalMetrics {
@@ -38,7 +50,10 @@ struct EvalMetrics {
 
 // The TensorBoard scalars of a step record, under Megatron-LM's names where it has one:
 //   lm loss, learning-rate, grad-norm, batch-size, iteration-time (s), throughput (tokens/s),
-//   tflops (per rank), mfu, skipped-iterations (the run's total so far), mem-peak-bytes/<category>.
+//   tflops (per rank), mfu, skipped-iterations (the run's total so far), mem-peak-bytes/<category>;
+//   with mixture-of-experts layers load_balancing_loss and z_loss (means over the layers) and per
+//   layer L moe/load_balancing_loss_layer_L, moe/z_loss_layer_L, moe/dropped_tokens_layer_L,
+//   moe/max_over_mean_load_layer_L and moe/tokens_per_expert_layer_L/expert_E.
 // Each is written twice: at the iteration, and as "<name> vs samples" at the consumed samples.
 std::vector<Scalar> tensorboard_scalars(const StepMetrics& m);
 // lm loss validation, lm loss validation ppl (and their "vs samples" twins).

@@ -115,9 +115,14 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   int64_t n_params = cfg_.model.num_params(pc.tp);
   const ModelConfig& mc = cfg_.model;
   spdlog::info("model: {} ({}, {}, {}), {} layers, d_model {}, {} heads ({} key/value), seq {}, vocab {} (padded {}): "
-               "{:.2f}M parameters",
+               "{:.2f}M parameters{}",
                enum_name(mc.arch), enum_name(mc.norm), enum_name(mc.position), enum_name(mc.mlp), mc.n_layers, mc.d_model, mc.n_heads, mc.kv_heads(), mc.seq_len,
-               mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6);
+               mc.vocab_size, mc.padded_vocab(pc.tp), n_params / 1e6,
+               mc.moe.enabled()
+                   ? fmt::format(" ({:.2f}M active: {} experts, top {}, {} shared, layers {}+)",
+                                 mc.num_params(pc.tp, /*active=*/true) / 1e6, mc.moe.experts, mc.moe.top_k,
+                                 mc.moe.shared_experts, mc.moe.first_dense)
+                   : std::string());
   spdlog::info("grid {} on {} ranks; {} micro-batches of {} per rank per step; schedule {}{} (vp {}, placement {}); "
                "device {}", par.grid.str(), par.grid.world_size(), layout_.microbatches, layout_.micro_batch_size,
                enum_name(layout_.schedule.kind), auto_chosen_.empty() ? "" : " (" + auto_chosen_ + ")", pc.vp,
@@ -137,10 +142,11 @@ void Trainer::load_microbatch(int64_t step, int micro, MicroBatch& mb) {
 }
 
 void Trainer::on_grads_ready(const std::vector<Param*>& params) {
-  // Under sequence parallelism the LayerNorm gradients are partial per TP rank: sum them first.
-  if (par_.sequence_parallel && par_.grid.tp() > 1) {
+  // Under sequence parallelism the LayerNorm gradients are partial per TP rank, and per-head
+  // norms' always are: sum them first.
+  if (par_.grid.tp() > 1) {
     for (Param* p : params)
-      if (p->spec.sp_partial_grad) par_.tp->all_reduce(p->grad);
+      if ((par_.sequence_parallel && p->spec.sp_partial_grad) || p->spec.tp_partial_grad) par_.tp->all_reduce(p->grad);
   }
   const FlatSpan& tied = layout_.grad_sync.tied_table;
   for (Param* p : params) {
@@ -249,6 +255,7 @@ StepMetrics Trainer::step() {
   ops_.allocator().stats().reset_peaks();
   reg_.zero_grads(ops_);
   reducer_->begin_step();
+  for (MoeLayer* moe : model_->moe_layers()) moe->reset_stats();
 
   if (trace_) trace_->set_step(step_ + 1);
   if (par_.flight) par_.flight->set_step(step_ + 1);
@@ -282,13 +289,30 @@ StepMetrics Trainer::step() {
       if (f.step == step_ + 1) (f.in_loss ? loss_sum : sq) = std::numeric_limits<double>::quiet_NaN();
   }
   CpuAllocator host;
-  Tensor red = Tensor::empty(host, {3}, DType::F64, MemCategory::Workspace);
+  // A mixture of experts' step statistics join the same reduction: one row per MoE layer of the
+  // model, filled by the ranks holding it (TP rank 0 of each, its tokens), summed over the world.
+  const int64_t moe_width = cfg_.model.moe.experts + 3;
+  std::vector<int> moe_rows(cfg_.model.n_layers, -1);  // layer -> row
+  int n_moe = 0;
+  for (int l = 0; l < cfg_.model.n_layers; ++l)
+    if (cfg_.model.moe.sparse(l)) moe_rows[l] = n_moe++;
+  Tensor red = Tensor::empty(host, {3 + n_moe * moe_width}, DType::F64, MemCategory::Workspace);
   // Summed in f64, so that every grid clips and reports what the single-rank run does. The third
   // sum counts the ranks that received a stop signal, so that every rank agrees to stop.
   double* sums = red.data<double>();
+  std::fill(sums, sums + red.numel(), 0.0);
   sums[0] = sq;
   sums[1] = loss_sum;
   sums[2] = stop_signal() != 0 ? 1.0 : 0.0;
+  if (par_.coords.tp == 0)
+    for (MoeLayer* moe : model_->moe_layers()) {
+      const MoeStepStats& st = moe->stats();
+      double* row = sums + 3 + moe_rows[moe->layer()] * moe_width;
+      std::copy(st.routed.begin(), st.routed.end(), row);
+      row[moe_width - 3] = st.dropped;
+      row[moe_width - 2] = st.aux;
+      row[moe_width - 1] = st.z;
+    }
   const auto t_norm = clock::now();
   if (par_.grid.world_size() > 1) {
     FlightPhase phase(par_.flight.get(), "grad-norm");
@@ -305,6 +329,15 @@ StepMetrics Trainer::step() {
   m.lr = lr_.at(step_);
   m.loss = loss;
   m.grad_norm = grad_norm;
+  // The losses are means over the step's micro-batches (each its micro-batch's).
+  const double micro_batches = static_cast<double>(tc.global_batch_size) / tc.micro_batch_size;
+  for (int l = 0; l < cfg_.model.n_layers; ++l) {
+    if (moe_rows[l] < 0) continue;
+    const double* row = sums + 3 + moe_rows[l] * moe_width;
+    m.moe.push_back({.layer = l, .tokens_per_expert = std::vector<double>(row, row + moe_width - 3),
+                     .dropped = row[moe_width - 3], .load_balancing_loss = row[moe_width - 2] / micro_batches,
+                     .z_loss = row[moe_width - 1] / micro_batches});
+  }
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     m.skipped = true;
     ++skipped_total_;
@@ -318,6 +351,8 @@ StepMetrics Trainer::step() {
     // Adam's bias correction counts the updates applied; the LR follows the iteration.
     optimizer_->step(m.lr, optimizer_->steps_taken() + 1, clip);
     reducer_->all_gather_values();
+    // Aux-loss-free balancing: every copy of a layer's selection bias moves by the same counts.
+    for (MoeLayer* moe : model_->moe_layers()) moe->update_bias(m.moe[moe_rows[moe->layer()]].tokens_per_expert);
   }
   ops_.synchronize();
   const auto t_updated = clock::now();
@@ -431,6 +466,18 @@ std::vector<OptimizerShardRef> Trainer::optimizer_state() {
   return out;
 }
 
+namespace {
+// The names of every buffer of the model (all stages'): their values are saved, never optimizer
+// state (ckpt verify reads the list).
+nlohmann::json buffer_names(const ModelConfig& model) {
+  nlohmann::json out = nlohmann::json::array();
+  if (!model.moe.selection_bias()) return out;  // the only buffers
+  for (const ParamSpec& p : model_param_specs(model))
+    if (p.buffer) out.push_back(p.name);
+  return out;
+}
+}  // namespace
+
 nlohmann::json Trainer::checkpoint_metadata() const {
   const TrainConfig& tc = cfg_.train;
   const ParallelConfig& pc = cfg_.parallel;
@@ -443,7 +490,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
     ranks.push_back({{"rank", r}, {"dp", c.dp}, {"pp", c.pp}, {"cp", c.cp}, {"tp", c.tp}, {"seed", tc.seed},
                      {"state", "stateless"}});
   }
-  return {
+  nlohmann::json meta = {
       {"iteration", step_},
       {"consumed_samples", step_ * tc.global_batch_size},
       {"global_batch_size", tc.global_batch_size},
@@ -468,6 +515,8 @@ nlohmann::json Trainer::checkpoint_metadata() const {
                {"dropout", "none"},
                {"ranks", ranks}}},
   };
+  if (nlohmann::json buffers = buffer_names(cfg_.model); !buffers.empty()) meta["buffers"] = std::move(buffers);
+  return meta;
 }
 
 void Trainer::save_checkpoint() {

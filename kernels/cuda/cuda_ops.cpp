@@ -2,6 +2,8 @@
 // chunk tables and per-op timing.
 #include "kernels/cuda/cuda_ops.h"
 
+#include "kernels/cuda/cublas.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -65,6 +67,7 @@ CudaOps::~CudaOps() {
   uploads_.clear();
   attention_.reset();
   gemm_.reset();
+  if (cublas_) cublas().Destroy_v2(cublas_);
   for (auto& [key, table] : chunk_tables_) cudaFree(table.first);
   for (Span& s : spans_) {
     cudaEventDestroy(s.start);

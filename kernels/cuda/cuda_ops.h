@@ -26,6 +26,8 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/op.h"
 
+struct cublasContext;  // cublasHandle_t's (kernels/cuda/cublas.h)
+
 namespace tripod::cuda {
 
 // Number of usable CUDA devices; 0 (never an exception) without a driver or a GPU.
@@ -84,6 +86,30 @@ class CudaOps final : public Ops {
                        Tensor& db) override;
   void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
   void linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) override;
+
+  // One cublasGemmGroupedBatchedEx per call (libcublas loaded at the first), each expert a group;
+  // per-expert cuBLASLt GEMMs where cuBLAS declines the types.
+  void grouped_linear_forward(const Tensor& x, std::span<const Tensor> w, std::span<const int64_t> offsets,
+                              Tensor& y) override;
+  void grouped_linear_backward_input(const Tensor& dy, std::span<const Tensor> w, std::span<const int64_t> offsets,
+                                     Tensor& dx) override;
+  void grouped_linear_backward_weight(const Tensor& dy, const Tensor& x, std::span<const int64_t> offsets,
+                                      std::span<Tensor> dw) override;
+  // Routing: one thread per token (moe.cu); the dispatch order by a block scan per expert.
+  void moe_route(const Tensor& logits, const Tensor& bias, bool sigmoid, bool normalize, Tensor& idx, Tensor& weights,
+                 Tensor& stats) override;
+  void moe_route_backward(const Tensor& logits, const Tensor& idx, const Tensor& dweights, const Tensor& aux,
+                          float z_scale, bool sigmoid, bool normalize, Tensor& dlogits) override;
+  void moe_dispatch(const Tensor& idx, int64_t experts, int64_t capacity, Tensor& routed, Tensor& row_of,
+                    Tensor& slot_of) override;
+  void moe_permute(const Tensor& x, const Tensor& slot_of, int64_t k, const Tensor& weights, Tensor& xp) override;
+  void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, Tensor& y) override;
+  void moe_combine_backward(Tensor& g, const Tensor& act, const Tensor& slot_of, const Tensor& weights,
+                            Tensor& dweights) override;
+  void qk_norm_forward(Tensor& qkv, int64_t hq, int64_t hk, const Tensor& w, float eps, Tensor& saved,
+                       Tensor& rstd) override;
+  void qk_norm_backward(Tensor& dqkv, int64_t hq, const Tensor& saved, const Tensor& w, const Tensor& rstd,
+                        Tensor& dw) override;
 
   void gelu_forward(const Tensor& x, Tensor& y) override;
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override;
@@ -153,6 +179,19 @@ class CudaOps final : public Ops {
   double reduce_to_host(const float* x, const k::Chunk* chunks, int nchunks, bool square, const char* what);
   void upload(const Tensor& src, Tensor& dst);
   void reap_uploads();
+  // One column-major GEMM of a grouped call (GemmArgs' conventions, gemm_runner.h): C (m x n, ldc)
+  // = op(A) op(B) + beta C, A and B bf16.
+  struct GroupedGemm {
+    int64_t m = 0, n = 0, k = 0;
+    const void* a = nullptr;
+    int64_t lda = 0;
+    const void* b = nullptr;
+    int64_t ldb = 0;
+    void* c = nullptr;
+    int64_t ldc = 0;
+  };
+  void grouped_gemm(bool trans_a, bool trans_b, const std::vector<GroupedGemm>& problems, bool f32_out, float beta,
+                    const std::string& what);
 
   int device_ = 0;
   std::string device_name_;
@@ -162,6 +201,8 @@ class CudaOps final : public Ops {
   DeviceAllocator device_alloc_;
   PinnedAllocator pinned_alloc_;
   std::unique_ptr<GemmRunner> gemm_;
+  ::cublasContext* cublas_ = nullptr;  // cuBLAS's handle, created at the first grouped GEMM
+  bool grouped_declined_ = false;           // cuBLAS refused the grouped call: per-group cuBLASLt GEMMs
   std::unique_ptr<AttentionRunner> attention_;
 
   // Reductions: kReduceBlocks partial sums and the result on the device, the result on the host.

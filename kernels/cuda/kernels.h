@@ -134,4 +134,30 @@ void attention_kv_unpack(const bf16* kv, bf16* qkv, int64_t N, int64_t W, int64_
 // Largest head dimension the reference kernels take.
 inline constexpr int64_t kMaxRefHeadDim = 256;
 
+// ---- mixture of experts (moe.cu), Ops' conventions (kernels/op.h) ------------------------------
+// logits (N, E) f32 -> idx, weights (N, k); p_scratch (N, E) and lse_scratch (N) f32 receive the
+// balancing probabilities and log-sum-exps; stats (E + 1) f32 their column sums and sum of lse^2.
+void moe_route(const float* logits, const float* bias, int64_t N, int64_t E, int k, bool sigmoid, bool normalize,
+               int32_t* idx, float* weights, float* p_scratch, float* lse_scratch, float* stats, cudaStream_t s);
+void moe_route_backward(const float* logits, const int32_t* idx, const float* dweights, const float* aux,
+                        float z_scale, int64_t N, int64_t E, int k, bool sigmoid, bool normalize, bf16* dlogits,
+                        cudaStream_t s);
+// P = N k pairs of idx; routed (E) i32 counted (zeroed first), row_of (P), slot_of (kept rows).
+void moe_dispatch(const int32_t* idx, int64_t P, int64_t E, int64_t capacity, int32_t* routed, int32_t* row_of,
+                  int32_t* slot_of, cudaStream_t s);
+void moe_permute(const bf16* x, const int32_t* slot_of, int64_t k, const float* weights, bf16* xp, int64_t R,
+                 int64_t C, cudaStream_t s);
+void moe_unpermute(const bf16* yp, const int32_t* row_of, const float* weights, bf16* y, int64_t N, int64_t k,
+                   int64_t C, cudaStream_t s);
+void moe_combine_backward(bf16* g, const bf16* act, const int32_t* slot_of, const float* weights, float* dweights,
+                          int64_t R, int64_t F, cudaStream_t s);
+// qkv (N, H, D): heads [0, hq + hk) normalised in place (w (2, D)); saved (N, hq + hk, D), rstd.
+void qk_norm_forward(bf16* qkv, int64_t N, int64_t H, int64_t D, int64_t hq, int64_t hk, const bf16* w, float eps,
+                     bf16* saved, float* rstd, cudaStream_t s);
+// dw (2, D) f32 += through `partial` (qk_norm_chunks(N) * 2 * D floats); heads [0, n) of dqkv
+// become the input gradient in place.
+void qk_norm_backward(bf16* dqkv, int64_t N, int64_t H, int64_t D, int64_t hq, int64_t n, const bf16* saved,
+                      const bf16* w, const float* rstd, float* dw, float* partial, cudaStream_t s);
+int64_t qk_norm_chunks(int64_t N);
+
 }  // namespace tripod::cuda::k

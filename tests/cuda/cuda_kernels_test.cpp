@@ -13,6 +13,7 @@
 #include <limits>
 #include <sstream>
 
+#include "kernels/cuda/cublas.h"
 #include "kernels/cuda/cublaslt.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -546,6 +547,136 @@ TEST_F(CudaOpsTest, AttentionDecodeMatchesCpu) {
     }
     EXPECT_EQ(rel_err(down(gk), kc), 0.0) << "the caches hold the (exact bf16) keys";
     EXPECT_EQ(rel_err(down(gv), vc), 0.0);
+  }
+}
+
+// ---- mixture of experts, q/k norms ------------------------------------------------------------------
+
+// cuBLAS (the grouped GEMM) is loaded at its first use like cuBLASLt, with every function.
+TEST(Cublas, LoadsWithEveryFunction) {
+  const cuda::Cublas& b = cuda::cublas();
+#define TRIPOD_EXPECT_LOADED(name) EXPECT_NE(b.name, nullptr) << #name;
+  TRIPOD_CUBLAS_FUNCTIONS(TRIPOD_EXPECT_LOADED)
+#undef TRIPOD_EXPECT_LOADED
+  EXPECT_STREQ(b.GetStatusString(CUBLAS_STATUS_SUCCESS), "CUBLAS_STATUS_SUCCESS");
+}
+
+// Experts' rows: sizes with an empty group, one row, and sizes that are not multiples of 8.
+TEST_F(CudaOpsTest, GroupedLinearMatchesCpu) {
+  for (auto [I, O] : {std::pair<int64_t, int64_t>{24, 40}, {64, 176}, {13, 7}}) {
+    const std::vector<int64_t> offsets = {0, 5, 5, 6, 40, 103};
+    const int64_t G = 5, R = offsets.back();
+    std::vector<Tensor> w, gw, dw, gdw;
+    for (int64_t g = 0; g < G; ++g) {
+      w.push_back(randn({O, I}, 400 + g, 0.1f));
+      gw.push_back(up(w.back()));
+      dw.push_back(randn({O, I}, 420 + g, 1.f, 0.f, true));
+      gdw.push_back(up(dw.back(), DType::F32));
+    }
+    Tensor x = randn({R, I}, 440), dy = randn({R, O}, 441);
+    Tensor y = host({R, O}), dx = host({R, I});
+    cpu_->grouped_linear_forward(x, w, offsets, y);
+    cpu_->grouped_linear_backward_input(dy, w, offsets, dx);
+    cpu_->grouped_linear_backward_weight(dy, x, offsets, dw);
+    Tensor gy = poison({R, O}), gdx = poison({R, I});
+    gpu_->grouped_linear_forward(up(x), gw, offsets, gy);
+    gpu_->grouped_linear_backward_input(up(dy), gw, offsets, gdx);
+    gpu_->grouped_linear_backward_weight(up(dy), up(x), offsets, gdw);
+    EXPECT_LT(rel_err(down(gy), y), kBf16Tol) << I << " " << O;
+    EXPECT_LT(rel_err(down(gdx), dx), kBf16Tol) << I << " " << O;
+    for (int64_t g = 0; g < G; ++g) EXPECT_LT(rel_err(down(gdw[g]), dw[g]), 1e-4) << I << " " << O << " group " << g;
+  }
+}
+
+TEST_F(CudaOpsTest, MoeRouteAndItsBackwardMatchCpu) {
+  for (bool sigmoid : {false, true})
+    for (bool normalize : {false, true})
+      for (auto [N, E, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 4, 1}, {37, 8, 2}, {300, 64, 6}}) {
+        SCOPED_TRACE(fmt::format("sigmoid {} normalize {} N {} E {} k {}", sigmoid, normalize, N, E, k));
+        Tensor logits = randn({N, E}, 450, 2.f, 0.f, true), bias = randn({E}, 451, 0.05f, 0.f, true);
+        Tensor idx = host({N, k}, DType::I32), weights = host({N, k}), stats = host({E + 1});
+        cpu_->moe_route(logits, sigmoid ? bias : Tensor{}, sigmoid, normalize, idx, weights, stats);
+        Tensor gl = up(logits, DType::F32);
+        Tensor gidx = up(host({N, k}, DType::I32), DType::I32), gw = poison({N, k}, DType::F32);
+        Tensor gstats = poison({E + 1}, DType::F32);
+        gpu_->moe_route(gl, sigmoid ? up(bias, DType::F32) : Tensor{}, sigmoid, normalize, gidx, gw, gstats);
+        Tensor hidx = down(gidx);
+        for (int64_t i = 0; i < N * k; ++i) ASSERT_EQ(hidx.data<int32_t>()[i], idx.data<int32_t>()[i]) << i;
+        EXPECT_LT(rel_err(down(gw), weights), kF32Tol);
+        EXPECT_LT(rel_err(down(gstats), stats), kF32Tol);
+        Tensor dweights = randn({N, k}, 452, 1.f, 0.f, true), aux = randn({E}, 453, 0.1f, 0.f, true);
+        Tensor dlogits = host({N, E});
+        cpu_->moe_route_backward(logits, idx, dweights, aux, 0.01f, sigmoid, normalize, dlogits);
+        Tensor gd = poison({N, E});
+        gpu_->moe_route_backward(gl, gidx, up(dweights, DType::F32), up(aux, DType::F32), 0.01f, sigmoid, normalize,
+                                 gd);
+        EXPECT_LT(rel_err(down(gd), dlogits), kBf16Tol);
+      }
+}
+
+// The dispatch order (with and without a capacity), the permutations and the combine's backward.
+TEST_F(CudaOpsTest, MoeDispatchPermutationsAndCombineMatchCpu) {
+  const int64_t N = 300, E = 8, k = 2, C = 40, F = 24;
+  Tensor logits = randn({N, E}, 460, 3.f, 0.f, true);
+  Tensor idx = host({N, k}, DType::I32), weights = host({N, k}), stats = host({E + 1});
+  cpu_->moe_route(logits, Tensor{}, false, true, idx, weights, stats);
+  for (int64_t capacity : {int64_t{-1}, int64_t{60}, int64_t{1}}) {
+    SCOPED_TRACE("capacity " + std::to_string(capacity));
+    const int64_t rows_max = capacity < 0 ? N * k : std::min(N * k, capacity * E);
+    Tensor routed = host({E}, DType::I32), row_of = host({N * k}, DType::I32), slot_of = host({rows_max}, DType::I32);
+    cpu_->moe_dispatch(idx, E, capacity, routed, row_of, slot_of);
+    Tensor gidx = up(idx, DType::I32), grouted = up(host({E}, DType::I32), DType::I32);
+    Tensor grow = up(host({N * k}, DType::I32), DType::I32), gslot = up(host({rows_max}, DType::I32), DType::I32);
+    gpu_->moe_dispatch(gidx, E, capacity, grouted, grow, gslot);
+    Tensor hr = down(grouted), hrow = down(grow), hslot = down(gslot);
+    int64_t R = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      ASSERT_EQ(hr.data<int32_t>()[e], routed.data<int32_t>()[e]) << e;
+      R += capacity < 0 ? routed.data<int32_t>()[e] : std::min<int64_t>(routed.data<int32_t>()[e], capacity);
+    }
+    for (int64_t p = 0; p < N * k; ++p) ASSERT_EQ(hrow.data<int32_t>()[p], row_of.data<int32_t>()[p]) << p;
+    for (int64_t r = 0; r < R; ++r) ASSERT_EQ(hslot.data<int32_t>()[r], slot_of.data<int32_t>()[r]) << r;
+
+    Tensor x = randn({N, C}, 461), gx = up(x), gwt = up(weights, DType::F32);
+    for (bool weighted : {false, true}) {
+      Tensor xp = host({R, C}), gxp = poison({R, C});
+      cpu_->moe_permute(x, slot_of, k, weighted ? weights : Tensor{}, xp);
+      gpu_->moe_permute(gx, gslot, k, weighted ? gwt : Tensor{}, gxp);
+      EXPECT_LT(rel_err(down(gxp), xp), kBf16Tol) << "weighted " << weighted;
+      Tensor yp = randn({R, C}, 462), y = host({N, C}), gy = poison({N, C});
+      cpu_->moe_unpermute(yp, row_of, weighted ? weights : Tensor{}, y);
+      gpu_->moe_unpermute(up(yp), grow, weighted ? gwt : Tensor{}, gy);
+      EXPECT_LT(rel_err(down(gy), y), kBf16Tol) << "weighted " << weighted;
+    }
+    Tensor g = randn({R, F}, 463), act = randn({R, F}, 464), dweights = host({N, k});
+    cpu_->fill(dweights, 0.f);
+    Tensor gg = up(g), gdw = up(dweights, DType::F32);
+    cpu_->moe_combine_backward(g, act, slot_of, weights, dweights);
+    gpu_->moe_combine_backward(gg, up(act), gslot, gwt, gdw);
+    EXPECT_LT(rel_err(down(gg), g), kBf16Tol);
+    EXPECT_LT(rel_err(down(gdw), dweights), 1e-4);
+  }
+}
+
+TEST_F(CudaOpsTest, QkNormForwardBackwardMatchCpu) {
+  for (auto [N, hq, hk, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 1, 1, 8}, {37, 4, 2, 64},
+                              {300, 8, 8, 128}}) {
+    const int64_t H = hq + 2 * hk, n = hq + hk;
+    Tensor qkv = randn({N, H, D}, 470, 2.f), w = randn({2, D}, 471, 0.1f, 1.f);
+    Tensor gqkv = up(qkv), gw = up(w);
+    Tensor saved = host({N, n, D}), rstd = host({N, n});
+    cpu_->qk_norm_forward(qkv, hq, hk, w, 1e-6f, saved, rstd);
+    Tensor gsaved = poison({N, n, D}), grstd = poison({N, n}, DType::F32);
+    gpu_->qk_norm_forward(gqkv, hq, hk, gw, 1e-6f, gsaved, grstd);
+    EXPECT_LT(rel_err(down(gqkv), qkv), kBf16Tol) << N << " " << D;
+    EXPECT_LT(rel_err(down(gsaved), saved), kF32Tol) << N << " " << D;  // the bf16 input, copied
+    EXPECT_LT(rel_err(down(grstd), rstd), 1e-4) << N << " " << D;
+    Tensor dqkv = randn({N, H, D}, 472), dw = randn({2, D}, 473, 1.f, 0.f, true);
+    Tensor gd = up(dqkv), gdw = up(dw, DType::F32);
+    cpu_->qk_norm_backward(dqkv, hq, saved, w, rstd, dw);
+    gpu_->qk_norm_backward(gd, hq, gsaved, gw, grstd, gdw);
+    EXPECT_LT(rel_err(down(gd), dqkv), kBf16Tol) << N << " " << D;
+    EXPECT_LT(rel_err(down(gdw), dw), 1e-4) << N << " " << D;
   }
 }
 

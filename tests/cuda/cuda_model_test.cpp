@@ -18,7 +18,9 @@ using namespace test;
 
 constexpr uint64_t kSeed = 4321;
 
-ModelConfig tiny_config(bool llama = false) {
+// "gpt2", "llama", or "moe": the Llama one with q/k norms and 4 experts (top 2) and a shared expert.
+ModelConfig tiny_config(const std::string& kind = "gpt2") {
+  const bool llama = kind != "gpt2";
   ModelConfig c;
   c.n_layers = 2;
   c.n_heads = 4;
@@ -34,6 +36,11 @@ ModelConfig tiny_config(bool llama = false) {
     c.ffn_hidden = 192;
     c.n_kv_heads = 2;
     c.bias = c.tie_embeddings = false;
+  }
+  if (kind == "moe") {
+    c.qk_norm = true;
+    c.moe = {.experts = 4, .top_k = 2, .ffn_hidden = 96, .shared_experts = 1, .aux_loss_coeff = 0.01,
+             .z_loss_coeff = 0.001};
   }
   return c;
 }
@@ -118,9 +125,9 @@ class CudaModelTest : public ::testing::Test {
 };
 
 TEST_F(CudaModelTest, TrainingStepMatchesCpu) {
-  for (bool llama : {false, true}) {
-    SCOPED_TRACE(llama ? "llama" : "gpt2");
-    const ModelConfig cfg = tiny_config(llama);
+  for (const std::string kind : {"gpt2", "llama", "moe"}) {
+    SCOPED_TRACE(kind);
+    const ModelConfig cfg = tiny_config(kind);
     auto cpu = make_setup(Device::CPU, cfg, RecomputeMode::None);
     auto gpu = make_setup(Device::CUDA, cfg, RecomputeMode::None);
     const int64_t B = 2;
@@ -131,7 +138,9 @@ TEST_F(CudaModelTest, TrainingStepMatchesCpu) {
 
     const Tensor cg = grads_on_host(*cpu), gg = grads_on_host(*gpu);
     EXPECT_LT(rel_err(gg, cg), 3e-2) << "the whole gradient";
-    expect_params_close(*cpu, gg, cg, 1e-1, "gradient");
+    // (A mixture of experts: a token whose top 2 nearly tie may choose another expert from bf16
+    // logits, which moves that expert's gradient; the whole gradient is held to the same bar.)
+    if (kind != "moe") expect_params_close(*cpu, gg, cg, 1e-1, "gradient");
 
     // The update: the CPU's AdamW steps on the GPU's gradients, so the two optimizers see the
     // same input. (From each backend's own gradients, AdamW's first step, about lr * sign(g),
@@ -154,9 +163,9 @@ TEST_F(CudaModelTest, TrainingStepMatchesCpu) {
 
 // Recomputing the layers' activations in the backward gives the gradients of storing them.
 TEST_F(CudaModelTest, FullRecomputationGivesTheSameGradients) {
-  for (bool llama : {false, true}) {
-    SCOPED_TRACE(llama ? "llama" : "gpt2");
-    const ModelConfig cfg = tiny_config(llama);
+  for (const std::string kind : {"gpt2", "llama", "moe"}) {  // moe: the router's choices replayed
+    SCOPED_TRACE(kind);
+    const ModelConfig cfg = tiny_config(kind);
     auto stored = make_setup(Device::CUDA, cfg, RecomputeMode::None);
     auto recomputed = make_setup(Device::CUDA, cfg, RecomputeMode::Full);
     const double a = forward_backward(*stored, 2, 0), b = forward_backward(*recomputed, 2, 0);

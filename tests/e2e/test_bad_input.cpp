@@ -459,6 +459,58 @@ TEST_F(BadInput, Battery) {
   EXPECT_GE(cases, 100);
 }
 
+// Mixtures of experts: [moe] keys, a layout that cannot split the experts, a checkpoint loaded
+// with another expert count, Hugging Face folders that disagree with the config or hold what tripod
+// cannot express, and a model no Hugging Face type can express.
+TEST_F(BadInput, MixtureOfExperts) {
+  const std::string moe = "--set moe.experts=4 --set moe.ffn_hidden=24 ";
+  refused(train(moe + "--set moe.top_k=5"), "moe.top_k = 5 must be in [1, moe.experts = 4]");
+  refused(train(moe + "--set moe.router='topk'"), "moe.router = \"topk\" is not one of \"softmax\", \"sigmoid\"");
+  refused(train(moe + "--set moe.layers='some'"), "moe.layers");
+  refused(train(moe + "--set moe.layers={first_dense=2}"), "moe.layers = {first_dense = 2}");
+  refused(train(moe + "--set moe.capacity_factor=-1"), "moe.capacity_factor");
+  refused(train(moe + "--set moe.bias_update_rate=-0.1"), "moe.bias_update_rate");
+  refused(train(moe + "--set moe.expert=4"), "moe.expert");
+  refused(train(moe + "--set parallel.tp=2 --set moe.ffn_hidden=25"), "moe.ffn_hidden", 2);
+  // A dense checkpoint loaded as a mixture of experts, and one with another expert count.
+  refused(train(moe + "--set checkpoint.load=" + q(ck_iter())), "moe.experts = 0 (a dense model)");
+  const std::string llama = "--set model.arch='llama' --set moe.router='sigmoid' ";
+  must("train " + cfg(moe + llama + "--set train.steps=1 --set checkpoint.dir=" + q(dir / "ckm")));
+  refused(train("--set moe.experts=8 --set moe.ffn_hidden=24 " + llama + "--set checkpoint.load=" + q(dir / "ckm")),
+          "moe.experts = 4");
+  // GPT2LMHeadModel has no experts at all.
+  must("train " + cfg(moe + "--set train.steps=1 --set checkpoint.dir=" + q(dir / "ckg")));
+  refused("ckpt convert " + q(dir / "ckg") + " --to safetensors " + q(dir / "moe.safetensors"), "moe.experts = 4");
+  // No Hugging Face type routes by sigmoid: the export names the key; nothing is written.
+  refused("ckpt convert " + q(dir / "ckm") + " --to safetensors " + q(dir / "moe_hf"), "moe.router = \"sigmoid\"");
+  EXPECT_FALSE(fs::exists(dir / "moe_hf"));
+  // The Mixtral folder of the PyTorch reference (4 experts) with a config of 8; and edited.
+  const fs::path mixtral = fs::path(TRIPOD_SOURCE_PATH) / "tests/fixtures/mixtral_hf";
+  const std::string mixtral_toml =
+      "[model]\narch = \"llama\"\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\nd_model = 32\nseq_len = 8\n"
+      "vocab_size = 40\nrope_theta = 500000.0\nnorm_eps = 1e-6\n[moe]\nexperts = 8\ntop_k = 2\nffn_hidden = 24\n"
+      "[train]\nsteps = 1\n[data]\nsynthetic = true\n";
+  refused("ckpt convert " + q(mixtral) + " --from safetensors " + q(dir / "imp_moe") + " --config " +
+              q(file("mixtral8.toml", mixtral_toml)),
+          "num_local_experts = 4 but moe.experts = 8");
+  auto mixtral_edited = [&](const std::string& name, const std::function<void(json&)>& edit) {
+    const fs::path d = fx / "cases" / name;
+    fs::create_directories(d);
+    fs::copy(mixtral, d, fs::copy_options::recursive);
+    json c = json::parse(slurp(d / "config.json"));
+    edit(c);
+    write_file(d / "config.json", c.dump(2));
+    return "ckpt convert " + q(d) + " --from safetensors " + q(dir / "imp" / name);
+  };
+  refused(mixtral_edited("mx_window", [](json& c) { c["sliding_window"] = 4096; }), "sliding_window = 4096");
+  refused(mixtral_edited("mx_jitter", [](json& c) { c["router_jitter_noise"] = 0.1; }), "router_jitter_noise");
+  refused(mixtral_edited("mx_topk", [](json& c) { c["num_experts_per_tok"] = 6; }), "num_experts_per_tok = 6");
+  refused(mixtral_edited("mx_experts", [](json& c) { c["num_local_experts"] = "four"; }), "num_local_experts");
+  refused(mixtral_edited("mx_more", [](json& c) { c["num_local_experts"] = 5; }),
+          "block_sparse_moe.gate.weight has shape (4, 32), expected (5, 32)");
+  refused(mixtral_edited("mx_type", [](json& c) { c["model_type"] = "deepseek_v3"; }), "model_type = \"deepseek_v3\"");
+}
+
 // Tokenizer files people bring, damaged: the reader names the file and line or field.
 TEST_F(BadInput, TokenizerFiles) {
   // A GPT-2 vocabulary of the 256 byte tokens (written in GPT-2's byte table) and one merge.

@@ -4,6 +4,7 @@
 
 #include "e2e_test.h"
 #include "report/report.h"
+#include "train/metrics.h"
 
 namespace tripod {
 namespace {
@@ -172,6 +173,71 @@ TEST_F(EvalGenerateCli, ACheckpointAloneIsEnoughAndEvalFitsItsGridToTheWorld) {
 
   expect_error(run_tripod("eval --init-seed 1"), "give --config F.toml, or --load CKPT", "no config at all");
   expect_error(run_tripod("eval --load latest"), "--load latest looks in checkpoint.dir", "latest, no config");
+}
+
+// A mixture of experts (Qwen3-MoE-like: q/k norms, a dense first layer, 4 experts of which 2 per
+// token, a shared expert): training logs each MoE layer's expert load, losses and dropped pairs
+// (metrics.jsonl, and the TensorBoard scalars from the same record); its checkpoint evaluates to
+// the same loss on one rank, tp = 2, pp = 2 and cp = 2, and generates the same greedy text on one
+// rank and at tp = 2.
+TEST_F(EvalGenerateCli, AMixtureOfExpertsTrainsEvaluatesAndGeneratesOnEveryGrid) {
+  ASSERT_NO_FATAL_FAILURE(train_tokenizer());
+  const std::string moe = " --set model.arch=llama --set model.n_kv_heads=2 --set model.qk_norm=true"
+                          " --set moe.experts=4 --set moe.top_k=2 --set moe.ffn_hidden=32 --set moe.shared_experts=1"
+                          " --set moe.layers={first_dense=1} --set moe.aux_loss_coeff=0.01 --set moe.capacity_factor=1.0"
+                          " --set data.tokenizer=" + (dir_ / "tok.model").string();
+  const std::string ckpt = (dir_ / "ckpt").string(), run = (dir_ / "run").string();
+  auto train = run_tripod("train --config " + cfg_ + moe + " --set checkpoint.dir=" + ckpt +
+                          " --set train.output_dir=" + run);
+  ASSERT_EQ(train.status, 0) << train.err;
+  EXPECT_NE(train.err.find("active: 4 experts, top 2, 1 shared, layers 1+"), std::string::npos) << train.err;
+  EXPECT_NE(train.err.find("max/mean load"), std::string::npos) << train.err;
+  int records = 0;
+  for (const auto& j : test::metrics(run)) {
+    if (!j.contains("moe")) continue;
+    ++records;
+    const auto& m = j["moe"];
+    EXPECT_EQ(m["layers"], nlohmann::json({1}));  // layer 0 is dense
+    int64_t pairs = 0;
+    for (const auto& c : m["tokens_per_expert"][0]) pairs += c.get<int64_t>();
+    EXPECT_EQ(pairs, 2 * 8 * 16) << "every token of the batch, 2 choices each";
+    EXPECT_GE(m["dropped_tokens"][0].get<int64_t>(), 0);
+    EXPECT_GT(m["load_balancing_loss"][0].get<double>(), 1.0);
+    EXPECT_GT(m["z_loss"][0].get<double>(), 0.0);
+    EXPECT_GE(m["max_over_mean_load"][0].get<double>(), 1.0);
+    // The TensorBoard scalars of the same record.
+    StepMetrics sm;
+    sm.moe.push_back({.layer = 1, .tokens_per_expert = m["tokens_per_expert"][0].get<std::vector<double>>(),
+                      .dropped = m["dropped_tokens"][0].get<double>(),
+                      .load_balancing_loss = m["load_balancing_loss"][0].get<double>(),
+                      .z_loss = m["z_loss"][0].get<double>()});
+    std::map<std::string, double> tags;
+    for (const auto& [tag, v] : tensorboard_scalars(sm)) tags[tag] = v;
+    EXPECT_EQ(tags.at("load_balancing_loss"), m["load_balancing_loss"][0].get<double>());
+    EXPECT_EQ(tags.at("moe/dropped_tokens_layer_1"), m["dropped_tokens"][0].get<double>());
+    EXPECT_EQ(tags.at("moe/tokens_per_expert_layer_1/expert_3"), m["tokens_per_expert"][0][3].get<double>());
+    EXPECT_TRUE(tags.count("moe/max_over_mean_load_layer_1") && tags.count("z_loss"));
+  }
+  EXPECT_EQ(records, 4);
+
+  auto one = run_tripod("eval --load " + ckpt + " --json");
+  ASSERT_EQ(one.status, 0) << one.err;
+  const double loss = nlohmann::json::parse(one.out)["loss"].get<double>();
+  for (const char* grid : {"--set parallel.tp=2", "--set parallel.pp=2", "--set parallel.cp=2"}) {
+    auto r = run_tripod("eval --load " + ckpt + " --json " + grid, {.np = 2});
+    ASSERT_EQ(r.status, 0) << grid << ": " << r.err;
+    // (cp = 2: each rank's capacity is its own tokens', so dropped pairs may differ slightly.)
+    EXPECT_NEAR(nlohmann::json::parse(r.out)["loss"].get<double>(), loss,
+                (std::string(grid).find("cp") != std::string::npos ? 1e-3 : 1e-6) * loss)
+        << grid;
+  }
+  const std::string gen = " --prompt 'And God said' --max-tokens 8 --temperature 0";
+  auto alone = run_tripod("generate --load " + ckpt + gen);
+  ASSERT_EQ(alone.status, 0) << alone.err;
+  EXPECT_GT(alone.out.size(), 1u);
+  auto tp2 = run_tripod("generate --load " + ckpt + gen + " --set parallel.tp=2", {.np = 2});
+  ASSERT_EQ(tp2.status, 0) << tp2.err;
+  EXPECT_EQ(tp2.out, alone.out) << "tp=2 generates what tp=1 does";
 }
 
 }  // namespace

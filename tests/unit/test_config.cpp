@@ -270,3 +270,119 @@ TEST(DebugOptions, PeakTflopsIsAPositiveNumber) {
 
 }  // namespace
 }  // namespace tripod
+
+namespace tripod {
+namespace {
+
+const char* kMoe = R"(
+[model]
+arch = "llama"
+n_layers = 4
+n_heads = 4
+d_model = 32
+seq_len = 16
+vocab_size = 64
+qk_norm = true
+[moe]
+experts = 8
+top_k = 2
+ffn_hidden = 24
+shared_experts = 1
+router = "sigmoid"
+normalize_top_k = false
+layers = {first_dense = 1}
+aux_loss_coeff = 0.01
+z_loss_coeff = 0.001
+bias_update_rate = 0.001
+capacity_factor = 1.25
+[train]
+steps = 3
+[data]
+synthetic = true
+)";
+
+TEST(MoeConfig, EveryKeyParsesAndTheResolvedTomlRoundTrips) {
+  Config c = parse_config(kMoe, "moe.toml");
+  const MoeConfig& m = c.model.moe;
+  EXPECT_TRUE(c.model.qk_norm);
+  EXPECT_EQ(m.experts, 8);
+  EXPECT_EQ(m.top_k, 2);
+  EXPECT_EQ(m.ffn_hidden, 24);
+  EXPECT_EQ(m.shared_experts, 1);
+  EXPECT_EQ(m.router, MoeRouter::Sigmoid);
+  EXPECT_FALSE(m.normalize_top_k);
+  EXPECT_EQ(m.first_dense, 1);
+  EXPECT_EQ(m.aux_loss_coeff, 0.01);
+  EXPECT_EQ(m.z_loss_coeff, 0.001);
+  EXPECT_EQ(m.bias_update_rate, 0.001);
+  EXPECT_EQ(m.capacity_factor, 1.25);
+  EXPECT_FALSE(m.sparse(0));
+  EXPECT_TRUE(m.sparse(1));
+  // Capacity: ceil(1.25 * 64 tokens * 2 / 8) = 20 per expert, 160 rows at most.
+  EXPECT_EQ(m.capacity(64), 20);
+  EXPECT_EQ(m.routed_rows(64), 128);
+  const std::string toml = config_to_toml(c);
+  EXPECT_NE(toml.find("first_dense = 1"), std::string::npos) << toml;
+  Config back = parse_config(toml, "resolved.toml", {}, ConfigUse{.training = false, .data = false});
+  EXPECT_EQ(model_to_json(back.model), model_to_json(c.model));
+  EXPECT_EQ(model_from_json(model_to_json(c.model), "x").moe.router, MoeRouter::Sigmoid);
+  // "all" and the default ffn_hidden (model.ffn_hidden, resolved).
+  Config all = parse_config(kMoe, "moe.toml", {"moe.layers=\"all\"", "moe.ffn_hidden=0"});
+  EXPECT_EQ(all.model.moe.first_dense, 0);
+  EXPECT_EQ(all.model.moe.ffn_hidden, all.model.ffn());
+  EXPECT_NE(config_to_toml(all).find("layers = 'all'"), std::string::npos) << config_to_toml(all);
+}
+
+TEST(MoeConfig, ADenseModelHasNoMoeSectionInItsRecordsAndFlopsCountActiveParameters) {
+  Config dense = parse_config(kGood, "test.toml");
+  EXPECT_EQ(config_to_toml(dense).find("[moe]"), std::string::npos);
+  EXPECT_FALSE(model_to_json(dense.model).contains("moe"));
+  EXPECT_FALSE(model_to_json(dense.model).contains("qk_norm"));
+  EXPECT_EQ(dense.model.num_params(1, /*active=*/true), dense.model.num_params(1));
+  // 8 experts, top 2, of an expert as wide as the dense MLP: 6 of the 8 experts are inactive.
+  Config moe = parse_config(kGood, "test.toml", {"moe.experts=8", "moe.top_k=2"});
+  const int64_t C = 32, F = moe.model.ffn(), expert = 2 * F * C;
+  EXPECT_EQ(moe.model.num_params(1) - moe.model.num_params(1, true), 2 * 6 * expert);
+  // Per layer: a router and two bias-free experts active, for one MLP with biases (F + C).
+  EXPECT_EQ(moe.model.num_params(1, true) - dense.model.num_params(1), 2 * (2 * expert + 8 * C - (expert + F + C)));
+  EXPECT_DOUBLE_EQ(moe.model.flops_per_token() - dense.model.flops_per_token(),
+                   6.0 * (moe.model.num_params(1, true) - dense.model.num_params(1)));
+}
+
+TEST(MoeConfig, BadValuesNameTheKeyAndWhatIsValid) {
+  for (const auto& [set, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"moe.top_k=9", "moe.top_k = 9 must be in [1, moe.experts = 8]"},
+           {"moe.top_k=0", "moe.top_k = 0 must be in [1, moe.experts = 8]"},
+           {"moe.router=\"topk\"", "moe.router = \"topk\" is not one of \"softmax\", \"sigmoid\""},
+           {"moe.experts=-1", "moe.experts must be in [0, 65536]"},
+           {"moe.layers=\"some\"", "moe.layers = \"some\" is not valid"},
+           {"moe.layers={first=1}", "moe.layers must be \"all\""},
+           {"moe.layers={first_dense=4}", "moe.layers = {first_dense = 4} must leave a sparse layer"},
+           {"moe.capacity_factor=-1", "moe.capacity_factor must be 0 (dropless) or >= 0.01"},
+           {"moe.aux_loss_coeff=-0.1", "moe.aux_loss_coeff must be >= 0"},
+           {"moe.bias_update_rate=-1", "moe.bias_update_rate must be >= 0"},
+           {"moe.shared_experts=-1", "moe.shared_experts must be in [0, 1024]"},
+           {"moe.experts_per_token=2", "unknown key moe.experts_per_token"},
+           {"model.qk_norm=1", "model.qk_norm must be true or false"}}) {
+    try {
+      parse_config(kMoe, "moe.toml", {set});
+      ADD_FAILURE() << "accepted " << set;
+    } catch (const InputError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << set << ": " << e.what();
+    }
+  }
+  // tp must divide an expert's width.
+  Config c = parse_config(kMoe, "moe.toml", {"moe.ffn_hidden=30", "moe.shared_experts=0"});
+  c.parallel.tp = 4;
+  try {
+    validate_layout(c, 4);
+    ADD_FAILURE() << "tp = 4 accepted for experts 30 wide";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.tp = 4 must divide an expert's width (moe.ffn_hidden) = 30"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tripod

@@ -1,7 +1,9 @@
 // Every CPU op against a double-precision reference: forwards directly, backwards against
 // central finite differences of the reference forward.
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <numeric>
 
 #include "kernels/op.h"
 #include "test_util.h"
@@ -333,6 +335,212 @@ TEST_F(CpuKernels, RmsNormForwardBackward) {
   for (size_t i = 0; i < gw.size(); ++i) gw[i] += dw0[i];
   EXPECT_CLOSE(dx, gx, 1e-4, 1e-4);
   EXPECT_CLOSE(dw, gw, 1e-4, 1e-4);
+}
+
+// ---- per-head q/k RMSNorm ------------------------------------------------------------------------
+// Heads [0, hq) of every row normalised with w row 0, [hq, hq + hk) with row 1; the rest untouched.
+Vec ref_qk_norm(const Vec& x, const Vec& w, int64_t N, int64_t H, int64_t D, int64_t hq, int64_t hk, double eps) {
+  Vec y = x;
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t h = 0; h < hq + hk; ++h) {
+      const double* xr = x.data() + (t * H + h) * D;
+      double ss = 0;
+      for (int64_t d = 0; d < D; ++d) ss += xr[d] * xr[d];
+      const double r = 1.0 / std::sqrt(ss / D + eps);
+      for (int64_t d = 0; d < D; ++d) y[(t * H + h) * D + d] = xr[d] * r * w[(h < hq ? 0 : D) + d];
+    }
+  return y;
+}
+
+TEST_F(CpuKernels, QkNormForwardBackward) {
+  const int64_t N = 3, hq = 2, hk = 1, H = hq + 2 * hk, D = 6;
+  const double eps = 1e-6;
+  Tensor qkv = random_tensor({N, H, D}, 300), w = random_tensor({2, D}, 301);
+  Vec X = to_double(qkv), W = to_double(w);
+  Tensor saved = host_tensor({N, hq + hk, D}), rstd = host_tensor({N, hq + hk});
+  ops->qk_norm_forward(qkv, hq, hk, w, static_cast<float>(eps), saved, rstd);
+  EXPECT_CLOSE(qkv, ref_qk_norm(X, W, N, H, D, hq, hk, eps), 1e-5, 1e-5);  // the value heads untouched too
+  Tensor dqkv = random_tensor({N, H, D}, 302), dw = random_tensor({2, D}, 303);  // dw accumulates
+  Vec G = to_double(dqkv), dw0 = to_double(dw);
+  ops->qk_norm_backward(dqkv, hq, saved, w, rstd, dw);
+  Vec gx = numeric_grad([&](const Vec& v) { return dot(G, ref_qk_norm(v, W, N, H, D, hq, hk, eps)); }, X);
+  Vec gw = numeric_grad([&](const Vec& v) { return dot(G, ref_qk_norm(X, v, N, H, D, hq, hk, eps)); }, W);
+  for (int64_t t = 0; t < N; ++t)  // value heads: the op leaves their gradient as it was
+    for (int64_t i = (hq + hk) * D; i < H * D; ++i) gx[t * H * D + i] = G[t * H * D + i];
+  for (size_t i = 0; i < gw.size(); ++i) gw[i] += dw0[i];
+  EXPECT_CLOSE(dqkv, gx, 1e-4, 1e-4);
+  EXPECT_CLOSE(dw, gw, 1e-4, 1e-4);
+}
+
+// ---- mixture of experts ----------------------------------------------------------------------------
+bool same_bits(const Tensor& a, const Tensor& b);
+Tensor clone(const Tensor& t);
+
+// Each group's rows through its own weight: exactly the linear ops on those rows.
+TEST_F(CpuKernels, GroupedLinearIsTheLinearOpsOverEachGroupsRows) {
+  const int64_t I = 5, O = 3;
+  const std::vector<int64_t> offsets = {0, 4, 4, 5, 9};  // an empty group, a one-row group
+  const int64_t R = offsets.back();
+  std::vector<Tensor> w, dw;
+  for (int g = 0; g < 4; ++g) {
+    w.push_back(random_tensor({O, I}, 310 + g));
+    dw.push_back(random_tensor({O, I}, 320 + g));
+  }
+  Tensor x = random_tensor({R, I}, 330), dy = random_tensor({R, O}, 331);
+  Tensor y = host_tensor({R, O}), dx = host_tensor({R, I});
+  std::vector<Tensor> dw_want;
+  for (const Tensor& t : dw) dw_want.push_back(clone(t));
+  ops->grouped_linear_forward(x, w, offsets, y);
+  ops->grouped_linear_backward_input(dy, w, offsets, dx);
+  ops->grouped_linear_backward_weight(dy, x, offsets, dw);
+  for (int g = 0; g < 4; ++g) {
+    const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+    if (r0 == r1) {
+      EXPECT_TRUE(same_bits(dw[g], dw_want[g])) << "an empty group's gradient is untouched";
+      continue;
+    }
+    Tensor yg = host_tensor({r1 - r0, O}), dxg = host_tensor({r1 - r0, I}), none;
+    ops->linear_forward(x.slice(r0, r1), w[g], none, yg);
+    ops->linear_backward_input(dy.slice(r0, r1), w[g], dxg);
+    ops->linear_backward_weight(dy.slice(r0, r1), x.slice(r0, r1), dw_want[g], none);
+    EXPECT_TRUE(same_bits(y.slice(r0, r1), yg)) << g;
+    EXPECT_TRUE(same_bits(dx.slice(r0, r1), dxg)) << g;
+    EXPECT_TRUE(same_bits(dw[g], dw_want[g])) << g;
+  }
+}
+
+// The router's objective in double for fixed choices: sum_j dw_j w_j + sum_e aux_e P_e + zs lse^2.
+double ref_router_objective(const Vec& l, const std::vector<int32_t>& idx, const Vec& dw, const Vec& aux, double zs,
+                            bool sigmoid, bool normalize) {
+  const int64_t E = static_cast<int64_t>(l.size()), k = static_cast<int64_t>(idx.size());
+  double m = l[0];
+  for (double v : l) m = std::max(m, v);
+  double z = 0;
+  for (double v : l) z += std::exp(v - m);
+  const double lse = m + std::log(z);
+  Vec s(E);
+  double ssum = 0;
+  for (int64_t e = 0; e < E; ++e) ssum += s[e] = sigmoid ? 1 / (1 + std::exp(-l[e])) : std::exp(l[e] - lse);
+  double chosen = 0, out = 0;
+  for (int64_t j = 0; j < k; ++j) chosen += s[idx[j]];
+  for (int64_t j = 0; j < k; ++j) out += dw[j] * s[idx[j]] / (normalize ? chosen : 1.0);
+  for (int64_t e = 0; e < E; ++e) out += aux[e] * (sigmoid ? s[e] / ssum : s[e]);
+  return out + zs * lse * lse;
+}
+
+TEST_F(CpuKernels, MoeRouteChoosesTopKByBiasedScoresAndItsBackwardMatchesFiniteDifferences) {
+  const int64_t N = 6, E = 5, k = 2;
+  for (bool sigmoid : {false, true})
+    for (bool normalize : {false, true}) {
+      SCOPED_TRACE(fmt::format("sigmoid {} normalize {}", sigmoid, normalize));
+      Tensor logits = random_tensor({N, E}, 340, 2.f), bias = random_tensor({E}, 341, 0.3f);
+      Tensor idx = host_tensor({N, k}, DType::I32), weights = host_tensor({N, k}), stats = host_tensor({E + 1});
+      ops->moe_route(logits, bias, sigmoid, normalize, idx, weights, stats);
+      const Vec L = to_double(logits), Bv = to_double(bias);
+      Vec psum(E + 1, 0.0);
+      for (int64_t t = 0; t < N; ++t) {
+        const Vec l(L.begin() + t * E, L.begin() + (t + 1) * E);
+        double m = *std::max_element(l.begin(), l.end()), z = 0, ssum = 0;
+        for (double v : l) z += std::exp(v - m);
+        const double lse = m + std::log(z);
+        Vec s(E);
+        for (int64_t e = 0; e < E; ++e) ssum += s[e] = sigmoid ? 1 / (1 + std::exp(-l[e])) : std::exp(l[e] - lse);
+        // The choice: by s + bias, descending; the weights by s alone.
+        std::vector<int64_t> order(E);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return s[a] + Bv[a] > s[b] + Bv[b]; });
+        double chosen = 0;
+        for (int64_t j = 0; j < k; ++j) chosen += s[order[j]];
+        for (int64_t j = 0; j < k; ++j) {
+          EXPECT_EQ(idx.data<int32_t>()[t * k + j], order[j]) << "token " << t;
+          EXPECT_NEAR(weights.data<float>()[t * k + j], s[order[j]] / (normalize ? chosen : 1.0), 1e-6);
+        }
+        for (int64_t e = 0; e < E; ++e) psum[e] += sigmoid ? s[e] / ssum : s[e];
+        psum[E] += lse * lse;
+      }
+      EXPECT_CLOSE(stats, psum, 1e-5, 1e-5);
+      // Backward for those choices.
+      Tensor dweights = random_tensor({N, k}, 342), aux = random_tensor({E}, 343), dlogits = host_tensor({N, E});
+      const float zs = 0.03f;
+      ops->moe_route_backward(logits, idx, dweights, aux, zs, sigmoid, normalize, dlogits);
+      const Vec DW = to_double(dweights), A = to_double(aux);
+      Vec want;
+      for (int64_t t = 0; t < N; ++t) {
+        const std::vector<int32_t> it(idx.data<int32_t>() + t * k, idx.data<int32_t>() + (t + 1) * k);
+        const Vec dw(DW.begin() + t * k, DW.begin() + (t + 1) * k);
+        const Vec g = numeric_grad(
+            [&](const Vec& l) { return ref_router_objective(l, it, dw, A, zs, sigmoid, normalize); },
+            Vec(L.begin() + t * E, L.begin() + (t + 1) * E));
+        want.insert(want.end(), g.begin(), g.end());
+      }
+      EXPECT_CLOSE(dlogits, want, 1e-5, 1e-4);
+    }
+}
+
+// Pairs sorted by expert, in token order within each; the capacity keeps the first ones.
+TEST_F(CpuKernels, MoeDispatchOrdersPairsByExpertAndDropsPastCapacity) {
+  const int64_t E = 3, k = 2;
+  Tensor idx = host_tensor({5, k}, DType::I32);
+  const int32_t chosen[] = {0, 1, 1, 2, 0, 1, 1, 0, 1, 2};  // pairs 0..9; expert 1 chosen 4 times
+  std::copy(chosen, chosen + 10, idx.data<int32_t>());
+  for (int64_t capacity : {int64_t{-1}, int64_t{2}}) {
+    Tensor routed = host_tensor({E}, DType::I32), row_of = host_tensor({10}, DType::I32);
+    Tensor slot_of = host_tensor({10}, DType::I32);
+    ops->moe_dispatch(idx, E, capacity, routed, row_of, slot_of);
+    EXPECT_EQ(std::vector<int32_t>(routed.data<int32_t>(), routed.data<int32_t>() + E), (std::vector<int32_t>{3, 5, 2}));
+    // dropless: expert 0 rows 0-2 (pairs 0, 4, 7), expert 1 rows 3-7 (pairs 1, 2, 5, 6, 8), expert 2 rows 8-9.
+    // capacity 2: expert 0 rows 0-1 (pairs 0, 4), expert 1 rows 2-3 (pairs 1, 2), expert 2 rows 4-5
+    // (pairs 3, 9); pairs 7 (expert 0) and 5, 6, 8 (expert 1) dropped.
+    const std::vector<int32_t> want = capacity < 0 ? std::vector<int32_t>{0, 3, 4, 8, 1, 5, 6, 2, 7, 9}
+                                                   : std::vector<int32_t>{0, 2, 3, 4, 1, -1, -1, -1, -1, 5};
+    EXPECT_EQ(std::vector<int32_t>(row_of.data<int32_t>(), row_of.data<int32_t>() + 10), want);
+    for (int p = 0; p < 10; ++p)
+      if (want[p] >= 0) EXPECT_EQ(slot_of.data<int32_t>()[want[p]], p);
+  }
+}
+
+// Permute gathers (and weighs) token rows; unpermute sums them back; the combine's backward is
+// the weights' gradient and the weighted output gradient.
+TEST_F(CpuKernels, MoePermutationsAndCombineBackward) {
+  const int64_t N = 4, k = 2, C = 3, F = 5, E = 3;
+  Tensor idx = host_tensor({N, k}, DType::I32);
+  const int32_t chosen[] = {2, 0, 0, 1, 1, 2, 0, 2};
+  std::copy(chosen, chosen + N * k, idx.data<int32_t>());
+  Tensor routed = host_tensor({E}, DType::I32), row_of = host_tensor({N * k}, DType::I32);
+  Tensor slot_of = host_tensor({N * k}, DType::I32);
+  ops->moe_dispatch(idx, E, /*capacity=*/-1, routed, row_of, slot_of);
+  Tensor x = random_tensor({N, C}, 350), w = random_tensor({N, k}, 351);
+  Tensor xp = host_tensor({N * k, C}), xw = host_tensor({N * k, C});
+  ops->moe_permute(x, slot_of, k, Tensor{}, xp);
+  ops->moe_permute(x, slot_of, k, w, xw);
+  for (int64_t r = 0; r < N * k; ++r) {
+    const int32_t p = slot_of.data<int32_t>()[r];
+    for (int64_t c = 0; c < C; ++c) {
+      EXPECT_EQ(xp.data<float>()[r * C + c], x.data<float>()[(p / k) * C + c]);
+      EXPECT_FLOAT_EQ(xw.data<float>()[r * C + c], x.data<float>()[(p / k) * C + c] * w.data<float>()[p]);
+    }
+  }
+  Tensor yp = random_tensor({N * k, C}, 352), y = host_tensor({N, C});
+  ops->moe_unpermute(yp, row_of, w, y);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t c = 0; c < C; ++c) {
+      double want = 0;
+      for (int64_t j = 0; j < k; ++j)
+        want += w.data<float>()[t * k + j] * yp.data<float>()[row_of.data<int32_t>()[t * k + j] * C + c];
+      EXPECT_NEAR(y.data<float>()[t * C + c], want, 1e-6);
+    }
+  Tensor g = random_tensor({N * k, F}, 353), act = random_tensor({N * k, F}, 354), dweights = host_tensor({N, k});
+  Tensor g0 = clone(g);
+  ops->moe_combine_backward(g, act, slot_of, w, dweights);
+  for (int64_t r = 0; r < N * k; ++r) {
+    const int32_t p = slot_of.data<int32_t>()[r];
+    double d = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      d += static_cast<double>(act.data<float>()[r * F + f]) * g0.data<float>()[r * F + f];
+      EXPECT_FLOAT_EQ(g.data<float>()[r * F + f], g0.data<float>()[r * F + f] * w.data<float>()[p]);
+    }
+    EXPECT_NEAR(dweights.data<float>()[p], d, 1e-5);
+  }
 }
 
 // ---- the backward split into input and weight halves (zero-bubble pipelines) --------------------

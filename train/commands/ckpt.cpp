@@ -120,14 +120,19 @@ int run_export(const CkptOptions& o) {
   CheckpointReader r(resolve_checkpoint(o.dir, ""));
   const ModelConfig mc = checkpoint_model(r);
   if (llama_shaped(mc)) {  // a folder: config.json + model.safetensors
+    const HfArch arch = hf_arch_of(mc);  // refuses, naming the key, what no Hugging Face type expresses
     check_output_dir(o.out, "");
-    const SafetensorsFile f = llama_hf_tensors(r);
+    const SafetensorsFile f = llama_hf_tensors(r, arch);
     write_safetensors_folder(o.out, f, llama_hf_config(mc));
-    fmt::print("wrote {}/config.json and {}/model.safetensors ({} tensors, Hugging Face LlamaForCausalLM names{})\n",
-               o.out, o.out, f.tensors.size(),
+    fmt::print("wrote {}/config.json and {}/model.safetensors ({} tensors, Hugging Face {} names{})\n", o.out, o.out,
+               f.tensors.size(), hf_architecture_name(arch),
                mc.tie_embeddings ? "; lm_head.weight is tied to model.embed_tokens.weight" : "");
     return 0;
   }
+  TRIPOD_INPUT_CHECK(!mc.moe.enabled() && !mc.qk_norm,
+                     "checkpoint {}: a GPT-2-shaped model with {} has no Hugging Face equivalent (GPT2LMHeadModel "
+                     "has neither experts nor q/k norms; Mixtral and Qwen3-MoE are Llama-shaped)",
+                     r.dir(), mc.moe.enabled() ? fmt::format("moe.experts = {}", mc.moe.experts) : "model.qk_norm = true");
   TRIPOD_INPUT_CHECK(!mc.rms() && !mc.rope() && !mc.swiglu() && mc.bias && mc.tie_embeddings,
                      "checkpoint {}: a model with model.norm = \"{}\", position = \"{}\", mlp = \"{}\", bias = {}, "
                      "tie_embeddings = {} is neither GPT-2 nor Llama-shaped and has no Hugging Face equivalent",
