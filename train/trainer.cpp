@@ -392,6 +392,12 @@ StepMetrics Trainer::step() {
     b.step = m.step_time_s;
     b.other = b.step - b.parts_sum();  // trace and log writing (and what the clamps above took)
     profiled_.push_back(b);
+    std::string ops;
+    for (int f = 0; f < kNumOpFamilies; ++f)
+      if (action_ops.calls[f] > 0)
+        ops += fmt::format(" {} {:.2f} ms ({} ops)", op_family_name(static_cast<OpFamily>(f)), 1e3 * action_ops.seconds[f],
+                           action_ops.calls[f]);
+    spdlog::debug("profiled step {}: {:.2f} ms; inside the actions:{}", m.step, 1e3 * b.step, ops);
     if (step_ == profile_last_) finish_profile();
   }
   return m;

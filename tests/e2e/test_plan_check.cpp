@@ -1,7 +1,7 @@
 // Every run checks the planner: `tripod train --profile-steps N` (train.profile_steps) writes the
 // profiled steps' measured breakdown beside the cost model's prediction into
 // RUN_DIR/plan_check.json, and `tripod plan --check RUN_DIR [--hardware H] [--json]` prints it,
-// on real short CPU runs of one rank and of a two-stage pipeline.
+// on real short CPU runs of one rank and of a two-stage pipeline; `tripod report` shows it.
 #include "e2e_test.h"
 #include "plan/plan_check.h"
 
@@ -98,9 +98,19 @@ TEST_F(PlanCheckCli, OneRankRunChecksItsPrediction) {
   const PlanCheck c = read_plan_check(run.string());
   EXPECT_EQ(c.measured.step, j["step"]["measured"].get<double>());
 
-  // Off by default: no profiling, no file.
+  // The report shows it: a Planner check panel with a row per family and the step.
+  ASSERT_EQ(run_tripod("report " + run.string()).status, 0);
+  const std::string page = test::slurp(run / "report.html");
+  EXPECT_NE(page.find("<section class=\"panel\" id=\"plan-check\"><h2>Planner check</h2>"), std::string::npos);
+  for (const char* row : {"<tr><td>gemm</td>", "<tr><td>pipeline idle</td>", "<tr><td><b>step</b></td>"})
+    EXPECT_NE(page.find(row), std::string::npos) << row;
+  EXPECT_NE(page.find("on CPU (built-in)"), std::string::npos);
+
+  // Off by default: no profiling, no file, no panel.
   const fs::path plain = train("plain", "");
   EXPECT_FALSE(fs::exists(plain / "plan_check.json"));
+  ASSERT_EQ(run_tripod("report " + plain.string()).status, 0);
+  EXPECT_EQ(test::slurp(plain / "report.html").find("Planner check"), std::string::npos);
   // A run shorter than the profile times what it has after its first step.
   const fs::path shorter = train("shorter", "--set train.profile_steps=10");
   EXPECT_EQ(check_json(shorter)["steps"], json::array({2, 3, 4}));
