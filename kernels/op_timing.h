@@ -61,7 +61,7 @@ struct OpTimes {
 // (train.profile_steps, train/trainer). Seconds; the parts add up to `step`.
 //   gemm, attention   those op families inside the pipeline's actions (OpFamily::Gemm, Attention)
 //   elementwise       every other op inside the actions: norms, GELU/SwiGLU, residual adds, the
-//                     embedding, the cross-entropy, copies and fills
+//                     embedding, the cross-entropy, copies and fills (and MoE's routing)
 //   communication     exposed communication: the actions' time outside their ops (TP and CP
 //                     collectives; host gaps between ops too) and the DP reduction after the backward
 //   pipeline_idle     waiting between actions (the bubble, stage-to-stage messages) and for the

@@ -771,8 +771,11 @@ TEST_F(PlanCli, JsonListsLayoutsBestFirst) {
   for (const auto& l : j["layouts"]) {
     for (const char* k : {"tp", "pp", "vp", "dp", "micro_batch", "recompute", "sequence_parallel",
                           "distributed_optimizer", "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu",
-                          "memory_bytes_per_gpu", "bubble", "exposed_comm", "layers_per_stage"})
+                          "memory_bytes_per_gpu", "bubble", "exposed_comm", "layers_per_stage", "breakdown"})
       EXPECT_TRUE(l.contains(k)) << k;
+    double parts = 0;
+    for (const auto& [family, seconds] : l["breakdown"].items()) parts += seconds.get<double>();
+    EXPECT_NEAR(parts, l["step_time_s"].get<double>(), 1e-9 * parts);
     EXPECT_EQ(l["tp"].get<int>() * l["pp"].get<int>() * l["dp"].get<int>(), 16);
     EXPECT_GE(l["step_time_s"].get<double>(), prev);
     prev = l["step_time_s"].get<double>();

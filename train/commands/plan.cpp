@@ -97,6 +97,11 @@ int run_plan(const PlanOptions& o) {
                                   {"reserved", p.reserved_bytes}}},
                       {"bubble", p.bubble}, {"exposed_comm", p.exposed_comm},
                       {"layers_per_stage", stage_layers(c)}});
+      // The step by family (mean over the ranks), as `plan --check` compares it with a run.
+      nlohmann::json families;
+      for (int k = 0; k < StepBreakdown::kParts; ++k)
+        families[std::string(StepBreakdown::part_name(k))] = p.breakdown.part(k);
+      list.back()["breakdown"] = families;
     }
     out["layouts"] = list;
     fmt::print("{}\n", out.dump());
