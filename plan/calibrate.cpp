@@ -69,16 +69,16 @@ void measure_gemms(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
 // Each call as training makes it: `pairs` (sequence, head) pairs of one micro-batch at once.
 void measure_attention(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
   const DType a = ops.compute_dtype();
-  for (const AttentionPoint& shape : g.attention) {
-    const int64_t t = shape.t, d = shape.d, pairs = shape.pairs;
+  for (const AttentionShape& shape : g.attention) {
+    const int64_t t = shape.t, d = shape.d, B = shape.batch, H = shape.heads;
     {
-      Tensor qkv = filled(ops, {1, t, 3, pairs, d}, a, 0.01f);
-      Tensor out = ops.empty({1, t, pairs, d}, a, MemCategory::Workspace);
-      Tensor lse = ops.empty({1, pairs, t}, DType::F32, MemCategory::Workspace);
-      Tensor probs = ops.keeps_attention_probs() ? ops.empty({1, pairs, t, t}, a, MemCategory::Workspace) : Tensor{};
-      Tensor dout = filled(ops, {1, t, pairs, d}, a, 0.01f);
-      Tensor dqkv = ops.empty({1, t, 3, pairs, d}, a, MemCategory::Workspace);
-      AttentionPoint p{.t = t, .d = d, .pairs = pairs};
+      Tensor qkv = filled(ops, {B, t, 3, H, d}, a, 0.01f);
+      Tensor out = ops.empty({B, t, H, d}, a, MemCategory::Workspace);
+      Tensor lse = ops.empty({B, H, t}, DType::F32, MemCategory::Workspace);
+      Tensor probs = ops.keeps_attention_probs() ? ops.empty({B, H, t, t}, a, MemCategory::Workspace) : Tensor{};
+      Tensor dout = filled(ops, {B, t, H, d}, a, 0.01f);
+      Tensor dqkv = ops.empty({B, t, 3, H, d}, a, MemCategory::Workspace);
+      AttentionPoint p{.t = t, .d = d, .pairs = shape.pairs()};
       p.forward_s = median_time(ops, g, [&] { ops.attention_forward(qkv, out, lse, probs); });
       p.backward_s = median_time(ops, g, [&] { ops.attention_backward(dout, qkv, out, lse, probs, dqkv); });
       hw.attention.push_back(p);
@@ -203,8 +203,8 @@ namespace {
 // Bytes of a shape's tensors while it is timed (inputs, outputs, gradients; f32 where training
 // keeps them in f32), to leave out what the device cannot hold.
 int64_t gemm_bytes(const GemmPoint& p, int64_t a) { return a * (2 * p.m * p.k + 2 * p.m * p.n + p.n * p.k) + 4 * p.n * p.k; }
-int64_t attention_bytes(const AttentionPoint& p, int64_t a, bool probs) {
-  return a * p.pairs * p.t * p.d * 8 + 4 * p.pairs * p.t + (probs ? a * p.pairs * p.t * p.t : 0);
+int64_t attention_bytes(const AttentionShape& s, int64_t a, bool probs) {
+  return a * s.pairs() * s.t * s.d * 8 + 4 * s.pairs() * s.t + (probs ? a * s.pairs() * s.t * s.t : 0);
 }
 int64_t elementwise_bytes(const ElementwiseShape& s, int64_t a) {
   switch (s.op) {
@@ -237,8 +237,9 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info) {
     for (int64_t t : ts) {
       const int64_t most = std::max<int64_t>(1, attention_tokens(device) / t);
       for (int64_t pairs = 1;; pairs = std::min(pairs * 4, most)) {
-        if (AttentionPoint p{.t = t, .d = d, .pairs = pairs}; attention_bytes(p, a, cpu) <= budget)
-          g.attention.push_back(p);
+        // Up to 16 heads, then sequences (every count here is a power of two).
+        const int64_t heads = std::min<int64_t>(pairs, 16);
+        if (AttentionShape c{t, d, pairs / heads, heads}; attention_bytes(c, a, cpu) <= budget) g.attention.push_back(c);
         if (pairs == most) break;
       }
     }
@@ -284,7 +285,7 @@ CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, co
       for (auto [n, k] : {std::pair{qkv / tp, C}, {C, C / tp}, {mlp_in, C}, {C, F / tp}, {V, C}})
         if (gemms.insert({N, n, k}).second) g.gemm.push_back({N, n, k});
       if (attention.insert({T, model.head_dim(), int64_t{mbs} * model.n_heads / tp}).second)
-        g.attention.push_back({.t = T, .d = model.head_dim(), .pairs = int64_t{mbs} * model.n_heads / tp});
+        g.attention.push_back({T, model.head_dim(), mbs, model.n_heads / tp});
       for (int64_t rows : {N, N / tp}) {  // the sequence-parallel slice too
         add_elementwise(Elementwise::LayerNorm, rows, C, 0);
         add_elementwise(Elementwise::Add, rows * C, 1, 0);

@@ -24,9 +24,16 @@ struct ElementwiseShape {
   int64_t elements() const { return rows * width; }
 };
 
+// One attention call as training makes it: `batch` sequences x `heads` heads of length t and head
+// dimension d (qkv (batch, t, 3, heads, d)); the file records batch x heads as its pairs.
+struct AttentionShape {
+  int64_t t = 0, d = 0, batch = 1, heads = 1;
+  int64_t pairs() const { return batch * heads; }
+};
+
 struct CalibrateGrid {
   std::vector<GemmPoint> gemm;                  // (m, n, k) shapes
-  std::vector<AttentionPoint> attention;        // (t, d, pairs) calls
+  std::vector<AttentionShape> attention;        // calls
   std::vector<ElementwiseShape> elementwise;    // memory-bound calls
   std::vector<int64_t> message_bytes;           // collectives and point-to-point
   int repeats = 5;                              // timings per point; the median is kept
@@ -38,8 +45,8 @@ struct CalibrateGrid {
 //            n and k of 512 .. 16384 (64 .. 1024): transformer layers' shapes up to a micro-batch
 //            of 128 sequences of 1024 tokens;
 //   attention  per sequence length and head dimension, calls of 1, 4, 16, ... (sequence, head)
-//            pairs (micro-batch x heads) up to `attention_tokens(device)` / t pairs: what a
-//            micro-batch holds;
+//            pairs (micro-batch x heads: up to 16 heads, then sequences) up to
+//            `attention_tokens(device)` / t pairs: what a micro-batch holds;
 //   memory-bound ops  calls of 4^k elements from a launch's latency (2^16 on GPUs, 2^12 on
 //            CPUs) up to 8x the last-level cache (at least 2^28 elements on GPUs, 2^24 on CPUs);
 //   messages  64 KiB .. 256 MiB (4 KiB .. 16 MiB on CPUs).
@@ -49,7 +56,7 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info = {});
 // (sequence, head) pairs x tokens of the largest attention call of the default grid.
 int64_t attention_tokens(Device device);
 // Exactly the shapes of one model, for every tp (dividing the heads, at most `max_tp`) and
-// micro-batch size: its layers' and head's GEMMs, its attention over micro-batch x heads/tp pairs,
+// micro-batch size: its layers' and head's GEMMs, its attention over micro-batch x heads/tp,
 // its norms, residual adds, GELU, embedding and cross-entropy at their tensors' sizes (the
 // sequence-parallel slices too), AdamW over its parameters per tp (and halves of them, as pipeline
 // stages and the distributed optimizer shard them), and its activation messages added to the

@@ -225,9 +225,10 @@ TEST(Calibrate, DefaultGridFillsTheDevice) {
   // Per (t, d), calls of 1 up to attention_tokens / t pairs: at t = 1024 a micro-batch of 128
   // sequences x 16 heads, so a call of GPT-2 124M at micro-batch 128 (1536 pairs) is within.
   std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> range;  // (t, d) -> (fewest, most) pairs
-  for (const AttentionPoint& p : g.attention) {
-    auto [it, fresh] = range.try_emplace({p.t, p.d}, p.pairs, p.pairs);
-    it->second = {std::min(it->second.first, p.pairs), std::max(it->second.second, p.pairs)};
+  for (const AttentionShape& c : g.attention) {
+    auto [it, fresh] = range.try_emplace({c.t, c.d}, c.pairs(), c.pairs());
+    it->second = {std::min(it->second.first, c.pairs()), std::max(it->second.second, c.pairs())};
+    EXPECT_LE(c.heads, 16);
   }
   EXPECT_EQ(range.size(), 10u);  // 5 lengths x 2 head dimensions
   for (const auto& [td, pairs] : range) {
@@ -261,9 +262,10 @@ TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
     hw.gemm.push_back({p.m, p.n, p.k, 1e-3, 2e-3});
   }
   std::set<std::tuple<int64_t, int64_t, int64_t>> calls;
-  for (const AttentionPoint& p : g.attention) {
-    calls.insert({p.t, p.d, p.pairs});
-    hw.attention.push_back({.t = p.t, .d = p.d, .forward_s = 1e-3, .backward_s = 2e-3, .pairs = p.pairs});
+  for (const AttentionShape& c : g.attention) {
+    calls.insert({c.t, c.d, c.pairs()});
+    EXPECT_TRUE(c.heads == 12 || c.heads == 6) << c.heads;  // a micro-batch of sequences x a TP rank's heads
+    hw.attention.push_back({.t = c.t, .d = c.d, .forward_s = 1e-3, .backward_s = 2e-3, .pairs = c.pairs()});
   }
   std::set<std::pair<int, int64_t>> sizes;
   for (const ElementwiseShape& s : g.elementwise) {
