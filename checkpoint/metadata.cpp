@@ -147,6 +147,9 @@ void validate_metadata(const json& meta, const std::string& path) {
     for (const json& e : ok ? *b : json::array()) ok = ok && e.is_string();
     if (!ok) top.fail("buffers", fmt::format("is {}; it must be a list of tensor names", b->dump().substr(0, 64)));
   }
+  const Fields documents = top.object("documents", false);  // the packed-document keys trained with
+  for (const char* k : {"reset_position_ids", "reset_attention_mask", "eod_mask_loss"}) documents.boolean(k);
+  documents.integer("eod_token", -1, std::numeric_limits<int32_t>::max(), false);
   const Fields model = top.object("model", false);
   auto scalar = [](const json& v) {
     return v.is_string() || v.is_boolean() || (v.is_number() && std::isfinite(v.get<double>()));

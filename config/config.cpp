@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -32,6 +33,12 @@ struct LayerSplitRef {
 // moe.layers: "all", or {first_dense = N} (the first N layers keep their dense MLP).
 struct MoeLayersRef {
   int* first_dense;
+};
+
+// data.eod_token: a piece (a string) or a token id (an integer).
+struct EodTokenRef {
+  std::string* piece;
+  int64_t* id;
 };
 
 struct EnumRef {
@@ -91,6 +98,20 @@ class Section {
                          out.choices(), type_of(*node));
       const std::string v = *node->value<std::string>();
       TRIPOD_INPUT_CHECK(out.parse(out.ptr, v), "{}: {} = \"{}\" is not one of {}", origin_, key(k), v, out.choices());
+    } else if constexpr (std::is_same_v<T, EodTokenRef>) {
+      out.piece->clear();
+      *out.id = -1;
+      if (node->is_integer()) {
+        const int64_t v = *node->value<int64_t>();
+        TRIPOD_INPUT_CHECK(v >= 0 && v <= std::numeric_limits<int32_t>::max(),
+                           "{}: {} = {} is not a token id (give an id >= 0, or the token's piece as a string)",
+                           origin_, key(k), v);
+        *out.id = v;
+      } else {
+        TRIPOD_INPUT_CHECK(node->is_string(), "{}: {} must be a token id (an integer) or the token's piece (a string), "
+                           "got {}", origin_, key(k), type_of(*node));
+        *out.piece = *node->value<std::string>();
+      }
     } else if constexpr (std::is_same_v<T, LayerSplitRef>) {
       out.counts->clear();
       *out.balanced = false;
@@ -187,7 +208,8 @@ class Section {
 
 // Each section's keys, listed once: parsing reads them and the resolved config writes them.
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*,
-                              std::vector<double>*, std::vector<int>*, EnumRef, LayerSplitRef, MoeLayersRef>;
+                              std::vector<double>*, std::vector<int>*, EnumRef, LayerSplitRef, MoeLayersRef,
+                              EodTokenRef>;
 struct Field {
   const char* key;
   FieldRef ref;
@@ -272,7 +294,9 @@ std::vector<Field> fields(TrainConfig& t) {
 std::vector<Field> fields(RecomputeConfig& r) { return {{"mode", EnumRef(&r.mode)}, {"num_layers", &r.num_layers}}; }
 std::vector<Field> fields(DataConfig& d) {
   return {{"prefixes", &d.prefixes}, {"weights", &d.weights}, {"split", &d.split}, {"tokenizer", &d.tokenizer},
-          {"tokenizer_pattern", &d.tokenizer_pattern}, {"eod_token", &d.eod_token}, {"synthetic", &d.synthetic}};
+          {"tokenizer_pattern", &d.tokenizer_pattern}, {"eod_token", EodTokenRef{&d.eod_token, &d.eod_token_id}},
+          {"synthetic", &d.synthetic}, {"reset_position_ids", &d.reset_position_ids},
+          {"reset_attention_mask", &d.reset_attention_mask}, {"eod_mask_loss", &d.eod_mask_loss}};
 }
 std::vector<Field> fields(CheckpointConfig& k) {
   return {{"dir", &k.dir},   {"interval", &k.interval}, {"keep", &k.keep},
@@ -285,7 +309,8 @@ void read_fields(Section& s, const std::vector<Field>& fs) {
         [&](auto& ref) {
           if constexpr (std::is_same_v<std::decay_t<decltype(ref)>, EnumRef> ||
                         std::is_same_v<std::decay_t<decltype(ref)>, LayerSplitRef> ||
-                        std::is_same_v<std::decay_t<decltype(ref)>, MoeLayersRef>)
+                        std::is_same_v<std::decay_t<decltype(ref)>, MoeLayersRef> ||
+                        std::is_same_v<std::decay_t<decltype(ref)>, EodTokenRef>)
             s.get(f.key, ref);
           else
             s.get(f.key, *ref);
@@ -314,6 +339,11 @@ toml::table write_fields(const std::vector<Field>& fs) {
               t.insert(f.key, "all");
             else
               t.insert(f.key, toml::table{{"first_dense", *ref.first_dense}});
+          } else if constexpr (std::is_same_v<R, EodTokenRef>) {  // the id when given (or resolved), else the piece
+            if (*ref.id >= 0)
+              t.insert(f.key, *ref.id);
+            else
+              t.insert(f.key, *ref.piece);
           } else if constexpr (std::is_same_v<R, uint64_t*>) {
             t.insert(f.key, static_cast<int64_t>(*ref));
           } else if constexpr (std::is_same_v<R, std::vector<std::string>*> || std::is_same_v<R, std::vector<double>*> ||
@@ -414,6 +444,15 @@ void DataConfig::validate(const std::string& origin, bool reads_data) const {
           fmt::format("has {} entries for {} data.prefixes; give one weight per prefix", weights.size(),
                       prefixes.size()));
   for (double w : weights) require(w > 0, origin, "data.weights", fmt::format("must all be > 0, got {}", w));
+  if (documents() && synthetic) {
+    const char* key = reset_attention_mask ? "data.reset_attention_mask"
+                      : reset_position_ids ? "data.reset_position_ids"
+                                           : "data.eod_mask_loss";
+    require(false, origin, key,
+            "needs documents that end with data.eod_token, and data.synthetic = true has none: train on indexed "
+            "datasets (data.prefixes) or turn data.reset_position_ids, data.reset_attention_mask and "
+            "data.eod_mask_loss off");
+  }
 }
 
 void CheckpointConfig::validate(const std::string& origin) const {
@@ -465,6 +504,9 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   c.train.validate(origin, use.training);
   c.recompute.validate(origin);
   c.data.validate(origin, use.data);
+  require(c.data.eod_token_id < c.model.vocab_size, origin, "data.eod_token",
+          fmt::format("= {} is not a token of the vocabulary (model.vocab_size = {}: ids 0 to {})", c.data.eod_token_id,
+                      c.model.vocab_size, c.model.vocab_size - 1));
   c.checkpoint.validate(origin);
   return c;
 }

@@ -90,9 +90,21 @@ struct DataConfig {
   std::string split = "969,30,1";     // train, valid, test
   std::string tokenizer;              // for eval/generate: a SentencePiece .model, vocab.json, *.tiktoken, tokenizer.json
   std::string tokenizer_pattern;      // a tiktoken file's pattern (r50k, p50k, cl100k, o200k, a regex); "": its name's
-  std::string eod_token;              // the end-of-document token; "": the tokenizer's own
+  // The end-of-document token: a piece of data.tokenizer (eod_token; "": the tokenizer's own) or,
+  // given as an integer in the TOML, its id (eod_token_id; -1: not given).
+  std::string eod_token;
+  int64_t eod_token_id = -1;
   bool synthetic = false;             // deterministic synthetic tokens instead of data
+  // Packed documents, as Megatron's _get_ltor_masks_and_position_ids defines them (a document ends
+  // with an end-of-document input token, which belongs to it): positions restart after every one
+  // (reset_position_ids), tokens attend only within their document (reset_attention_mask), and
+  // positions whose input is the end-of-document token do not count in the loss (eod_mask_loss).
+  bool reset_position_ids = false;
+  bool reset_attention_mask = false;
+  bool eod_mask_loss = false;
 
+  // Whether any of the three is on: the run needs the documents' boundaries (and their token).
+  bool documents() const { return reset_position_ids || reset_attention_mask || eod_mask_loss; }
   // `reads_data`: data.prefixes (or data.synthetic) must be given.
   void validate(const std::string& origin, bool reads_data) const;
 };

@@ -27,14 +27,20 @@ RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   m.optimizer = l.grad_sync.owned_elements() * optimizer_bytes_per_element(cfg.train.device);
 
   // Under context parallelism a rank holds seq_len / cp tokens of every sequence, and attention
-  // merges blocks from their log-sum-exp: no probabilities are kept.
+  // merges blocks from their log-sum-exp: no probabilities are kept; nor within packed documents.
   const int cp = l.grid.cp();
+  const DataConfig& d = cfg.data;
   ActivationShape shape{.B = l.micro_batch_size, .T = cfg.model.seq_len / cp, .tp = l.grid.tp(),
                         .sequence_parallel = l.sequence_parallel, .act_bytes = act_bytes,
-                        .keeps_probs = !cuda && cp == 1};
+                        .keeps_probs = !cuda && cp == 1 && !d.reset_attention_mask};
   std::vector<ChunkActivationBytes> bytes;
   for (const ChunkLayout& c : l.chunks) bytes.push_back(chunk_activation_bytes(cfg.model, c, cfg.recompute, shape));
-  const int64_t token_bytes = (l.has_embedding ? l.micro_tokens * 4 : 0) + (l.has_head ? l.micro_tokens * 4 : 0);
+  // A micro-batch's i32 tensors, held from its first forward here to its last backward: tokens,
+  // targets, and with packed documents the tokens' positions in their documents (where the
+  // embedding or rope reads them) and where their documents start (for attention).
+  int64_t token_bytes = (l.has_embedding ? l.micro_tokens * 4 : 0) + (l.has_head ? l.micro_tokens * 4 : 0);
+  if (d.reset_position_ids && (cfg.model.rope() || l.has_embedding)) token_bytes += l.micro_tokens * 4;
+  if (d.reset_attention_mask) token_bytes += l.micro_tokens * 4;
   m.activations = activation_peak(l.schedule, l.plan, l.coords.pp, bytes, token_bytes);
   return m;
 }

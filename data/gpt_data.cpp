@@ -1,6 +1,7 @@
 // The GPT data factory: open, split, index, blend.
 #include "data/gpt_data.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -60,6 +61,32 @@ std::pair<int64_t, int64_t> split_documents(const std::array<double, 3>& w, int6
   return {bounds[s], bounds[s + 1]};
 }
 
+namespace {
+
+// The split's documents must hold the end-of-document token that packed documents are cut at:
+// its first documents (whole ones, up to about a million tokens: where a dataset made without the
+// token, or with another, shows it at once) are searched for it.
+void check_documents_end(const IndexedDataset& d, std::pair<int64_t, int64_t> docs, int64_t eod,
+                         const std::string& bin, const char* split) {
+  constexpr int64_t kScan = 1 << 20;
+  std::vector<int32_t> buf;
+  int64_t read = 0, k = docs.first;
+  for (; k < docs.second && read < kScan; ++k) {
+    buf.resize(static_cast<size_t>(d.document_tokens(k)));
+    d.read_document(k, 0, buf);
+    if (std::find(buf.begin(), buf.end(), static_cast<int32_t>(eod)) != buf.end()) return;
+    read += static_cast<int64_t>(buf.size());
+  }
+  throw InputError(fmt::format(
+      "data.eod_token: token id {} does not occur in the first {} documents ({} tokens) of the {} split of {}: "
+      "data.reset_position_ids, data.reset_attention_mask and data.eod_mask_loss cut sequences into documents at "
+      "that token; preprocess the data with it (without --no-eod) or set data.eod_token to the token the documents "
+      "end with",
+      eod, k - docs.first, read, split, bin));
+}
+
+}  // namespace
+
 std::unique_ptr<SampleSource> make_gpt_source(const GptDataOptions& o, Split split, Communicator* sync) {
   TRIPOD_INPUT_CHECK(!o.prefixes.empty(), "data.prefixes: name at least one indexed dataset (PREFIX for PREFIX.bin "
                      "and PREFIX.idx, as written by `tripod data preprocess`)");
@@ -118,6 +145,7 @@ std::unique_ptr<SampleSource> make_gpt_source(const GptDataOptions& o, Split spl
     TRIPOD_INPUT_CHECK(o.vocab_size <= 0 || ds->max_token() < o.vocab_size,
                        "data.prefixes: {}: document {} holds token id {}, but model.vocab_size is {} (was the data "
                        "made with another tokenizer?)", bin, ds->max_token_document(), ds->max_token(), o.vocab_size);
+    if (o.eod_token >= 0) check_documents_end(*datasets[i], ranges[i], o.eod_token, bin, name);
     sources.push_back(std::move(ds));
   }
   if (sources.size() == 1) return std::move(sources[0]);

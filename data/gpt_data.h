@@ -26,6 +26,9 @@ struct GptDataOptions {
   uint64_t seed = 0;
   int64_t num_samples = 0;  // samples the run will draw from this split
   int64_t vocab_size = 0;   // the model's vocabulary: larger token ids are an InputError; 0: unchecked
+  // The end-of-document token the run's packed documents need (data.reset_attention_mask, ...): a
+  // split in which it does not occur is an InputError naming data.eod_token; -1: unchecked.
+  int64_t eod_token = -1;
 };
 
 // "969,30,1" (or "969/30/1", missing parts 0) -> normalised weights; an InputError naming

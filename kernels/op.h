@@ -27,6 +27,24 @@ struct AdamWHyper {
   float grad_scale = 1.f;  // multiplies every gradient first (grad-norm clipping)
 };
 
+// Packed documents in a micro-batch's rows (data.reset_attention_mask): each query sees only the
+// keys of its own document (causally). The same documents twice, for what each backend reads.
+struct DocRows {
+  // On the host: the documents as cumulative row offsets over the B T rows, {0, ..., B T} (the
+  // varlen / THD form; every sequence end is a document end).
+  std::span<const int32_t> offsets;
+  // On the device: (B, T) i32, per row the position in its sequence where its document starts.
+  Tensor start;
+};
+
+// The document mask of one attention block (context parallelism): key j of the block, at position
+// key_pos + j of the sequence, is visible to query i only when key_pos + j >= start[b, i], the
+// position where the query's document starts.
+struct BlockDocs {
+  Tensor start;  // (B, Tq) i32 on the device (the host on the CPU); undefined: no document mask
+  int64_t key_pos = 0;
+};
+
 // A range [begin, end) of a flat parameter buffer and whether weight decay applies to it.
 struct FlatRange {
   int64_t begin = 0, end = 0;
@@ -95,6 +113,14 @@ class Ops {
   virtual void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte,
                                   Tensor& dwpe, int64_t T) = 0;
 
+  // The same with each row's position given (packed documents, data.reset_position_ids): positions
+  // (N) i32, out (N, C) = wte[tok - vocab_start] + wpe[positions[n]] (wpe defined, more rows than
+  // any position); dwpe (P, C) f32 += each dout row at its position.
+  virtual void embedding_forward_positions(const Tensor& tokens, const Tensor& wte, int64_t vocab_start,
+                                           const Tensor& wpe, const Tensor& positions, Tensor& out) = 0;
+  virtual void embedding_backward_positions(const Tensor& tokens, const Tensor& dout, int64_t vocab_start,
+                                            Tensor& dwte, Tensor& dwpe, const Tensor& positions) = 0;
+
   // ---- normalisation ------------------------------------------------------------------------
   // LayerNorm: x (N, C), w, b (C) -> y (N, C); mean, rstd (N) f32 are saved for the backward.
   virtual void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
@@ -116,6 +142,9 @@ class Ops {
   // a = position * theta^(-2i/D): y_i = x_i cos a - x_{i+h} sin a, y_{i+h} = x_{i+h} cos a + x_i sin a.
   // `inverse` rotates by -a: the backward (the rotation is orthogonal).
   virtual void rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) = 0;
+  // The same with row n at position positions[n] (positions (N) i32): the angles of a position are
+  // rope's, bit for bit.
+  virtual void rope_positions(Tensor& x, int64_t rot_heads, const Tensor& positions, double theta, bool inverse) = 0;
 
   // ---- SwiGLU (gate and up fused in one input) --------------------------------------------------
   // gu (N, 2F) = [gate | up] -> y (N, F) = silu(gate) * up.
@@ -224,21 +253,33 @@ class Ops {
   virtual void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                                   const Tensor& probs, Tensor& dqkv) = 0;
 
+  // Attention within packed documents (data.reset_attention_mask): as attention_forward, but each
+  // query sees only the keys of its own document (`docs`), and only those are computed: the work is
+  // the sum over documents of length^2, not B T^2. Nothing of the probabilities is kept.
+  virtual void attention_forward_docs(const Tensor& qkv, const DocRows& docs, Tensor& out, Tensor& lse) = 0;
+  // dqkv (B, T, H + 2 Hkv, D) from dout, recomputing the probabilities from lse.
+  virtual void attention_backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                       const DocRows& docs, Tensor& dqkv) = 0;
+
   // ---- attention of one block of queries against one block of keys (context parallelism) ------
   // The attention of a sequence split into chunks is a sum over (query chunk, key chunk) blocks,
   // merged by their log-sum-exp (parallel/context_parallel.h).
   // q (B, Tq, Wq, D): per token the H query heads first (Wq >= H, so a qkv tensor's rows serve);
   // kv (B, Tk, 2 Hkv, D): per token the Hkv key heads, then the Hkv value heads; query head h reads
   // pair h / (H / Hkv). causal: a diagonal block (Tq == Tk, query i sees keys j <= i); else every
-  // key. out (B, Tq, H, D) f32 and lse (B, H, Tq) f32 hold the normalised attention over the
+  // key. With docs.start defined, only the keys `docs` leaves visible (packed documents), and only
+  // those are computed; a query that sees none of the block keeps out and lse as they were.
+  // out (B, Tq, H, D) f32 and lse (B, H, Tq) f32 hold the normalised attention over the
   // blocks merged so far (lse = -inf: none) and receive it over this block too.
-  virtual void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) = 0;
+  virtual void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, const BlockDocs& docs,
+                                       Tensor& out, Tensor& lse) = 0;
   // The block's share of the backward, from the merged result: out (B, Tq, H, D) (compute dtype)
   // and lse as attention_block_forward left them after the last block, dout like out.
   // dq (B, Tq, Wq, D) f32 += on its query heads (the other heads untouched); dkv (B, Tk, 2 Hkv, D)
   // f32 += (a key/value head's gradient sums over its query group).
   virtual void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
-                                        const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) = 0;
+                                        const Tensor& lse, bool causal, const BlockDocs& docs, Tensor& dq,
+                                        Tensor& dkv) = 0;
   // kv (N, 2 Hkv, D) = heads [H, H + 2 Hkv) of qkv (N, H + 2 Hkv, D), converting dtype.
   virtual void attention_kv_pack(const Tensor& qkv, int64_t H, Tensor& kv) = 0;
   // The inverse: heads [H, H + 2 Hkv) of qkv = kv, converting dtype; the query heads untouched.
@@ -255,7 +296,10 @@ class Ops {
 
   // ---- fused softmax cross-entropy over a (possibly vocabulary-parallel) classifier ----------
   // logits (N, Vl) hold columns [vocab_start, vocab_start + Vl); only the first `valid` columns
-  // are real tokens (the rest is vocabulary padding and never takes part).
+  // are real tokens (the rest is vocabulary padding and never takes part). A negative target is a
+  // token that does not count (data.eod_mask_loss): its stats are those of a row whose
+  // log-sum-exp is 0 (the shard at vocab_start 0 gives {0, 1, 0}, the others {0, 0, 0}), so its lse
+  // and loss are exactly 0, and xent_backward gives its logits a zero gradient.
   // stats (N, 3) f32 = {max of the row, sum exp(logit - max), logit of the target or 0}.
   virtual void xent_stats(const Tensor& logits, const Tensor& targets, int64_t vocab_start, int64_t valid,
                           Tensor& stats) = 0;

@@ -11,14 +11,28 @@ namespace {
 // GPT-2's fused (3, C, C) QKV when every query head has its own key/value head.
 bool fused_qkv(const ModelConfig& cfg) { return cfg.kv_heads() == cfg.n_heads; }
 
-// Rotates (or un-rotates) q and k of every slot by their positions in the sequence.
+// Rotates (or un-rotates) q and k of every slot by their positions in the sequence, or in their
+// documents (data.reset_position_ids).
 void rope_slots(Ops& ops, Tensor& qkv, const MicroShape& ms, int64_t heads, int64_t rot_heads, int64_t D, double theta,
                 bool inverse) {
+  if (ms.docs && ms.docs->reset_positions) {
+    Tensor x = qkv.view({ms.N(), heads, D});
+    ops.rope_positions(x, rot_heads, ms.docs->positions, theta, inverse);
+    return;
+  }
   const int64_t rows = ms.B * ms.slot_tokens();
   for (int s = 0; s < ms.slots(); ++s) {
     Tensor x = qkv.slice(s * rows, (s + 1) * rows).view({rows, heads, D});
     ops.rope(x, rot_heads, ms.slot_tokens(), ms.slot_position(s), theta, inverse);
   }
+}
+// Whether attention stays within documents (data.reset_attention_mask).
+bool masked(const MicroShape& ms) { return ms.docs && ms.docs->mask; }
+// The documents of a cp = 1 micro-batch as the attention op takes them.
+DocRows doc_rows(const MicroShape& ms) {
+  TRIPOD_CHECK(ms.docs->B == ms.B && ms.docs->T == ms.T && ms.docs->row_cu.size() >= 2,
+               "documents of {} x {} for a micro-batch of {} x {}", ms.docs->B, ms.docs->T, ms.B, ms.T);
+  return {.offsets = ms.docs->row_cu, .start = ms.docs->doc_start.view({ms.B, ms.T})};
 }
 }  // namespace
 
@@ -116,16 +130,21 @@ void Attention::forward(const Tensor& h_full, const MicroShape& ms, bool keep_pr
     // The blocks merge into an f32 result: att itself where that is the compute dtype.
     const bool direct = a.att.dtype() == DType::F32;
     Tensor o = direct ? a.att : ops_.empty({N, H_local_ * D_}, DType::F32, MemCategory::Workspace);
-    cp_attention_forward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), a.qkv, o, a.lse, par_.trace);
+    cp_attention_forward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), a.qkv, o, a.lse, par_.trace, ms.docs.get());
     if (!direct) ops_.copy(o, a.att);
     ops_.linear_forward(a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
     return;
   }
   a.lse = ops_.empty({ms.B, H_local_, ms.T}, DType::F32, MemCategory::Activations);
-  a.probs = keep_probs ? ops_.empty({ms.B, H_local_, ms.T, ms.T}, ops_.compute_dtype(), MemCategory::Activations)
-                       : Tensor{};
   Tensor att4 = a.att.view({ms.B, ms.T, H_local_, D_});
-  ops_.attention_forward(a.qkv.view({ms.B, ms.T, heads, D_}), att4, a.lse, a.probs);
+  if (masked(ms)) {  // each document on its own; nothing of the probabilities is kept
+    a.probs = Tensor{};
+    ops_.attention_forward_docs(a.qkv.view({ms.B, ms.T, heads, D_}), doc_rows(ms), att4, a.lse);
+  } else {
+    a.probs = keep_probs ? ops_.empty({ms.B, H_local_, ms.T, ms.T}, ops_.compute_dtype(), MemCategory::Activations)
+                         : Tensor{};
+    ops_.attention_forward(a.qkv.view({ms.B, ms.T, heads, D_}), att4, a.lse, a.probs);
+  }
   // The replicated bias joins the partial sums once, on TP rank 0.
   ops_.linear_forward(a.att, p_.proj.weight(), par_.coords.tp == 0 ? p_.proj.bias() : Tensor{}, out_partial);
 }
@@ -151,7 +170,10 @@ Tensor Attention::backward_input(const Tensor& dout_full, const MicroShape& ms, 
   Tensor dqkv4 = dqkv.view({ms.B, ms.T, heads, D_});
   if (ms.cp > 1)
     cp_attention_backward(ops_, *par_.cp, par_.cp_comm, cp_shape(ms), datt, a.qkv, a.att, a.lse, dqkv,
-                          par_.trace);
+                          par_.trace, ms.docs.get());
+  else if (masked(ms))
+    ops_.attention_backward_docs(datt.view({ms.B, ms.T, H_local_, D_}), a.qkv.view({ms.B, ms.T, heads, D_}),
+                                 a.att.view({ms.B, ms.T, H_local_, D_}), a.lse, doc_rows(ms), dqkv4);
   else
     ops_.attention_backward(datt.view({ms.B, ms.T, H_local_, D_}), a.qkv.view({ms.B, ms.T, heads, D_}),
                             a.att.view({ms.B, ms.T, H_local_, D_}), a.lse, a.probs, dqkv4);

@@ -12,9 +12,12 @@
 // its own heads and is summed over TP).
 #pragma once
 
+#include <memory>
+
 #include "model/config.h"
 #include "model/param_registry.h"
 #include "parallel/context.h"
+#include "parallel/documents.h"
 
 namespace tripod {
 
@@ -22,13 +25,16 @@ struct CpAttentionShape;
 
 // Shape of a micro-batch: B sequences of T tokens on this rank, N = B*T. Under context
 // parallelism (cp > 1) T is seq_len / cp: the rank's two chunks of every sequence, chunks
-// cp_chunk(cp, cp_rank, 0 and 1) of c = T/2 tokens (parallel/grid.h), stored slot-major.
+// cp_chunk(cp, cp_rank, 0 and 1) of c = T/2 tokens (parallel/grid.h), stored slot-major. `docs`:
+// the packed documents of its sequences (data.reset_position_ids, reset_attention_mask), shared
+// by whatever holds the shape (a split backward's pending work, recomputation), or null.
 struct MicroShape {
   int64_t B = 0, T = 0;
   int cp = 1, cp_rank = 0;
   // d(step loss)/d(token loss), the micro-batch's MicroBatch::grad_scale: what a layer's own loss
   // terms (a mixture of experts' balancing and z-losses) scale their gradients by.
   float grad_scale = 0.f;
+  std::shared_ptr<const Documents> docs = nullptr;
   int64_t N() const { return B * T; }
   int slots() const { return cp > 1 ? 2 : 1; }
   // Tokens per sequence of one slot, and its first position in the sequence.
@@ -43,7 +49,7 @@ struct AttentionActs {
   Tensor qk_in, qk_rstd;  // model.qk_norm: q and k before their norm (N, (H + Hkv)/tp, D), rstd (N, (H + Hkv)/tp) f32
   Tensor att;    // (N, H D/tp) attention output, input of the output projection
   Tensor lse;    // (B, H/tp, T) f32 softmax statistics ((2, B, H/tp, T/2) under context parallelism)
-  Tensor probs;  // (B, H/tp, T, T) softmax, only when kept (no recomputation, CPU, cp = 1)
+  Tensor probs;  // (B, H/tp, T, T) softmax, only when kept (no recomputation, CPU, cp = 1, no document mask)
 };
 
 // One weight GEMM's deferred gradient (a split backward's W: dw += dy^T x, db += sum of dy): its

@@ -158,10 +158,14 @@ struct ModelConfig {
   // mixture-of-experts layers the active parameters only (top_k routed experts, the shared ones and
   // the router). The attention term counts the query heads (H D = d_model): grouped K/V do not
   // reduce it. Recomputation is not counted.
-  double flops_per_token(int tp = 1) const {
+  double flops_per_token(int tp = 1) const { return flops_per_token(tp, static_cast<double>(seq_len)); }
+  // The same with each token attending `attended` keys on average in the attention term (llm.c
+  // counts seq_len, every key of the sequence; packed documents under data.reset_attention_mask
+  // need only their own: the sum over documents of length^2, per token).
+  double flops_per_token(int tp, double attended) const {
     const double n = static_cast<double>(num_params(tp, /*active=*/true)) -
                      (tie_embeddings ? 0.0 : static_cast<double>(padded_vocab(tp)) * d_model);
-    return 6.0 * n + 6.0 * n_layers * static_cast<double>(n_heads) * head_dim() * static_cast<double>(seq_len);
+    return 6.0 * n + 6.0 * n_layers * static_cast<double>(n_heads) * head_dim() * attended;
   }
 };
 

@@ -46,6 +46,13 @@ Tensor Embedding::forward(const Tensor& tokens, const MicroShape& ms) {
   // Positions are replicated: TP rank 0 adds them before the partial lookups are summed. Each slot
   // (context parallelism: a chunk of every sequence) reads the positions of its chunk.
   const bool positions = par_.coords.tp == 0 && wpe_;
+  if (ms.docs && ms.docs->reset_positions) {  // every token at its position in its document
+    if (positions)
+      ops_.embedding_forward_positions(tokens, wte_->value, shard_.start, wpe_->value, ms.docs->positions, e);
+    else
+      ops_.embedding_forward(tokens, wte_->value, shard_.start, Tensor{}, N, e);
+    return exit_tp_forward(ops_, par_, e, MemCategory::Activations);
+  }
   const int64_t rows = ms.B * ms.slot_tokens(), len = ms.slot_tokens();
   for (int s = 0; s < ms.slots(); ++s) {
     const int64_t p0 = ms.slot_position(s);
@@ -59,6 +66,12 @@ Tensor Embedding::forward(const Tensor& tokens, const MicroShape& ms) {
 void Embedding::backward(const Tensor& tokens, const Tensor& dx, const MicroShape& ms) {
   Tensor d_full = exit_tp_backward(ops_, par_, dx);
   // Every TP rank sees the whole gradient, so all of them update wpe identically.
+  if (ms.docs && ms.docs->reset_positions) {
+    Tensor no_wpe;
+    ops_.embedding_backward_positions(tokens, d_full, shard_.start, wte_->grad, wpe_ ? wpe_->grad : no_wpe,
+                                      ms.docs->positions);
+    return;
+  }
   const int64_t rows = ms.B * ms.slot_tokens(), len = ms.slot_tokens();
   for (int s = 0; s < ms.slots(); ++s) {
     const int64_t p0 = ms.slot_position(s);

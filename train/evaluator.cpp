@@ -25,7 +25,8 @@ std::unique_ptr<SampleSource> make_split_source(const Config& cfg, Split split, 
   return make_gpt_source(GptDataOptions{.prefixes = cfg.data.prefixes, .weights = cfg.data.weights,
                                         .split = cfg.data.split, .seq_len = cfg.model.seq_len, .seed = cfg.train.seed,
                                         .num_samples = std::max<int64_t>(1, samples),
-                                        .vocab_size = cfg.model.vocab_size},
+                                        .vocab_size = cfg.model.vocab_size,
+                                        .eod_token = cfg.data.documents() ? cfg.data.eod_token_id : -1},
                          split, sync);
 }
 
@@ -42,6 +43,8 @@ EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_
   const RankLayout& rl = layout_;
   TRIPOD_CHECK(!(rl.has_embedding || rl.has_head) || data, "rank {} holds the embedding or head but has no eval data",
                rl.rank);
+  TRIPOD_CHECK(!cfg_.data.documents() || data, "rank {} has no eval data, but packed documents need every rank's "
+               "samples", rl.rank);
   const int64_t gb = cfg_.train.global_batch_size, B = rl.micro_batch_size, T = cfg_.model.seq_len;
   const int64_t N = rl.micro_tokens, Ns = rl.local_tokens;
   const int M = rl.microbatches, vp = model_.num_chunks();
@@ -93,8 +96,9 @@ EvalResult Evaluator::evaluate(const SampleSource* data, int64_t samples, int64_
   if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
   EvalResult r;
   r.samples = samples;
-  r.tokens = samples * T;
-  r.loss = red.data<double>()[0] / static_cast<double>(r.tokens);
+  // Under data.eod_mask_loss the mean is over the tokens that count (the others' losses are 0).
+  r.tokens = cfg_.data.eod_mask_loss ? summarize_documents(*data, cfg_, first, samples).counted : samples * T;
+  r.loss = red.data<double>()[0] / static_cast<double>(std::max<int64_t>(1, r.tokens));
   r.perplexity = std::exp(r.loss);
   return r;
 }

@@ -18,7 +18,7 @@
 namespace tripod {
 
 struct EvalResult {
-  double loss = 0;        // mean over the tokens
+  double loss = 0;        // mean over the tokens (those that count, under data.eod_mask_loss)
   double perplexity = 0;  // exp(loss)
   int64_t tokens = 0, samples = 0;
 };

@@ -1,6 +1,7 @@
 // The training loop.
 #include "train/trainer.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <unistd.h>
@@ -56,6 +57,14 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   if (sync.tied == GradSync::Tied::PipelineEnds) embedding_ = par.embedding.get();
   TRIPOD_CHECK(!(layout_.has_embedding || layout_.has_head) || data_,
                "rank {} holds the embedding or head but has no data", par.rank);
+  // Packed documents: every rank reads its samples' boundaries (and counts the batch's tokens).
+  if (cfg_.data.documents()) {
+    TRIPOD_INPUT_CHECK(cfg_.data.eod_token_id >= 0, "data.eod_token: packed documents (data.reset_position_ids, "
+                       "data.reset_attention_mask, data.eod_mask_loss) need the end-of-document token's id");
+    TRIPOD_CHECK(data_, "rank {} has no data, but packed documents need every rank's samples", par.rank);
+  }
+  batch_docs_ = {.counted = static_cast<int64_t>(tc.global_batch_size) * cfg_.model.seq_len,
+                 .attended = static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len * cfg_.model.seq_len};
 
   evaluator_ = std::make_unique<Evaluator>(cfg_, make_eval_layout(layout_), ops, par, *model_);
 
@@ -137,7 +146,10 @@ Trainer::~Trainer() {
 
 void Trainer::load_microbatch(int64_t step, int micro, MicroBatch& mb) {
   const TrainConfig& tc = cfg_.train;
-  mb.grad_scale = 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * cfg_.model.seq_len);
+  // d(step loss)/d(token loss): the loss is the mean over the global batch's counted tokens.
+  mb.grad_scale = cfg_.data.eod_mask_loss
+                      ? 1.0f / static_cast<float>(std::max<int64_t>(1, batch_docs_.counted))
+                      : 1.0f / static_cast<float>(static_cast<int64_t>(tc.global_batch_size) * cfg_.model.seq_len);
   tripod::load_microbatch(data_, cfg_, layout_, ops_, step * tc.global_batch_size, micro, mb);
 }
 
@@ -259,6 +271,8 @@ StepMetrics Trainer::step() {
 
   if (trace_) trace_->set_step(step_ + 1);
   if (par_.flight) par_.flight->set_step(step_ + 1);
+  if (cfg_.data.documents())
+    batch_docs_ = summarize_documents(*data_, cfg_, step_ * tc.global_batch_size, tc.global_batch_size);
   // Losses of this rank's micro-batches, one row each (the last stage fills them).
   Tensor losses;
   if (layout_.has_head) {
@@ -321,7 +335,9 @@ StepMetrics Trainer::step() {
   const auto t_normed = clock::now();
   stop_requested_ = sums[2] > 0;
   double grad_norm = std::sqrt(sums[0]);
-  double loss = sums[1] / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
+  double loss = cfg_.data.eod_mask_loss
+                    ? sums[1] / static_cast<double>(std::max<int64_t>(1, batch_docs_.counted))
+                    : sums[1] / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
 
   StepMetrics m;
   m.step = step_ + 1;
@@ -372,8 +388,14 @@ StepMetrics Trainer::step() {
   m.consumed_samples = step_ * tc.global_batch_size;
   m.step_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   m.tokens_per_s = static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len / m.step_time_s;
-  m.mfu = cfg_.model.flops_per_token(par_.grid.tp()) * m.tokens_per_s / peak_flops_;
-  m.tflops = cfg_.model.flops_per_token(par_.grid.tp()) * m.tokens_per_s / par_.grid.world_size() / 1e12;
+  // Model FLOPs: attention counts the keys each token's document gives it under
+  // data.reset_attention_mask (the pairs the step needs), seq_len otherwise.
+  const double attended = batch_docs_.attended / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
+  const double flops_per_token = cfg_.data.reset_attention_mask
+                                     ? cfg_.model.flops_per_token(par_.grid.tp(), attended)
+                                     : cfg_.model.flops_per_token(par_.grid.tp());
+  m.mfu = flops_per_token * m.tokens_per_s / peak_flops_;
+  m.tflops = flops_per_token * m.tokens_per_s / par_.grid.world_size() / 1e12;
   m.batch_size = tc.global_batch_size;
   if (stragglers_) stragglers_->add_step(m.step_time_s, compute_s);
   const MemoryStats& ms = ops_.allocator().stats();
@@ -482,6 +504,12 @@ nlohmann::json buffer_names(const ModelConfig& model) {
     if (p.buffer) out.push_back(p.name);
   return out;
 }
+
+// The packed-document keys a checkpoint was trained with.
+nlohmann::json documents_record(const DataConfig& d) {
+  return {{"reset_position_ids", d.reset_position_ids}, {"reset_attention_mask", d.reset_attention_mask},
+          {"eod_mask_loss", d.eod_mask_loss}, {"eod_token", d.eod_token_id}};
+}
 }  // namespace
 
 nlohmann::json Trainer::checkpoint_metadata() const {
@@ -510,6 +538,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       // The schedule itself when it was chosen at start-up, so that a resume runs the same one.
       {"schedule_csv", layout_.schedule.kind == ScheduleKind::Auto ? schedule_csv(layout_.schedule) : std::string()},
       {"has_optimizer", true},
+      {"documents", documents_record(cfg_.data)},
       {"lr_schedule", {{"lr", lr_.lr}, {"min_lr", lr_.min_lr}, {"warmup_steps", lr_.warmup_steps},
                        {"total_steps", lr_.total_steps}, {"decay", enum_name(lr_.decay)}, {"next_step", step_},
                        {"next_lr", lr_.at(step_)}}},
@@ -567,6 +596,21 @@ void Trainer::load_checkpoint_state() {
     CheckpointReader reader(dir);  // metadata.json validated: checksum, every field's type and range
     const nlohmann::json& meta = reader.metadata();
     if (meta.contains("model")) check_model_record(meta["model"], model_to_json(cfg_.model), dir);
+    // Another choice of the packed-document keys continues training on other masks and positions:
+    // allowed (a run may switch them on for long-context training), but said. A checkpoint without
+    // the record was trained with them off.
+    const nlohmann::json now = documents_record(cfg_.data);
+    const nlohmann::json then = meta.contains("documents") && meta["documents"].is_object() ? meta["documents"]
+                                                                                             : nlohmann::json::object();
+    std::vector<std::string> changed;
+    for (const char* key : {"reset_position_ids", "reset_attention_mask", "eod_mask_loss"}) {
+      const bool was = then.contains(key) && then[key].is_boolean() && then[key].get<bool>();
+      if (was != now[key].get<bool>())
+        changed.push_back(fmt::format("data.{} = {} (the checkpoint: {})", key, now[key].get<bool>(), was));
+    }
+    if (!changed.empty() && par_.rank == 0)
+      spdlog::warn("checkpoint {} was trained with other packed-document settings: {}; training continues with "
+                   "this run's", dir, fmt::join(changed, ", "));
     if (meta.value("has_optimizer", false) && meta.contains("global_batch_size"))
       TRIPOD_INPUT_CHECK(meta["global_batch_size"].get<int64_t>() == cfg_.train.global_batch_size,
                          "checkpoint {} was trained with train.global_batch_size = {}, this run has {}: the data "

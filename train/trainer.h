@@ -131,6 +131,9 @@ class Trainer {
   ProfileHook profile_hook_;
   double action_wall_s_ = 0;  // this step's pipeline actions (their callbacks), host wall time
   Communicator* embedding_ = nullptr;  // the tied table's first/last-stage group (GradSync::Tied::PipelineEnds)
+  // The step's global batch as its packed documents make it (data.reset_*, eod_mask_loss): the
+  // tokens the loss counts and the attention pairs needed (every rank reads them the same).
+  BatchDocuments batch_docs_;
 };
 
 }  // namespace tripod

@@ -66,25 +66,31 @@ void CpuOps::rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w
   }
 }
 
-void CpuOps::rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) {
-  ScopedTimer timer(*this, OpFamily::Attention);
-  TRIPOD_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && rot_heads <= x.size(1) && T >= 1 && x.size(0) % T == 0,
-               "rope: x {} must be (N, heads, D) with D even, N a multiple of T = {}, rot_heads {}", x.str(), T,
-               rot_heads);
-  const int64_t N = x.size(0), Hs = x.size(1), D = x.size(2), h = D / 2;
-  // cos and sin per (position, i), in double then rounded (positions up to pos0 + T).
-  std::vector<float> cs(static_cast<size_t>(T * h)), sn(static_cast<size_t>(T * h));
-  for (int64_t t = 0; t < T; ++t)
+namespace {
+
+// cos and sin per (position, i) for positions [pos0, pos0 + P), in double then rounded.
+void rope_table(int64_t pos0, int64_t P, int64_t D, double theta, bool inverse, std::vector<float>& cs,
+                std::vector<float>& sn) {
+  const int64_t h = D / 2;
+  cs.resize(static_cast<size_t>(P * h));
+  sn.resize(static_cast<size_t>(P * h));
+  for (int64_t t = 0; t < P; ++t)
     for (int64_t i = 0; i < h; ++i) {
       const double a = static_cast<double>(pos0 + t) * std::pow(theta, -2.0 * static_cast<double>(i) / D);
       cs[t * h + i] = static_cast<float>(std::cos(a));
       sn[t * h + i] = static_cast<float>(inverse ? -std::sin(a) : std::sin(a));
     }
-  float* p = x.data<float>();
+}
+
+// Rotates the first rot_heads heads of every row n of x (N, Hs, D) by the table's row row_of(n).
+template <class RowOf>
+void rotate(float* p, int64_t N, int64_t Hs, int64_t D, int64_t rot_heads, const std::vector<float>& cs,
+            const std::vector<float>& sn, RowOf row_of) {
+  const int64_t h = D / 2;
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
-    const float* c = cs.data() + (n % T) * h;
-    const float* s = sn.data() + (n % T) * h;
+    const float* c = cs.data() + row_of(n) * h;
+    const float* s = sn.data() + row_of(n) * h;
     for (int64_t hd = 0; hd < rot_heads; ++hd) {
       float* v = p + (n * Hs + hd) * D;
 #pragma omp simd
@@ -95,6 +101,37 @@ void CpuOps::rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double 
       }
     }
   }
+}
+
+}  // namespace
+
+void CpuOps::rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  TRIPOD_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && rot_heads <= x.size(1) && T >= 1 && x.size(0) % T == 0,
+               "rope: x {} must be (N, heads, D) with D even, N a multiple of T = {}, rot_heads {}", x.str(), T,
+               rot_heads);
+  const int64_t N = x.size(0), Hs = x.size(1), D = x.size(2);
+  std::vector<float> cs, sn;
+  rope_table(pos0, T, D, theta, inverse, cs, sn);
+  rotate(x.data<float>(), N, Hs, D, rot_heads, cs, sn, [T](int64_t n) { return n % T; });
+}
+
+void CpuOps::rope_positions(Tensor& x, int64_t rot_heads, const Tensor& positions, double theta, bool inverse) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  TRIPOD_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && rot_heads <= x.size(1) && positions.defined() &&
+                   positions.dtype() == DType::I32 && positions.numel() == x.size(0),
+               "rope_positions: x {} must be (N, heads, D) with D even and positions (N) i32, got {}, rot_heads {}",
+               x.str(), positions.defined() ? positions.str() : "undefined", rot_heads);
+  const int64_t N = x.size(0), Hs = x.size(1), D = x.size(2);
+  const int32_t* pos = positions.data<int32_t>();
+  int64_t P = 1;
+  for (int64_t n = 0; n < N; ++n) {
+    TRIPOD_CHECK(pos[n] >= 0, "rope_positions: position {} of row {}", pos[n], n);
+    P = std::max<int64_t>(P, pos[n] + 1);
+  }
+  std::vector<float> cs, sn;
+  rope_table(0, P, D, theta, inverse, cs, sn);
+  rotate(x.data<float>(), N, Hs, D, rot_heads, cs, sn, [pos](int64_t n) { return static_cast<int64_t>(pos[n]); });
 }
 
 namespace {

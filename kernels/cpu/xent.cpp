@@ -14,6 +14,12 @@ void CpuOps::xent_stats(const Tensor& logits, const Tensor& targets, int64_t voc
   float* ps = stats.data<float>();
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
+    if (pt[n] < 0) {  // a token that does not count: lse and loss 0 once the shards are combined
+      ps[3 * n + 0] = 0.f;
+      ps[3 * n + 1] = vocab_start == 0 ? 1.f : 0.f;
+      ps[3 * n + 2] = 0.f;
+      continue;
+    }
     const float* row = pl + n * V;
     float m = -INFINITY;
 #pragma omp simd reduction(max : m)
@@ -64,6 +70,10 @@ void CpuOps::xent_backward(Tensor& logits, const Tensor& targets, int64_t vocab_
 #pragma omp parallel for schedule(static)
   for (int64_t n = 0; n < N; ++n) {
     float* row = pl + n * V;
+    if (pt[n] < 0) {  // not counted: no gradient
+      for (int64_t j = 0; j < V; ++j) row[j] = 0.f;
+      continue;
+    }
     float l = plse[n];
 #pragma omp simd
     for (int64_t j = 0; j < valid; ++j) row[j] = fast_exp(row[j] - l) * scale;

@@ -17,7 +17,10 @@
 //            the same quantity the CPU backend and the reference kernels store.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <array>
+#include <bit>
+#include <map>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -505,7 +508,7 @@ void AttentionRunner::forward(const Tensor& qkv, Tensor& out, Tensor& lse) {
   }
   TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
                k::kMaxRefHeadDim);
-  k::attention_forward(qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), B, T, H, Hkv, D, scale,
+  k::attention_forward(qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), B, T, H, Hkv, D, nullptr, scale,
                        ops_.compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
   last_impl_ = "reference";
@@ -545,7 +548,136 @@ void AttentionRunner::backward(const Tensor& dout, const Tensor& qkv, const Tens
                k::kMaxRefHeadDim);
   Tensor delta = ops_.empty({B, H, T}, DType::F32, MemCategory::Workspace);
   k::attention_backward(dout.data<bf16>(), qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), dqkv.data<bf16>(),
-                        delta.data<float>(), B, T, H, Hkv, D, scale, ops_.compute_stream());
+                        delta.data<float>(), B, T, H, Hkv, D, nullptr, scale, ops_.compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
+  last_impl_ = "reference";
+}
+
+namespace {
+
+void expect_starts(const Tensor& start, int64_t B, int64_t T, const char* op) {
+  TRIPOD_CHECK(start.defined(), "{}: no document starts", op);
+  expect(start, DType::I32, B * T, op, "document starts");
+}
+
+// Packed documents on cuDNN's fused kernels: the documents batched by length, each batch one causal
+// attention of n sequences of L tokens (L: the documents' lengths rounded up to a power of two, at
+// least 64 and at most T; n: their count rounded up to a power of two, so that a few plans serve
+// every micro-batch). A document padded at its end is exact: causally its queries never reach the
+// padding keys, and padding queries (zero rows, zero output gradient) add nothing to any gradient.
+struct DocBatch {
+  int64_t L = 0;
+  std::vector<int32_t> first, len;
+  int64_t n() const { return static_cast<int64_t>(std::bit_ceil(first.size())); }
+};
+
+std::vector<DocBatch> doc_batches(std::span<const int32_t> offsets, int64_t T) {
+  std::map<int64_t, DocBatch> by_length;
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) {
+    const int64_t len = offsets[i + 1] - offsets[i];
+    const int64_t L = std::min<int64_t>(T, std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(
+                                                                      static_cast<uint64_t>(len)))));
+    DocBatch& b = by_length[L];
+    b.L = L;
+    b.first.push_back(offsets[i]);
+    b.len.push_back(static_cast<int32_t>(len));
+  }
+  std::vector<DocBatch> out;
+  for (auto& [L, b] : by_length) out.push_back(std::move(b));
+  return out;
+}
+
+// The batch's table on the device: first[0..n) then len[0..n), the padding documents empty.
+Tensor doc_table(CudaOps& ops, const DocBatch& b) {
+  const int64_t n = b.n();
+  CpuAllocator host;
+  Tensor h = Tensor::empty(host, {2 * n}, DType::I32, MemCategory::Workspace);
+  int32_t* p = h.data<int32_t>();
+  std::fill(p, p + 2 * n, 0);
+  std::copy(b.first.begin(), b.first.end(), p);
+  std::copy(b.len.begin(), b.len.end(), p + n);
+  Tensor d = ops.empty({2 * n}, DType::I32, MemCategory::Workspace);
+  ops.copy(h, d);
+  return d;
+}
+
+}  // namespace
+
+void AttentionRunner::forward_docs(const Tensor& qkv, const DocRows& docs, Tensor& out, Tensor& lse) {
+  const char* op = "attention_forward_docs";
+  auto [B, T, H, Hkv, D] = qkv_dims(qkv, out, op);
+  expect(qkv, DType::BF16, B * T * (H + 2 * Hkv) * D, op, "qkv");
+  expect(out, DType::BF16, B * T * H * D, op, "out");
+  expect(lse, DType::F32, B * H * T, op, "lse");
+  expect_starts(docs.start, B, T, op);
+  TRIPOD_CHECK(docs.offsets.size() >= 2 && docs.offsets.front() == 0 && docs.offsets.back() == B * T,
+               "{}: document offsets must run from 0 to B T = {}", op, B * T);
+  if (mode_ != AttentionKernels::Reference) {
+    const int64_t W = (H + 2 * Hkv) * D;
+    for (const DocBatch& b : doc_batches(docs.offsets, T)) {
+      const int64_t n = b.n(), L = b.L;
+      Tensor table = doc_table(ops_, b);
+      Tensor q = ops_.empty({n, L, H + 2 * Hkv, D}, DType::BF16, MemCategory::Workspace);
+      Tensor o = ops_.empty({n, L, H, D}, DType::BF16, MemCategory::Workspace);
+      Tensor l = ops_.empty({n, H, L}, DType::F32, MemCategory::Workspace);
+      k::doc_rows(qkv.data<bf16>(), q.data<bf16>(), table.data<int32_t>(), n, L, W, true, ops_.compute_stream());
+      TRIPOD_CUDA_LAUNCHED("{}: gathering {} documents of up to {} tokens", op, b.first.size(), L);
+      forward(q, o, l);  // cuDNN, or the reference kernels where it declines the shape
+      k::doc_rows(o.data<bf16>(), out.data<bf16>(), table.data<int32_t>(), n, L, H * D, false, ops_.compute_stream());
+      k::doc_lse(l.data<float>(), lse.data<float>(), table.data<int32_t>(), n, L, H, T, false, ops_.compute_stream());
+      TRIPOD_CUDA_LAUNCHED("{}: scattering {} documents of up to {} tokens", op, b.first.size(), L);
+    }
+    return;
+  }
+  TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
+               k::kMaxRefHeadDim);
+  k::attention_forward(qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), B, T, H, Hkv, D,
+                       docs.start.data<int32_t>(), 1.0f / std::sqrt(static_cast<float>(D)), ops_.compute_stream());
+  TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
+  last_impl_ = "reference";
+}
+
+void AttentionRunner::backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                    const DocRows& docs, Tensor& dqkv) {
+  const char* op = "attention_backward_docs";
+  auto [B, T, H, Hkv, D] = qkv_dims(qkv, out, op);
+  expect(qkv, DType::BF16, B * T * (H + 2 * Hkv) * D, op, "qkv");
+  expect(dqkv, DType::BF16, B * T * (H + 2 * Hkv) * D, op, "dqkv");
+  expect(out, DType::BF16, B * T * H * D, op, "out");
+  expect(dout, DType::BF16, B * T * H * D, op, "dout");
+  expect(lse, DType::F32, B * H * T, op, "lse");
+  expect_starts(docs.start, B, T, op);
+  TRIPOD_CHECK(docs.offsets.size() >= 2 && docs.offsets.front() == 0 && docs.offsets.back() == B * T,
+               "{}: document offsets must run from 0 to B T = {}", op, B * T);
+  if (mode_ != AttentionKernels::Reference) {
+    const int64_t W = (H + 2 * Hkv) * D;
+    const cudaStream_t s = ops_.compute_stream();
+    for (const DocBatch& b : doc_batches(docs.offsets, T)) {
+      const int64_t n = b.n(), L = b.L;
+      Tensor table = doc_table(ops_, b);
+      const int32_t* tab = table.data<int32_t>();
+      Tensor q = ops_.empty({n, L, H + 2 * Hkv, D}, DType::BF16, MemCategory::Workspace);
+      Tensor o = ops_.empty({n, L, H, D}, DType::BF16, MemCategory::Workspace);
+      Tensor d = ops_.empty({n, L, H, D}, DType::BF16, MemCategory::Workspace);
+      Tensor l = ops_.empty({n, H, L}, DType::F32, MemCategory::Workspace);
+      Tensor dq = ops_.empty({n, L, H + 2 * Hkv, D}, DType::BF16, MemCategory::Workspace);
+      k::doc_rows(qkv.data<bf16>(), q.data<bf16>(), tab, n, L, W, true, s);
+      k::doc_rows(out.data<bf16>(), o.data<bf16>(), tab, n, L, H * D, true, s);
+      k::doc_rows(dout.data<bf16>(), d.data<bf16>(), tab, n, L, H * D, true, s);
+      k::doc_lse(lse.data<float>(), l.data<float>(), tab, n, L, H, T, true, s);
+      TRIPOD_CUDA_LAUNCHED("{}: gathering {} documents of up to {} tokens", op, b.first.size(), L);
+      backward(d, q, o, l, dq);
+      k::doc_rows(dq.data<bf16>(), dqkv.data<bf16>(), tab, n, L, W, false, s);
+      TRIPOD_CUDA_LAUNCHED("{}: scattering {} documents of up to {} tokens", op, b.first.size(), L);
+    }
+    return;
+  }
+  TRIPOD_CHECK(D <= k::kMaxRefHeadDim, "{}: head dimension {} exceeds the reference kernels' {}", op, D,
+               k::kMaxRefHeadDim);
+  Tensor delta = ops_.empty({B, H, T}, DType::F32, MemCategory::Workspace);
+  k::attention_backward(dout.data<bf16>(), qkv.data<bf16>(), out.data<bf16>(), lse.data<float>(), dqkv.data<bf16>(),
+                        delta.data<float>(), B, T, H, Hkv, D, docs.start.data<int32_t>(),
+                        1.0f / std::sqrt(static_cast<float>(D)), ops_.compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} qkv {} (reference kernels)", op, qkv.str());
   last_impl_ = "reference";
 }
@@ -561,6 +693,17 @@ void CudaOps::attention_backward(const Tensor& dout, const Tensor& qkv, const Te
                                  const Tensor& probs, Tensor& dqkv) {
   ScopedTimer timer(*this, OpFamily::Attention);
   attention_->backward(dout, qkv, out, lse, dqkv);
+}
+
+void CudaOps::attention_forward_docs(const Tensor& qkv, const DocRows& docs, Tensor& out, Tensor& lse) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  attention_->forward_docs(qkv, docs, out, lse);
+}
+
+void CudaOps::attention_backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                                      const DocRows& docs, Tensor& dqkv) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  attention_->backward_docs(dout, qkv, out, lse, docs, dqkv);
 }
 
 void CudaOps::attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) {
@@ -605,19 +748,23 @@ BlockShape block_shape(const Tensor& q, const Tensor& kv, const Tensor& out, con
 }
 }  // namespace
 
-void CudaOps::attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) {
+void CudaOps::attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, const BlockDocs& docs,
+                                      Tensor& out, Tensor& lse) {
   ScopedTimer timer(*this, OpFamily::Attention);
   const char* op = "attention_block_forward";
   const BlockShape b = block_shape(q, kv, out, lse, causal, op);
   expect(out, DType::F32, b.B * b.Tq * b.H * b.D, op, "out");
+  if (docs.start.defined()) expect(docs.start, DType::I32, b.B * b.Tq, op, "document starts");
   k::attention_block_forward(q.data<bf16>(), kv.data<bf16>(), out.data<float>(), lse.data<float>(), b.B, b.Tq, b.Tk,
-                             b.Wq, b.H, b.Hkv, b.D, causal, 1.0f / std::sqrt(static_cast<float>(b.D)),
-                             compute_stream());
+                             b.Wq, b.H, b.Hkv, b.D, causal,
+                             docs.start.defined() ? docs.start.data<int32_t>() : nullptr, docs.key_pos,
+                             1.0f / std::sqrt(static_cast<float>(b.D)), compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} q {} kv {}", op, q.str(), kv.str());
 }
 
 void CudaOps::attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
-                                       const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) {
+                                       const Tensor& lse, bool causal, const BlockDocs& docs, Tensor& dq,
+                                       Tensor& dkv) {
   ScopedTimer timer(*this, OpFamily::Attention);
   const char* op = "attention_block_backward";
   const BlockShape b = block_shape(q, kv, out, lse, causal, op);
@@ -625,10 +772,12 @@ void CudaOps::attention_block_backward(const Tensor& dout, const Tensor& q, cons
   expect(dout, DType::BF16, b.B * b.Tq * b.H * b.D, op, "dout");
   expect(dq, DType::F32, q.numel(), op, "dq");
   expect(dkv, DType::F32, kv.numel(), op, "dkv");
+  if (docs.start.defined()) expect(docs.start, DType::I32, b.B * b.Tq, op, "document starts");
   Tensor delta = empty({b.B * b.H * b.Tq}, DType::F32, MemCategory::Workspace);
   k::attention_block_backward(dout.data<bf16>(), q.data<bf16>(), kv.data<bf16>(), out.data<bf16>(), lse.data<float>(),
                               delta.data<float>(), dq.data<float>(), dkv.data<float>(), b.B, b.Tq, b.Tk, b.Wq, b.H,
-                              b.Hkv, b.D, causal, 1.0f / std::sqrt(static_cast<float>(b.D)), compute_stream());
+                              b.Hkv, b.D, causal, docs.start.defined() ? docs.start.data<int32_t>() : nullptr,
+                              docs.key_pos, 1.0f / std::sqrt(static_cast<float>(b.D)), compute_stream());
   TRIPOD_CUDA_LAUNCHED("{} q {} kv {}", op, q.str(), kv.str());
 }
 

@@ -6,6 +6,11 @@
 // W = (H + 2 Hkv) D, its key at ... + (H + h/g)*D and value at ... + (H + Hkv + h/g)*D (g = H/Hkv
 // query heads per key/value head). out, dout (B, T, H, D): tokens H*D apart. lse, delta
 // (B, H, T). Lane l of a warp holds elements d = l, l + 32, ... of a head row.
+//
+// Packed documents (a document start per query row, `start`, as Ops::attention_forward_docs and
+// BlockDocs give them): a query sees only the keys from its document's start on, and only those
+// are visited; a key's gradient visits the queries that see it, a run that ends where the next
+// document begins (document starts never decrease along a sequence).
 #include <cmath>
 #include <type_traits>
 
@@ -20,6 +25,8 @@ constexpr int kWarps = kThreads / 32;
 
 struct Geometry {
   int64_t B, T, H, Hkv, D;
+  const int32_t* start;  // (B, T) document starts, or null (causal over the whole sequence)
+  __device__ int64_t first_key(int64_t b, int64_t t) const { return start ? start[b * T + t] : 0; }
   __host__ __device__ int64_t tok_qkv() const { return (H + 2 * Hkv) * D; }  // between tokens in qkv
   __host__ __device__ int64_t tok_out() const { return H * D; }              // between tokens in out
   __host__ __device__ int64_t k_off(int64_t h) const { return (H + h / (H / Hkv)) * D; }  // query head h's key
@@ -93,7 +100,7 @@ __global__ void forward_kernel(const bf16_t* qkv, bf16_t* out, float* lse, Geome
   q.load(base + t * g.tok_qkv() + h * g.D, g.D, lane);
   acc.zero();
   float m = -INFINITY, l = 0.f;
-  for (int64_t j = 0; j <= t; ++j) {
+  for (int64_t j = g.first_key(b, t); j <= t; ++j) {
     const bf16_t* kj = base + j * g.tok_qkv() + g.k_off(h);
     const float s = q.dot(kj, g.D, lane) * scale;
     const float m_new = fmaxf(m, s);
@@ -136,7 +143,7 @@ __global__ void dq_kernel(const bf16_t* dout, const bf16_t* qkv, const float* ls
   d.load(dout + (b * g.T + t) * g.tok_out() + h * g.D, g.D, lane);
   dq.zero();
   const float l = lse[bh * g.T + t], dl = delta[bh * g.T + t];
-  for (int64_t j = 0; j <= t; ++j) {
+  for (int64_t j = g.first_key(b, t); j <= t; ++j) {
     const bf16_t* kj = base + j * g.tok_qkv() + g.k_off(h);
     const float p = expf(q.dot(kj, g.D, lane) * scale - l);
     const float ds = p * (d.dot(base + j * g.tok_qkv() + g.v_off(h), g.D, lane) - dl);
@@ -162,7 +169,7 @@ __global__ void dkv_kernel(const bf16_t* dout, const bf16_t* qkv, const float* l
   dv.zero();
   for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
     const int64_t bh = b * g.H + h;
-    for (int64_t t = j; t < g.T; ++t) {
+    for (int64_t t = j; t < g.T && g.first_key(b, t) <= j; ++t) {
       const bf16_t* qt = base + t * g.tok_qkv() + h * g.D;
       const bf16_t* dot_row = dout + (b * g.T + t) * g.tok_out() + h * g.D;
       const float p = expf(k.dot(qt, g.D, lane) * scale - lse[bh * g.T + t]);
@@ -248,6 +255,14 @@ void run_decode(const bf16_t* qkv, const bf16_t* k, const bf16_t* v, bf16_t* out
 struct BlockGeometry {
   int64_t B, Tq, Tk, Wq, H, Hkv, D;
   bool causal;
+  const int32_t* start;  // (B, Tq) document starts (BlockDocs), or null
+  int64_t key_pos;       // the position of key 0 in the sequence
+  // The first key query t of sequence b sees (Tk or more: none).
+  __device__ int64_t first_key(int64_t b, int64_t t) const {
+    if (!start) return 0;
+    const int64_t k = start[b * Tq + t] - key_pos;
+    return k < 0 ? 0 : k;
+  }
   __host__ __device__ int64_t group() const { return H / Hkv; }
   __host__ __device__ int64_t keys(int64_t t) const { return causal ? t + 1 : Tk; }  // keys query t sees
 };
@@ -263,11 +278,13 @@ __global__ void block_forward_kernel(const bf16_t* q, const bf16_t* kv, float* o
   const int64_t t = w % g.Tq, bh = w / g.Tq, b = bh / g.H, h = bh % g.H, j0 = h / g.group();
   const int64_t ldkv = 2 * g.Hkv * g.D;
   const bf16_t* kvb = kv + b * g.Tk * ldkv;
+  const int64_t first = g.first_key(b, t);
+  if (first >= g.keys(t)) return;  // the document mask leaves this query nothing here: out and lse stay
   Row<NPL> qr, acc;
   qr.load(q + (b * g.Tq + t) * g.Wq * g.D + h * g.D, g.D, lane);
   acc.zero();
   float m = -INFINITY, l = 0.f;
-  for (int64_t j = 0; j < g.keys(t); ++j) {
+  for (int64_t j = first; j < g.keys(t); ++j) {
     const float sc = qr.dot(kvb + j * ldkv + j0 * g.D, g.D, lane) * scale;
     const float m_new = fmaxf(m, sc);
     const float corr = expf(m - m_new), p = expf(sc - m_new);
@@ -323,12 +340,14 @@ __global__ void block_dq_kernel(const bf16_t* dout, const bf16_t* q, const bf16_
   const int64_t t = w % g.Tq, bh = w / g.Tq, b = bh / g.H, h = bh % g.H, j0 = h / g.group();
   const int64_t ldkv = 2 * g.Hkv * g.D;
   const bf16_t* kvb = kv + b * g.Tk * ldkv;
+  const int64_t first = g.first_key(b, t);
+  if (first >= g.keys(t)) return;
   Row<NPL> qr, d, acc;
   qr.load(q + (b * g.Tq + t) * g.Wq * g.D + h * g.D, g.D, lane);
   d.load(dout + (b * g.Tq + t) * g.H * g.D + h * g.D, g.D, lane);
   acc.zero();
   const float l = lse[bh * g.Tq + t], dl = delta[bh * g.Tq + t];
-  for (int64_t j = 0; j < g.keys(t); ++j) {
+  for (int64_t j = first; j < g.keys(t); ++j) {
     const bf16_t* kj = kvb + j * ldkv + j0 * g.D;
     const float p = expf(qr.dot(kj, g.D, lane) * scale - l);
     const float ds = p * (d.dot(kvb + j * ldkv + (g.Hkv + j0) * g.D, g.D, lane) - dl);
@@ -355,7 +374,7 @@ __global__ void block_dkv_kernel(const bf16_t* dout, const bf16_t* q, const bf16
   dv.zero();
   for (int64_t h = j0 * g.group(); h < (j0 + 1) * g.group(); ++h) {
     const int64_t bh = b * g.H + h;
-    for (int64_t t = g.causal ? j : 0; t < g.Tq; ++t) {
+    for (int64_t t = g.causal ? j : 0; t < g.Tq && g.first_key(b, t) <= j; ++t) {
       const bf16_t* qt = q + (b * g.Tq + t) * g.Wq * g.D + h * g.D;
       const bf16_t* dot_row = dout + (b * g.Tq + t) * g.H * g.D + h * g.D;
       const float p = expf(k.dot(qt, g.D, lane) * scale - lse[bh * g.Tq + t]);
@@ -398,6 +417,36 @@ __global__ void columns_kernel(const In* src, Out* dst, int64_t N, int64_t W, in
     dst[n * W + off + e] = from_float<Out>(to_float(src[i]));
 }
 
+// Packed documents batched by length (attention.cpp): rows of a (B T, w) tensor <-> (n, L, w),
+// document i's len rows from row first (table: first[0..n), len[0..n)); padding rows are 0.
+template <class V>
+__global__ void doc_rows_kernel(const V* src, V* dst, const int32_t* table, int64_t n, int64_t L, int64_t w,
+                                bool gather) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * L * w) return;
+  const int64_t i = e / (L * w), t = (e / w) % L, x = e % w;
+  const bool real = t < table[n + i];
+  const int64_t row = static_cast<int64_t>(table[i]) + t;
+  if (gather)
+    dst[e] = real ? src[row * w + x] : V{};
+  else if (real)
+    dst[row * w + x] = src[e];
+}
+
+// lse (B, H, T) <-> (n, H, L) by the same table (padding 0).
+__global__ void doc_lse_kernel(const float* src, float* dst, const int32_t* table, int64_t n, int64_t L, int64_t H,
+                               int64_t T, bool gather) {
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (e >= n * H * L) return;
+  const int64_t i = e / (H * L), h = (e / L) % H, t = e % L;
+  const bool real = t < table[n + i];
+  const int64_t first = table[i], b = first / T, at = (b * H + h) * T + first % T + t;
+  if (gather)
+    dst[e] = real ? src[at] : 0.f;
+  else if (real)
+    dst[at] = src[e];
+}
+
 // Calls f with the elements of a head row per lane, NPL, as a compile-time constant: D up to
 // 32, 64, 128 or more gives 1, 2, 4 or 8.
 template <class F> void by_head_size(int64_t D, F&& f) {
@@ -414,9 +463,9 @@ template <class F> void by_head_size(int64_t D, F&& f) {
 }  // namespace
 
 void attention_block_forward(const bf16* q, const bf16* kv, float* out, float* lse, int64_t B, int64_t Tq, int64_t Tk,
-                             int64_t Wq, int64_t H, int64_t Hkv, int64_t D, bool causal, float scale,
-                             cudaStream_t s) {
-  const BlockGeometry g{B, Tq, Tk, Wq, H, Hkv, D, causal};
+                             int64_t Wq, int64_t H, int64_t Hkv, int64_t D, bool causal, const int32_t* start,
+                             int64_t key_pos, float scale, cudaStream_t s) {
+  const BlockGeometry g{B, Tq, Tk, Wq, H, Hkv, D, causal, start, key_pos};
   if (B * H * Tq == 0) return;
   by_head_size(D, [&](auto npl) {
     run_block_forward<decltype(npl)::value>(dev(q), dev(kv), out, lse, g, scale, s);
@@ -425,12 +474,27 @@ void attention_block_forward(const bf16* q, const bf16* kv, float* out, float* l
 
 void attention_block_backward(const bf16* dout, const bf16* q, const bf16* kv, const bf16* out, const float* lse,
                               float* delta, float* dq, float* dkv, int64_t B, int64_t Tq, int64_t Tk, int64_t Wq,
-                              int64_t H, int64_t Hkv, int64_t D, bool causal, float scale, cudaStream_t s) {
-  const BlockGeometry g{B, Tq, Tk, Wq, H, Hkv, D, causal};
+                              int64_t H, int64_t Hkv, int64_t D, bool causal, const int32_t* start, int64_t key_pos,
+                              float scale, cudaStream_t s) {
+  const BlockGeometry g{B, Tq, Tk, Wq, H, Hkv, D, causal, start, key_pos};
   if (B * H * Tq == 0) return;
   by_head_size(D, [&](auto npl) {
     run_block_backward<decltype(npl)::value>(dev(dout), dev(q), dev(kv), dev(out), lse, delta, dq, dkv, g, scale, s);
   });
+}
+
+void doc_rows(const bf16* src, bf16* dst, const int32_t* table, int64_t n, int64_t L, int64_t w, bool gather,
+              cudaStream_t s) {
+  if (n * L * w == 0) return;
+  doc_rows_kernel<bf16_t><<<static_cast<unsigned>((n * L * w + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      dev(src), dev(dst), table, n, L, w, gather);
+}
+
+void doc_lse(const float* src, float* dst, const int32_t* table, int64_t n, int64_t L, int64_t H, int64_t T,
+             bool gather, cudaStream_t s) {
+  if (n * H * L == 0) return;
+  doc_lse_kernel<<<static_cast<unsigned>((n * H * L + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      src, dst, table, n, L, H, T, gather);
 }
 
 void attention_kv_pack(const bf16* qkv, bf16* kv, int64_t N, int64_t W, int64_t w, cudaStream_t s) {
@@ -464,8 +528,8 @@ void attention_decode(const bf16* qkv, bf16* k_cache, bf16* v_cache, bf16* out, 
 }
 
 void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                       int64_t D, float scale, cudaStream_t s) {
-  const Geometry g{B, T, H, Hkv, D};
+                       int64_t D, const int32_t* start, float scale, cudaStream_t s) {
+  const Geometry g{B, T, H, Hkv, D, start};
   if (B * H * T == 0) return;
   by_head_size(D, [&](auto npl) {
     run_forward<decltype(npl)::value>(dev(qkv), dev(out), lse, g, scale, s);
@@ -473,9 +537,9 @@ void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_
 }
 
 void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, const float* lse, bf16* dqkv,
-                        float* delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                        cudaStream_t s) {
-  const Geometry g{B, T, H, Hkv, D};
+                        float* delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                        const int32_t* start, float scale, cudaStream_t s) {
+  const Geometry g{B, T, H, Hkv, D, start};
   if (B * H * T == 0) return;
   by_head_size(D, [&](auto npl) {
     run_backward<decltype(npl)::value>(dev(dout), dev(qkv), dev(out), lse, dev(dqkv), delta, g, scale, s);

@@ -14,6 +14,7 @@
 
 #include "core/debug_options.h"
 #include "core/tensor.h"
+#include "kernels/op.h"
 
 struct cudnnContext;
 
@@ -32,6 +33,13 @@ class AttentionRunner {
   void forward(const Tensor& qkv, Tensor& out, Tensor& lse);
   // dout (B, T, H, D) -> dqkv (B, T, H + 2 Hkv, D).
   void backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse, Tensor& dqkv);
+  // The same within packed documents (Ops::attention_forward_docs): cuDNN on the documents batched
+  // by length (each padded to a power of two; exact, since padding at a causal sequence's end is
+  // invisible to its queries), or under AttentionKernels::Reference the reference kernels, each
+  // query visiting only its document's keys.
+  void forward_docs(const Tensor& qkv, const DocRows& docs, Tensor& out, Tensor& lse);
+  void backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                     const DocRows& docs, Tensor& dqkv);
   // "cudnn" or "reference": what the last call ran.
   const char* last_impl() const { return last_impl_; }
 

@@ -68,6 +68,10 @@ class CudaOps final : public Ops {
                          Tensor& out) override;
   void embedding_backward(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte, Tensor& dwpe,
                           int64_t T) override;
+  void embedding_forward_positions(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe,
+                                   const Tensor& positions, Tensor& out) override;
+  void embedding_backward_positions(const Tensor& tokens, const Tensor& dout, int64_t vocab_start, Tensor& dwte,
+                                    Tensor& dwpe, const Tensor& positions) override;
 
   void layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y, Tensor& mean,
                          Tensor& rstd) override;
@@ -77,6 +81,7 @@ class CudaOps final : public Ops {
   void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
                         Tensor& dw) override;
   void rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double theta, bool inverse) override;
+  void rope_positions(Tensor& x, int64_t rot_heads, const Tensor& positions, double theta, bool inverse) override;
   void swiglu_forward(const Tensor& gu, Tensor& y) override;
   void swiglu_backward(const Tensor& gu, const Tensor& dy, Tensor& dgu) override;
 
@@ -119,11 +124,18 @@ class CudaOps final : public Ops {
   void attention_forward(const Tensor& qkv, Tensor& out, Tensor& lse, Tensor& probs) override;
   void attention_backward(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                           const Tensor& probs, Tensor& dqkv) override;
+  // Packed documents: the reference kernels (attention_ref.cu), each query visiting only the keys of
+  // its document.
+  void attention_forward_docs(const Tensor& qkv, const DocRows& docs, Tensor& out, Tensor& lse) override;
+  void attention_backward_docs(const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
+                               const DocRows& docs, Tensor& dqkv) override;
   // One warp per (b, query head, new token) over its group's cache (attention_ref.cu), bf16 in,
   // f32 softmax.
-  void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, Tensor& out, Tensor& lse) override;
+  void attention_block_forward(const Tensor& q, const Tensor& kv, bool causal, const BlockDocs& docs, Tensor& out,
+                               Tensor& lse) override;
   void attention_block_backward(const Tensor& dout, const Tensor& q, const Tensor& kv, const Tensor& out,
-                                const Tensor& lse, bool causal, Tensor& dq, Tensor& dkv) override;
+                                const Tensor& lse, bool causal, const BlockDocs& docs, Tensor& dq,
+                                Tensor& dkv) override;
   void attention_kv_pack(const Tensor& qkv, int64_t H, Tensor& kv) override;
   void attention_kv_unpack(const Tensor& kv, int64_t H, Tensor& qkv) override;
   void attention_decode(const Tensor& qkv, Tensor& k_cache, Tensor& v_cache, int64_t pos, Tensor& out) override;

@@ -145,14 +145,16 @@ __global__ void reduce_final_kernel(const double* partials, double* out) {
 }
 
 // ---- embedding ------------------------------------------------------------------------------
+// Row n's position: pos[n] when given (packed documents), else n % T.
 __global__ void embedding_forward_kernel(const int32_t* tok, int64_t N, const bf16_t* wte, int64_t V, int64_t C,
-                                         int64_t vocab_start, const bf16_t* wpe, int64_t T, bf16_t* out) {
+                                         int64_t vocab_start, const bf16_t* wpe, int64_t T, const int32_t* pos,
+                                         bf16_t* out) {
   const int64_t total = N * C, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
     const int64_t n = i / C, c = i % C;
     const int64_t row = tok[n] - vocab_start;
     float v = (row >= 0 && row < V) ? to_float(wte[row * C + c]) : 0.f;
-    if (wpe) v += to_float(wpe[(n % T) * C + c]);
+    if (wpe) v += to_float(wpe[(pos ? pos[n] : n % T) * C + c]);
     out[i] = from_float<bf16_t>(v);
   }
 }
@@ -175,6 +177,16 @@ __global__ void embedding_backward_wpe_kernel(int64_t N, const bf16_t* dout, int
     float acc = 0;
     for (int64_t n = t; n < N; n += T) acc += to_float(dout[n * C + c]);
     dwpe[t * C + c] += acc;
+  }
+}
+
+// With each row's position given: dwpe[pos[n]] += dout row n (atomics, as the table's gradient).
+__global__ void embedding_backward_wpe_positions_kernel(int64_t N, const bf16_t* dout, int64_t C, float* dwpe,
+                                                        const int32_t* pos) {
+  const int64_t total = N * C, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
+    const int64_t n = i / C, c = i % C;
+    atomicAdd(dwpe + static_cast<int64_t>(pos[n]) * C + c, to_float(dout[i]));
   }
 }
 
@@ -270,13 +282,14 @@ void gelu_backward(const bf16* x, const bf16* dy, bf16* dx, int64_t n, cudaStrea
 namespace {
 
 // Thread per (row n, rotated head, pair i < D/2).
+// Row n's position: pos[n] when given (packed documents), else pos0 + n % T.
 __global__ void rope_kernel(bf16_t* x, int64_t N, int64_t heads, int64_t D, int64_t rot, int64_t T, int64_t pos0,
-                            double theta, bool inverse) {
+                            const int32_t* pos, double theta, bool inverse) {
   const int64_t h = D / 2, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < N * rot * h; e += stride) {
     const int64_t i = e % h, hd = (e / h) % rot, n = e / (h * rot);
-    const double a =
-        static_cast<double>(pos0 + n % T) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+    const int64_t p = pos ? static_cast<int64_t>(pos[n]) : pos0 + n % T;
+    const double a = static_cast<double>(p) * pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
     double sn, cs;
     sincos(a, &sn, &cs);
     const float c = static_cast<float>(cs), s = static_cast<float>(inverse ? -sn : sn);
@@ -314,7 +327,16 @@ void rope(bf16* x, int64_t N, int64_t heads, int64_t D, int64_t rot_heads, int64
           bool inverse, cudaStream_t s) {
   const int64_t n = N * rot_heads * (D / 2);
   if (n == 0) return;
-  rope_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(dev(x), N, heads, D, rot_heads, T, pos0, theta, inverse);
+  rope_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(dev(x), N, heads, D, rot_heads, T, pos0, nullptr, theta,
+                                                           inverse);
+}
+
+void rope_positions(bf16* x, int64_t N, int64_t heads, int64_t D, int64_t rot_heads, const int32_t* positions,
+                    double theta, bool inverse, cudaStream_t s) {
+  const int64_t n = N * rot_heads * (D / 2);
+  if (n == 0) return;
+  rope_kernel<<<blocks_for(n, kThreads), kThreads, 0, s>>>(dev(x), N, heads, D, rot_heads, 1, 0, positions, theta,
+                                                           inverse);
 }
 
 void swiglu_forward(const bf16* gu, bf16* y, int64_t N, int64_t F, cudaStream_t s) {
@@ -331,7 +353,25 @@ void embedding_forward(const int32_t* tok, int64_t N, const bf16* wte, int64_t V
                        const bf16* wpe, int64_t T, bf16* out, cudaStream_t s) {
   if (N * C == 0) return;
   embedding_forward_kernel<<<blocks_for(N * C, kThreads), kThreads, 0, s>>>(tok, N, dev(wte), V, C, vocab_start,
-                                                                          dev(wpe), T, dev(out));
+                                                                          dev(wpe), T, nullptr, dev(out));
+}
+
+void embedding_forward_positions(const int32_t* tok, int64_t N, const bf16* wte, int64_t V, int64_t C,
+                                 int64_t vocab_start, const bf16* wpe, const int32_t* positions, bf16* out,
+                                 cudaStream_t s) {
+  if (N * C == 0) return;
+  embedding_forward_kernel<<<blocks_for(N * C, kThreads), kThreads, 0, s>>>(tok, N, dev(wte), V, C, vocab_start,
+                                                                          dev(wpe), 1, positions, dev(out));
+}
+
+void embedding_backward_positions(const int32_t* tok, int64_t N, const bf16* dout, int64_t C, int64_t vocab_start,
+                                  float* dwte, int64_t V, float* dwpe, const int32_t* positions, cudaStream_t s) {
+  if (N * C == 0) return;
+  embedding_backward_wte_kernel<<<blocks_for(N * C, kThreads), kThreads, 0, s>>>(tok, N, dev(dout), C, vocab_start,
+                                                                               dwte, V);
+  if (dwpe)
+    embedding_backward_wpe_positions_kernel<<<blocks_for(N * C, kThreads), kThreads, 0, s>>>(N, dev(dout), C, dwpe,
+                                                                                           positions);
 }
 
 void embedding_backward(const int32_t* tok, int64_t N, const bf16* dout, int64_t C, int64_t vocab_start, float* dwte,

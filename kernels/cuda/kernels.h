@@ -50,6 +50,9 @@ void gelu_backward(const bf16* x, const bf16* dy, bf16* dx, int64_t n, cudaStrea
 // pos0 + n % T (Ops::rope's convention; angles in double); `inverse` rotates back.
 void rope(bf16* x, int64_t N, int64_t heads, int64_t D, int64_t rot_heads, int64_t T, int64_t pos0, double theta,
           bool inverse, cudaStream_t s);
+// The same with row n at position positions[n] (i32, on the device).
+void rope_positions(bf16* x, int64_t N, int64_t heads, int64_t D, int64_t rot_heads, const int32_t* positions,
+                    double theta, bool inverse, cudaStream_t s);
 // gu (N, 2F) = [gate | up] -> y (N, F) = silu(gate) up; backward: dgu (N, 2F) from dy (N, F).
 void swiglu_forward(const bf16* gu, bf16* y, int64_t N, int64_t F, cudaStream_t s);
 void swiglu_backward(const bf16* gu, const bf16* dy, bf16* dgu, int64_t N, int64_t F, cudaStream_t s);
@@ -61,6 +64,14 @@ void embedding_forward(const int32_t* tok, int64_t N, const bf16* wte, int64_t V
 // dwte (V, C) += rows of dout by token (atomics); dwpe (>= T, C) += dout summed per position.
 void embedding_backward(const int32_t* tok, int64_t N, const bf16* dout, int64_t C, int64_t vocab_start, float* dwte,
                         int64_t V, float* dwpe, int64_t T, cudaStream_t s);
+
+// The same with row n at position positions[n] (i32, on the device; wpe given); the backward adds
+// into dwpe by atomics.
+void embedding_forward_positions(const int32_t* tok, int64_t N, const bf16* wte, int64_t V, int64_t C,
+                                 int64_t vocab_start, const bf16* wpe, const int32_t* positions, bf16* out,
+                                 cudaStream_t s);
+void embedding_backward_positions(const int32_t* tok, int64_t N, const bf16* dout, int64_t C, int64_t vocab_start,
+                                  float* dwte, int64_t V, float* dwpe, const int32_t* positions, cudaStream_t s);
 
 // ---- AdamW over chunks of flat f32 buffers (elementwise.cu) ---------------------------------
 struct AdamWArgs {
@@ -105,14 +116,15 @@ void xent_backward(bf16* logits, int64_t N, int64_t V, const int32_t* targets, i
 // ---- reference causal attention (attention_ref.cu) ------------------------------------------
 // Exact (non-tiled) kernels used when cuDNN has no engine for a shape, or on request
 // (TRIPOD_ATTENTION=reference). qkv (B, T, H + 2 Hkv, D) (Ops' grouped layout), out (B, T, H, D)
-// bf16, lse (B, H, T) f32.
+// bf16, lse (B, H, T) f32. `start` (B, T) i32, or null: each query's document start (packed
+// documents: it sees keys start..itself only).
 void attention_forward(const bf16* qkv, bf16* out, float* lse, int64_t B, int64_t T, int64_t H, int64_t Hkv,
-                       int64_t D, float scale, cudaStream_t s);
+                       int64_t D, const int32_t* start, float scale, cudaStream_t s);
 // dqkv (B, T, H + 2 Hkv, D) from dout (B, T, H, D) (a key/value head's gradient sums over its
 // query group); delta: B*H*T floats of scratch.
 void attention_backward(const bf16* dout, const bf16* qkv, const bf16* out, const float* lse, bf16* dqkv,
-                        float* delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D, float scale,
-                        cudaStream_t s);
+                        float* delta, int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                        const int32_t* start, float scale, cudaStream_t s);
 // Attention against a KV cache (inference): the n new tokens of qkv (B, n, H + 2 Hkv, D) at
 // positions [pos, pos + n) append their k, v to k_cache, v_cache (B, Hkv, T_max, D); out
 // (B, n, H, D) is each new token's causal attention over the cache. bf16 in and out, f32 softmax.
@@ -121,16 +133,26 @@ void attention_decode(const bf16* qkv, bf16* k_cache, bf16* v_cache, bf16* out, 
 // Blocks of context-parallel attention (Ops::attention_block_forward / _backward): q (B, Tq, Wq, D)
 // bf16, kv (B, Tk, 2 Hkv, D) bf16; out (B, Tq, H, D) and lse (B, H, Tq) f32 running results the
 // block merges into. Backward: dout, out bf16; delta B*H*Tq floats of scratch; dq (B, Tq, Wq, D)
-// and dkv f32 +=.
+// and dkv f32 +=. `start` (B, Tq) i32 and key_pos: BlockDocs (null: no document mask).
 void attention_block_forward(const bf16* q, const bf16* kv, float* out, float* lse, int64_t B, int64_t Tq, int64_t Tk,
-                             int64_t Wq, int64_t H, int64_t Hkv, int64_t D, bool causal, float scale, cudaStream_t s);
+                             int64_t Wq, int64_t H, int64_t Hkv, int64_t D, bool causal, const int32_t* start,
+                             int64_t key_pos, float scale, cudaStream_t s);
 void attention_block_backward(const bf16* dout, const bf16* q, const bf16* kv, const bf16* out, const float* lse,
                               float* delta, float* dq, float* dkv, int64_t B, int64_t Tq, int64_t Tk, int64_t Wq,
-                              int64_t H, int64_t Hkv, int64_t D, bool causal, float scale, cudaStream_t s);
+                              int64_t H, int64_t Hkv, int64_t D, bool causal, const int32_t* start, int64_t key_pos,
+                              float scale, cudaStream_t s);
 // The last w elements of every row of width W <-> rows of width w (the key/value heads of qkv).
 void attention_kv_pack(const bf16* qkv, bf16* kv, int64_t N, int64_t W, int64_t w, cudaStream_t s);
 void attention_kv_unpack(const float* kv, bf16* qkv, int64_t N, int64_t W, int64_t w, cudaStream_t s);
 void attention_kv_unpack(const bf16* kv, bf16* qkv, int64_t N, int64_t W, int64_t w, cudaStream_t s);
+// Packed documents batched by length for cuDNN (attention.cpp): gather copies document i's len[i]
+// rows (of width w elements) from row first[i] of src (B T rows) into rows [i L, i L + len[i]) of
+// dst (n L rows), zeroing the rest; !gather copies the real rows back. table (device, i32):
+// first[0..n) then len[0..n). doc_lse does the same between lse (B, H, T) and (n, H, L).
+void doc_rows(const bf16* src, bf16* dst, const int32_t* table, int64_t n, int64_t L, int64_t w, bool gather,
+              cudaStream_t s);
+void doc_lse(const float* src, float* dst, const int32_t* table, int64_t n, int64_t L, int64_t H, int64_t T,
+             bool gather, cudaStream_t s);
 // Largest head dimension the reference kernels take.
 inline constexpr int64_t kMaxRefHeadDim = 256;
 

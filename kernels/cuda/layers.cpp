@@ -64,6 +64,49 @@ void CudaOps::embedding_backward(const Tensor& tokens, const Tensor& dout, int64
   TRIPOD_CUDA_LAUNCHED("{} tokens {} dout {} dwte {}", op, tokens.str(), dout.str(), dwte.str());
 }
 
+void CudaOps::embedding_forward_positions(const Tensor& tokens, const Tensor& wte, int64_t vocab_start,
+                                          const Tensor& wpe, const Tensor& positions, Tensor& out) {
+  ScopedTimer timer(*this, OpFamily::Embedding);
+  const char* op = "embedding_forward_positions";
+  expect_on_device(tokens, op, "tokens");
+  expect_dtype(tokens, DType::I32, op, "tokens");
+  expect_on_device(wte, op, "wte");
+  expect_dtype(wte, DType::BF16, op, "wte");
+  TRIPOD_CHECK(wte.dim() == 2 && wpe.defined(), "{}: wte must be (V, C) and wpe given, got {}", op, wte.str());
+  const int64_t N = tokens.numel(), V = wte.size(0), C = wte.size(1);
+  expect(out, DType::BF16, N * C, op, "out");
+  expect(positions, DType::I32, N, op, "positions");
+  expect_on_device(wpe, op, "wpe");
+  expect_dtype(wpe, DType::BF16, op, "wpe");
+  TRIPOD_CHECK(wpe.dim() == 2 && wpe.size(1) == C, "{}: wpe {} for width {}", op, wpe.str(), C);
+  k::embedding_forward_positions(tokens.data<int32_t>(), N, wte.data<bf16>(), V, C, vocab_start, wpe.data<bf16>(),
+                                 positions.data<int32_t>(), out.data<bf16>(), compute_);
+  TRIPOD_CUDA_LAUNCHED("{} tokens {} wte {} out {}", op, tokens.str(), wte.str(), out.str());
+}
+
+void CudaOps::embedding_backward_positions(const Tensor& tokens, const Tensor& dout, int64_t vocab_start,
+                                           Tensor& dwte, Tensor& dwpe, const Tensor& positions) {
+  ScopedTimer timer(*this, OpFamily::Embedding);
+  const char* op = "embedding_backward_positions";
+  expect_on_device(tokens, op, "tokens");
+  expect_dtype(tokens, DType::I32, op, "tokens");
+  expect_on_device(dwte, op, "dwte");
+  expect_dtype(dwte, DType::F32, op, "dwte");
+  TRIPOD_CHECK(dwte.dim() == 2, "{}: dwte must be (V, C), got {}", op, dwte.str());
+  const int64_t N = tokens.numel(), V = dwte.size(0), C = dwte.size(1);
+  expect(dout, DType::BF16, N * C, op, "dout");
+  if (dwpe.defined()) {
+    expect_on_device(dwpe, op, "dwpe");
+    expect_dtype(dwpe, DType::F32, op, "dwpe");
+    expect(positions, DType::I32, N, op, "positions");
+    TRIPOD_CHECK(dwpe.dim() == 2 && dwpe.size(1) == C, "{}: dwpe {} for width {}", op, dwpe.str(), C);
+  }
+  k::embedding_backward_positions(tokens.data<int32_t>(), N, dout.data<bf16>(), C, vocab_start, dwte.data<float>(), V,
+                                  dwpe.defined() ? dwpe.data<float>() : nullptr,
+                                  dwpe.defined() ? positions.data<int32_t>() : nullptr, compute_);
+  TRIPOD_CUDA_LAUNCHED("{} tokens {} dout {} dwte {}", op, tokens.str(), dout.str(), dwte.str());
+}
+
 void CudaOps::layernorm_forward(const Tensor& x, const Tensor& w, const Tensor& b, float eps, Tensor& y,
                                 Tensor& mean, Tensor& rstd) {
   ScopedTimer timer(*this, OpFamily::LayerNorm);
@@ -148,6 +191,18 @@ void CudaOps::rope(Tensor& x, int64_t rot_heads, int64_t T, int64_t pos0, double
   expect(x, DType::BF16, x.numel(), op, "x");
   k::rope(x.data<bf16>(), x.size(0), x.size(1), x.size(2), rot_heads, T, pos0, theta, inverse, compute_);
   TRIPOD_CUDA_LAUNCHED("{} x {} pos0 {}", op, x.str(), pos0);
+}
+
+void CudaOps::rope_positions(Tensor& x, int64_t rot_heads, const Tensor& positions, double theta, bool inverse) {
+  ScopedTimer timer(*this, OpFamily::Attention);
+  const char* op = "rope_positions";
+  TRIPOD_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && rot_heads <= x.size(1),
+               "{}: x {} must be (N, heads, D) with D even, rot_heads {}", op, x.str(), rot_heads);
+  expect(x, DType::BF16, x.numel(), op, "x");
+  expect(positions, DType::I32, x.size(0), op, "positions");
+  k::rope_positions(x.data<bf16>(), x.size(0), x.size(1), x.size(2), rot_heads, positions.data<int32_t>(), theta,
+                    inverse, compute_);
+  TRIPOD_CUDA_LAUNCHED("{} x {} (positions)", op, x.str());
 }
 
 void CudaOps::swiglu_forward(const Tensor& gu, Tensor& y) {

@@ -295,6 +295,12 @@ __global__ void xent_stats_kernel(const bf16_t* logits, int64_t N, int64_t Vocab
     for (int w = 1; w < kWarps; ++w) total = merge(total, warps[w]);
     const int64_t t = targets[n] - vocab_start;
     const bool nan = total.s != total.s;
+    if (targets[n] < 0) {  // a token that does not count: lse and loss 0 once the shards are combined
+      stats[3 * n + 0] = 0.f;
+      stats[3 * n + 1] = vocab_start == 0 ? 1.f : 0.f;
+      stats[3 * n + 2] = 0.f;
+      return;
+    }
     stats[3 * n + 0] = nan ? NAN : total.m;
     stats[3 * n + 1] = total.s;
     stats[3 * n + 2] = (t >= 0 && t < valid) ? to_float(row[t]) : 0.f;
@@ -329,6 +335,7 @@ __global__ void xent_backward_kernel(bf16_t* logits, int64_t N, int64_t Vocab, c
   bf16_t* row = logits + n * Vocab;
   const float l = lse[n];
   const int64_t t = targets[n] - vocab_start;
+  const bool counted = targets[n] >= 0;  // a negative target: not counted, no gradient
   using P = Pack<bf16_t, V>;
   for (int64_t j = static_cast<int64_t>(threadIdx.x) * V; j < Vocab; j += static_cast<int64_t>(blockDim.x) * V) {
     P p = *reinterpret_cast<const P*>(row + j);
@@ -336,7 +343,7 @@ __global__ void xent_backward_kernel(bf16_t* logits, int64_t N, int64_t Vocab, c
     for (int q = 0; q < V; ++q) {
       const int64_t col = j + q;
       float g = 0.f;
-      if (col < valid) {
+      if (col < valid && counted) {
         g = expf(to_float(p.v[q]) - l) * scale;
         if (col == t) g -= scale;
       }

@@ -490,8 +490,8 @@ TEST_F(CudaOpsTest, AttentionBlocksMatchCpu) {
     gpu_->fill(glse, -INFINITY);
     for (Ops* o : {cpu_.get(), gpu_.get()}) {
       const bool g = o == gpu_.get();
-      o->attention_block_forward(g ? gqkv : qkv, g ? gkv1 : kv1, true, g ? gout : out, g ? glse : lse);
-      o->attention_block_forward(g ? gqkv : qkv, g ? gkv2 : kv2, false, g ? gout : out, g ? glse : lse);
+      o->attention_block_forward(g ? gqkv : qkv, g ? gkv1 : kv1, true, {}, g ? gout : out, g ? glse : lse);
+      o->attention_block_forward(g ? gqkv : qkv, g ? gkv2 : kv2, false, {}, g ? gout : out, g ? glse : lse);
     }
     EXPECT_LT(rel_err(down(gout), out), 1e-5);
     EXPECT_LT(rel_err(down(glse), lse), 1e-5);
@@ -503,10 +503,10 @@ TEST_F(CudaOpsTest, AttentionBlocksMatchCpu) {
     Tensor gdq = up(dq, DType::F32), gdkv1 = up(dkv1, DType::F32), gdkv2 = up(dkv2, DType::F32);
     for (Tensor* t : {&dq, &dkv1, &dkv2}) cpu_->fill(*t, 0.f);
     for (Tensor* t : {&gdq, &gdkv1, &gdkv2}) gpu_->fill(*t, 0.f);
-    cpu_->attention_block_backward(dout, qkv, kv1, out16, lse, true, dq, dkv1);
-    cpu_->attention_block_backward(dout, qkv, kv2, out16, lse, false, dq, dkv2);
-    gpu_->attention_block_backward(gdout, gqkv, gkv1, gout16, glse, true, gdq, gdkv1);
-    gpu_->attention_block_backward(gdout, gqkv, gkv2, gout16, glse, false, gdq, gdkv2);
+    cpu_->attention_block_backward(dout, qkv, kv1, out16, lse, true, {}, dq, dkv1);
+    cpu_->attention_block_backward(dout, qkv, kv2, out16, lse, false, {}, dq, dkv2);
+    gpu_->attention_block_backward(gdout, gqkv, gkv1, gout16, glse, true, {}, gdq, gdkv1);
+    gpu_->attention_block_backward(gdout, gqkv, gkv2, gout16, glse, false, {}, gdq, gdkv2);
     EXPECT_LT(rel_err(down(gdq), dq), 1e-3);
     EXPECT_LT(rel_err(down(gdkv1), dkv1), 1e-3);
     EXPECT_LT(rel_err(down(gdkv2), dkv2), 1e-3);
@@ -518,6 +518,183 @@ TEST_F(CudaOpsTest, AttentionBlocksMatchCpu) {
     cpu_->fill(want, 0.f);
     cpu_->attention_kv_unpack(dkv1.view({B * T, 2 * Hkv * D}), H, want);
     EXPECT_LT(rel_err(down(g16), want), kBf16Tol);
+  }
+}
+
+// ---- packed documents (data.reset_attention_mask, reset_position_ids, eod_mask_loss) -------------
+
+// Document starts of B sequences of T tokens with documents ending where `ends` says (positions
+// of end-of-document inputs in sequence 0; sequence b shifts them by 3 b), and the same as row
+// offsets.
+struct PackedDocs {
+  std::vector<int32_t> start, offsets;
+};
+PackedDocs packed_docs(int64_t B, int64_t T, const std::vector<int64_t>& ends) {
+  PackedDocs d;
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t s = 0;
+    d.offsets.push_back(static_cast<int32_t>(b * T));
+    for (int64_t t = 0; t < T; ++t) {
+      d.start.push_back(s);
+      for (int64_t e : ends)
+        if (t == (e + 3 * b) % (T - 1) && t + 1 < T) {
+          s = static_cast<int32_t>(t + 1);
+          d.offsets.push_back(static_cast<int32_t>(b * T + t + 1));
+        }
+    }
+  }
+  d.offsets.push_back(static_cast<int32_t>(B * T));
+  return d;
+}
+
+// Attention within documents (the varlen form) on the GPU against the CPU backend, forward and
+// backward, grouped-query attention included: cuDNN on the documents batched by length (the
+// default), and the reference kernels visiting each query's document only.
+TEST_F(CudaOpsTest, AttentionWithinDocumentsMatchesCpu) {
+  for (AttentionKernels kernels : {AttentionKernels::Auto, AttentionKernels::Reference}) {
+    auto gpu = gpu_with_attention(kernels);
+    for (AttnCase c : {AttnCase{2, 40, 4, 32, 2}, AttnCase{1, 130, 2, 64}, AttnCase{2, 200, 4, 64}}) {
+      auto [B, T, H, D, unused] = c;
+      const int64_t W = H + 2 * c.kv();
+      SCOPED_TRACE(testing::Message() << B << " " << T << " " << H << " " << D << " kv " << c.kv()
+                                      << (kernels == AttentionKernels::Reference ? " reference" : " auto"));
+      const PackedDocs docs = packed_docs(B, T, {0, 5, 6, 19, 37, 100, 101, 170});
+      Tensor start = ints(*cpu_, docs.start);
+      Tensor qkv = randn({B, T, W, D}, 160 + T), dout = randn({B, T, H, D}, 170 + T);
+      Tensor out = host({B, T, H, D}), lse = host({B, H, T}), dqkv = host({B, T, W, D});
+      const DocRows rows{.offsets = docs.offsets, .start = start.view({B, T})};
+      cpu_->attention_forward_docs(qkv, rows, out, lse);
+      Tensor gstart = upload(*gpu, start, DType::I32);
+      const DocRows grows{.offsets = docs.offsets, .start = gstart.view({B, T})};
+      Tensor gqkv = upload(*gpu, qkv, DType::BF16), gout = poisoned(*gpu, {B, T, H, D}, DType::BF16);
+      Tensor glse = poisoned(*gpu, {B, H, T}, DType::F32);
+      gpu->attention_forward_docs(gqkv, grows, gout, glse);
+      EXPECT_LT(rel_err(download(*gpu, *cpu_, gout), out), kBf16Tol);
+      EXPECT_LT(rel_err(download(*gpu, *cpu_, glse), lse), 1e-4);
+      cpu_->attention_backward_docs(dout, qkv, out, lse, rows, dqkv);
+      Tensor gdqkv = poisoned(*gpu, {B, T, W, D}, DType::BF16);
+      gpu->attention_backward_docs(upload(*gpu, dout, DType::BF16), gqkv, gout, glse, grows, gdqkv);
+      EXPECT_LT(rel_err(download(*gpu, *cpu_, gdqkv), dqkv), kBf16Tol);
+      if (kernels == AttentionKernels::Reference) {
+        EXPECT_EQ(std::string(dynamic_cast<cuda::CudaOps&>(*gpu).attention_impl()), "reference");
+      }
+    }
+  }
+}
+
+// Blocks under the document mask (context parallelism): a diagonal block and a full block of
+// earlier keys with BlockDocs, merged, then their backward, on the GPU's block kernels and the CPU;
+// some queries see nothing of the full block and keep what the diagonal gave them.
+TEST_F(CudaOpsTest, AttentionBlocksWithinDocumentsMatchCpu) {
+  const int64_t B = 2, c = 24, H = 4, Hkv = 2, D = 32, W = H + 2 * Hkv;
+  // Queries at positions [c, 2c) of their sequences, keys of the full block at [0, c).
+  std::vector<int32_t> st;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < c; ++t) st.push_back(static_cast<int32_t>(t < 5 + 4 * b ? 10 + 3 * b : c + 5 + 4 * b));
+  Tensor start = ints(*cpu_, st), gstart = up(start, DType::I32);
+  const BlockDocs diag{.start = start.view({B, c}), .key_pos = c}, full{.start = start.view({B, c}), .key_pos = 0};
+  const BlockDocs gdiag{.start = gstart.view({B, c}), .key_pos = c}, gfull{.start = gstart.view({B, c}), .key_pos = 0};
+  Tensor qkv = randn({B, c, W, D}, 180), kv2 = randn({B, c, 2 * Hkv, D}, 181), dout = randn({B, c, H, D}, 182);
+  Tensor kv1 = host({B, c, 2 * Hkv, D});
+  Tensor kv1_rows = kv1.view({B * c, 2 * Hkv * D});
+  cpu_->attention_kv_pack(qkv.view({B * c, W * D}), H, kv1_rows);
+  Tensor gqkv = up(qkv), gkv1 = up(kv1), gkv2 = up(kv2);
+  Tensor out = host({B, c, H, D}), lse = host({B, H, c});
+  Tensor gout = up(host({B, c, H, D}), DType::F32), glse = poison({B, H, c}, DType::F32);
+  cpu_->fill(lse, -INFINITY);
+  gpu_->fill(glse, -INFINITY);
+  cpu_->attention_block_forward(qkv, kv1, true, diag, out, lse);
+  cpu_->attention_block_forward(qkv, kv2, false, full, out, lse);
+  gpu_->attention_block_forward(gqkv, gkv1, true, gdiag, gout, glse);
+  gpu_->attention_block_forward(gqkv, gkv2, false, gfull, gout, glse);
+  EXPECT_LT(rel_err(down(gout), out), 1e-5);
+  EXPECT_LT(rel_err(down(glse), lse), 1e-5);
+  Tensor gout16 = poison({B, c, H, D});
+  gpu_->copy(gout, gout16);
+  Tensor out16 = down(gout16), gdout = up(dout);
+  Tensor dq = host({B, c, W, D}), dkv1 = host({B, c, 2 * Hkv, D}), dkv2 = host({B, c, 2 * Hkv, D});
+  Tensor gdq = up(dq, DType::F32), gdkv1 = up(dkv1, DType::F32), gdkv2 = up(dkv2, DType::F32);
+  for (Tensor* t : {&dq, &dkv1, &dkv2}) cpu_->fill(*t, 0.f);
+  for (Tensor* t : {&gdq, &gdkv1, &gdkv2}) gpu_->fill(*t, 0.f);
+  cpu_->attention_block_backward(dout, qkv, kv1, out16, lse, true, diag, dq, dkv1);
+  cpu_->attention_block_backward(dout, qkv, kv2, out16, lse, false, full, dq, dkv2);
+  gpu_->attention_block_backward(gdout, gqkv, gkv1, gout16, glse, true, gdiag, gdq, gdkv1);
+  gpu_->attention_block_backward(gdout, gqkv, gkv2, gout16, glse, false, gfull, gdq, gdkv2);
+  EXPECT_LT(rel_err(down(gdq), dq), 1e-3);
+  EXPECT_LT(rel_err(down(gdkv1), dkv1), 1e-3);
+  EXPECT_LT(rel_err(down(gdkv2), dkv2), 1e-3);
+}
+
+// Positions given per row (reset_position_ids): rope, and the learned-position embedding and its
+// gradient, against the CPU.
+TEST_F(CudaOpsTest, PositionsPerRowMatchCpu) {
+  const int64_t N = 37, Hs = 6, D = 64, rot = 4, V = 50, C = 24, P = 16;
+  std::vector<int32_t> pos, tok;
+  for (int64_t n = 0; n < N; ++n) {
+    pos.push_back(static_cast<int32_t>((n * 5) % 11));
+    tok.push_back(static_cast<int32_t>((n * 37 + 11) % (V + 9)) - 4);
+  }
+  Tensor positions = ints(*cpu_, pos), gpositions = up(positions, DType::I32);
+  for (bool inverse : {false, true}) {
+    Tensor x = randn({N, Hs, D}, 190), gx = up(x);
+    cpu_->rope_positions(x, rot, positions, 500000.0, inverse);
+    gpu_->rope_positions(gx, rot, gpositions, 500000.0, inverse);
+    EXPECT_LT(rel_err(down(gx), x), kBf16Tol) << "inverse " << inverse;
+  }
+  Tensor tokens = ints(*cpu_, tok), gtokens = up(tokens, DType::I32);
+  Tensor wte = randn({V, C}, 191), wpe = randn({P, C}, 192);
+  Tensor want = host({N, C}), got = poison({N, C});
+  cpu_->embedding_forward_positions(tokens, wte, 4, wpe, positions, want);
+  gpu_->embedding_forward_positions(gtokens, up(wte), 4, up(wpe), gpositions, got);
+  EXPECT_LT(rel_err(down(got), want), kBf16Tol);
+  Tensor dout = randn({N, C}, 193);
+  Tensor dwte = randn({V, C}, 194, 1.f, 0.f, true), dwpe = randn({P, C}, 195, 1.f, 0.f, true);
+  Tensor gdwte = up(dwte, DType::F32), gdwpe = up(dwpe, DType::F32);
+  cpu_->embedding_backward_positions(tokens, dout, 4, dwte, dwpe, positions);
+  gpu_->embedding_backward_positions(gtokens, up(dout), 4, gdwte, gdwpe, gpositions);
+  EXPECT_LT(rel_err(down(gdwte), dwte), kF32Tol);
+  EXPECT_LT(rel_err(down(gdwpe), dwpe), kF32Tol);
+}
+
+// Tokens that do not count (eod_mask_loss: negative targets) over two vocabulary shards: loss and
+// lse 0, no gradient, the other rows as the CPU's.
+TEST_F(CudaOpsTest, CrossEntropySkipsNegativeTargets) {
+  const int64_t N = 9, rows = 64, vocab = 100, P = 2;
+  std::vector<int32_t> tg;
+  for (int64_t n = 0; n < N; ++n) tg.push_back(n % 3 == 1 ? -1 : static_cast<int32_t>((n * 41 + 3) % vocab));
+  Tensor targets = ints(*cpu_, tg), gtargets = up(targets, DType::I32);
+  Tensor parts = host({P, N, 3}), gparts = poison({P, N, 3}, DType::F32);
+  std::vector<Tensor> logits, glogits;
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t start = p * rows, valid = std::clamp<int64_t>(vocab - start, 0, rows);
+    logits.push_back(randn({N, rows}, 200 + p, 3.f));
+    glogits.push_back(up(logits.back()));
+    Tensor st = parts.slice(p, p + 1).view({N, 3}), gst = gparts.slice(p, p + 1).view({N, 3});
+    cpu_->xent_stats(logits.back(), targets, start, valid, st);
+    gpu_->xent_stats(glogits.back(), gtargets, start, valid, gst);
+  }
+  Tensor lse = host({N}), loss = host({N}), glse = poison({N}, DType::F32), gloss = poison({N}, DType::F32);
+  cpu_->xent_combine(parts, lse, loss);
+  gpu_->xent_combine(gparts, glse, gloss);
+  Tensor got_loss = down(gloss), got_lse = down(glse);
+  EXPECT_LT(rel_err(got_loss, loss), kF32Tol);
+  for (int64_t n = 0; n < N; ++n) {
+    if (tg[n] < 0) {
+      EXPECT_EQ(got_loss.data<float>()[n], 0.f);
+      EXPECT_EQ(got_lse.data<float>()[n], 0.f);
+    }
+  }
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t start = p * rows, valid = std::clamp<int64_t>(vocab - start, 0, rows);
+    cpu_->xent_backward(logits[p], targets, start, valid, lse, 1.0f / N);
+    gpu_->xent_backward(glogits[p], gtargets, start, valid, glse, 1.0f / N);
+    Tensor got = down(glogits[p]);
+    EXPECT_LT(rel_err(got, logits[p]), kBf16Tol);
+    for (int64_t n = 0; n < N; ++n) {
+      if (tg[n] < 0) {
+        for (int64_t j = 0; j < rows; ++j) ASSERT_EQ(got.data<float>()[n * rows + j], 0.f) << "row " << n;
+      }
+    }
   }
 }
 

@@ -51,6 +51,8 @@ class BadInput : public ::testing::Test {
     must("data train-tokenizer --input " + q(src) + " --vocab-size 400 --model-prefix " + q(fx / "tok"));
     must("data preprocess --input " + q(src) + " --tokenizer-model " + q(fx / "tok.model") + " --output-prefix " +
          q(fx / "gen") + " --workers 1");
+    must("data preprocess --input " + q(src) + " --tokenizer-model " + q(fx / "tok.model") + " --output-prefix " +
+         q(fx / "gen_noeod") + " --workers 1 --no-eod");
     test::ConfigOverrides data = small;
     data.insert(data.end(), {{"data.synthetic", ""},
                              {"data.prefixes", "[" + json((fx / "gen").string()).dump() + "]"},
@@ -315,6 +317,19 @@ TEST_F(BadInput, Battery) {
   refused(train("--set data.split='1,0,0' --set train.eval_interval=1", "data.toml"), "split");
   refused(train("--set data.split='a,b'", "data.toml"), "data.split");
   refused(train("--set data.weights=[1.0,2.0]", "data.toml"), "data.weights");
+  // Packed documents: flags on synthetic data (no documents), an end-of-document token outside the
+  // vocabulary or of the wrong kind, a dataset that does not hold it, no tokenizer to find it in.
+  refused(train("--set data.reset_attention_mask=true"), "data.reset_attention_mask");
+  refused(train("--set data.eod_mask_loss=true"), "data.eod_mask_loss");
+  refused(train("--set data.eod_token=600"), "data.eod_token");
+  refused(train("--set data.eod_token=-3"), "data.eod_token");
+  refused(train("--set data.eod_token=1.5"), "data.eod_token");
+  refused(train("--set data.reset_attention_mask=true --set data.prefixes=[" + q(json((fx / "gen_noeod").string()).dump()) +
+                "]", "data.toml"), "data.eod_token");
+  refused(train("--set data.reset_position_ids=true --set data.eod_token=\"<nope>\"", "data.toml"), "data.eod_token");
+  refused(train("--set data.eod_mask_loss=true --set data.tokenizer=''", "data.toml"), "data.eod_token");
+  refused(train("--set data.reset_position_ids=true --set data.prefixes=[" +
+                q(json((fx / "gen_noeod").string()).dump()) + "]", "data.toml"), "data.eod_token", 2);
   refused("generate " + cfg("--init-seed 1 --prompt hi --set data.tokenizer=" + q(fx / "cases/no.model"), "data.toml"),
           "no.model");
   const fs::path csv2 = file("two.csv", "F0, B0\nF0, B0\n");

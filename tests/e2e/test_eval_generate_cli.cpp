@@ -85,6 +85,47 @@ TEST_F(EvalGenerateCli, TrainingEvaluatesEveryIntervalAndTheReportReadsIt) {
   EXPECT_EQ(m.train.size(), 4u);
 }
 
+// Packed documents through the executable: training with the three flags on 2 ranks (cp = 2)
+// records the resolved end-of-document id and its checkpoints the flags; `tripod eval` of such a
+// checkpoint averages over the tokens that count; a resume with other flags says which.
+TEST_F(EvalGenerateCli, PackedDocumentsTrainEvaluateAndResume) {
+  ASSERT_NO_FATAL_FAILURE(train_tokenizer());
+  const std::string src = std::string(TRIPOD_SOURCE_PATH) + "/tests/fixtures/data/genesis_1_8.jsonl";
+  auto pre = run_tripod("data preprocess --input " + src + " --tokenizer-model " + (dir_ / "tok.model").string() +
+                        " --output-prefix " + (dir_ / "gen").string() + " --workers 1");
+  ASSERT_EQ(pre.status, 0) << pre.err;
+  const auto cfg = write_config({{"model.vocab_size", "512"}, {"train.steps", "2"}, {"data.synthetic", ""},
+                                 {"data.prefixes", "[" + nlohmann::json((dir_ / "gen").string()).dump() + "]"},
+                                 {"data.tokenizer", nlohmann::json((dir_ / "tok.model").string()).dump()},
+                                 {"data.split", "\"6,1,1\""}, {"data.reset_position_ids", "true"},
+                                 {"data.reset_attention_mask", "true"}, {"data.eod_mask_loss", "true"}},
+                                "packed.toml");
+  const auto run = dir_ / "run", ck = dir_ / "ck";
+  auto r = run_tripod("train --config " + cfg.string() + " --set parallel.cp=2 --set train.output_dir=" +
+                          run.string() + " --set checkpoint.dir=" + ck.string(),
+                      {.np = 2});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(test::slurp(run / "config.toml").find("eod_token = 2"), std::string::npos)
+      << "the tokenizer's end-of-document id, resolved";
+  for (const auto& [step, loss] : test::losses(run)) EXPECT_TRUE(std::isfinite(loss)) << step;
+  const auto meta = nlohmann::json::parse(test::slurp(ck / "iter_0000002" / "metadata.json"));
+  EXPECT_EQ(meta["documents"]["reset_attention_mask"], true);
+  EXPECT_EQ(meta["documents"]["eod_token"], 2);
+
+  auto e = run_tripod("eval --load " + ck.string() + " --samples 100 --json");
+  ASSERT_EQ(e.status, 0) << e.err;
+  const auto j = nlohmann::json::parse(e.out);
+  EXPECT_LT(j["tokens"].get<int64_t>(), 100 * 16) << "the end-of-document positions do not count";
+  EXPECT_GT(j["tokens"].get<int64_t>(), 90 * 16);
+
+  auto resumed = run_tripod("train --config " + cfg.string() + " --set train.steps=3 --set train.output_dir=" +
+                            run.string() + " --set checkpoint.dir=" + ck.string() +
+                            " --set checkpoint.load=latest --set data.reset_attention_mask=false");
+  ASSERT_EQ(resumed.status, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("data.reset_attention_mask = false (the checkpoint: true)"), std::string::npos)
+      << resumed.err;
+}
+
 TEST_F(EvalGenerateCli, GenerateIsDeterministicAndTheSameAtTpTwo) {
   ASSERT_NO_FATAL_FAILURE(train_tokenizer());
   // GPT-2 and a Llama-family model (2 key/value heads: one per rank at tp = 2, rope at the cached positions).

@@ -84,7 +84,7 @@ TEST(ContextParallel, BlocksMergedInRingOrderEqualWholeAttention) {
         for (const CpBlock& b : cp_step_blocks(cp, r, k)) {
           Tensor os = rows(o[r], b.q_slot, H), ls = lse_of(l[r], b.q_slot);
           ops->attention_block_forward(rows(q[r], b.q_slot, W), rows(kv[cp_step_source(cp, r, k)], b.kv_slot, 2 * Hkv),
-                                       b.causal, os, ls);
+                                       b.causal, {}, os, ls);
         }
     for (int r = 0; r < cp; ++r)
       for (int k = 0; k < cp; ++k)
@@ -93,7 +93,7 @@ TEST(ContextParallel, BlocksMergedInRingOrderEqualWholeAttention) {
           Tensor dqs = rows(dq[r], b.q_slot, W), dkvs = rows(dkv[src], b.kv_slot, 2 * Hkv);
           ops->attention_block_backward(rows(dO[r], b.q_slot, H), rows(q[r], b.q_slot, W),
                                         rows(kv[src], b.kv_slot, 2 * Hkv), rows(o[r], b.q_slot, H),
-                                        lse_of(l[r], b.q_slot), b.causal, dqs, dkvs);
+                                        lse_of(l[r], b.q_slot), b.causal, {}, dqs, dkvs);
         }
     // Compare every rank's rows with the whole sequence's.
     double worst_out = 0, worst_lse = 0, worst_grad = 0;

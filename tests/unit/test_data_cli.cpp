@@ -4,6 +4,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "data/indexed_dataset.h"
 #include "test_data_helpers.h"
 
 namespace tripod {
@@ -54,6 +59,17 @@ TEST_F(DataCli, TokenizePreprocessInspect) {
   EXPECT_EQ(j["documents"], 8);
   EXPECT_EQ(j["sequences"], 8);
   EXPECT_GT(j["tokens"].get<int64_t>(), 3000);
+  // Document lengths, as packing sees them: the mean, and the nearest-rank p50 and p99 (of 8
+  // documents: the 4th and the 8th shortest).
+  std::vector<int64_t> lengths;
+  {
+    IndexedDataset d(dir_ / "gen");
+    for (int64_t i = 0; i < d.num_documents(); ++i) lengths.push_back(d.document_tokens(i));
+  }
+  std::sort(lengths.begin(), lengths.end());
+  EXPECT_DOUBLE_EQ(j["document_tokens"]["mean"].get<double>(), j["tokens"].get<double>() / 8);
+  EXPECT_EQ(j["document_tokens"]["p50"].get<int64_t>(), lengths[3]);
+  EXPECT_EQ(j["document_tokens"]["p99"].get<int64_t>(), lengths[7]);
   r = run("data inspect " + quote(dir_ / "gen") + " --json --tokenizer-model " + quote(dir_ / "tok.model") +
           " --show-document 0");
   ASSERT_EQ(r.status, 0) << r.err;
@@ -64,6 +80,7 @@ TEST_F(DataCli, TokenizePreprocessInspect) {
   r = run("data inspect " + quote(dir_ / "gen"));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("documents  8"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(fmt::format("p50 {}  p99 {}", lengths[3], lengths[7])), std::string::npos) << r.out;
 }
 
 TEST_F(DataCli, BadDatasetFiles) {

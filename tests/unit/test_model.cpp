@@ -636,6 +636,52 @@ TEST(Trainer, TenStepsMatchPyTorch) {
   }
 }
 
+// Packed documents against PyTorch with Megatron-LM's masks and positions (documents_golden.json,
+// from make_documents_golden.py: _get_ltor_masks_and_position_ids' rules), GPT-2 and Llama, each
+// combination of data.reset_position_ids, reset_attention_mask and eod_mask_loss it holds: one
+// Trainer step over its two samples in two micro-batches, the loss (the mean over the global
+// batch's counted tokens, the two samples counting differently) and every parameter's gradient.
+TEST(Trainer, PackedDocumentsMatchPyTorchWithMegatronMasks) {
+  const json g = load_golden("documents_golden.json");
+  GoldenSource data(g["samples"]);
+  auto ops = make_ops(Device::CPU);
+  auto w = test::make_subworld(*ops, RankGrid(1, 1, 1));
+  for (const auto& [name, model] : g["models"].items())
+    for (const auto& [case_name, c] : model["cases"].items()) {
+      SCOPED_TRACE(name + " " + case_name);
+      Config cfg;
+      cfg.model = golden_config(model["config"]);
+      cfg.train.device = Device::CPU;
+      cfg.train.micro_batch_size = 1;
+      cfg.train.global_batch_size = model["config"]["batch"];
+      cfg.train.steps = 1;
+      cfg.train.grad_clip = 0;
+      cfg.train.log_interval = 1000000;
+      cfg.train.output_dir = "";
+      cfg.data.eod_token_id = g["eod_token"];
+      cfg.data.reset_position_ids = c["reset_position_ids"];
+      cfg.data.reset_attention_mask = c["reset_attention_mask"];
+      cfg.data.eod_mask_loss = c["eod_mask_loss"];
+      validate_layout(cfg, 1);
+      Trainer t(cfg, *ops, *w.par, &data);
+      for (Param& p : t.registry().params()) {
+        const auto& v = model["params"][p.spec.name];
+        ASSERT_FALSE(v.is_null()) << p.spec.name;
+        float* dst = p.value.data<float>();
+        std::fill(dst, dst + p.numel(), 0.f);
+        for (size_t i = 0; i < v.size(); ++i) dst[i] = v[i].get<float>();
+      }
+      const StepMetrics m = t.step();
+      const double loss = c["loss"];
+      EXPECT_NEAR(m.loss, loss, 1e-5 * loss);
+      for (Param& p : t.registry().params()) {
+        const auto [want, scale] = golden_tensor(c["grads"][p.spec.name], p.numel());
+        SCOPED_TRACE(p.spec.name);
+        EXPECT_CLOSE(p.grad, want, 2e-5 * scale, 1e-3);
+      }
+    }
+}
+
 TEST(Trainer, MalformedFaultInjectionIsRefused) {
   EXPECT_THROW(parse_fault_injections("nan@3"), InputError);
   EXPECT_THROW(parse_fault_injections("loss@x"), InputError);

@@ -94,6 +94,14 @@ TEST(OpTiming, EveryOpCountsOnceInItsFamily) {
   o.fill(dwpe, 0.f);
   const FlatRange all[] = {{.begin = 0, .end = N * C, .decay = true}};
   Tensor none;
+  // Packed documents: rows [0, 3) [3, 4) of sequence 0, all of sequence 1; positions in them.
+  const std::vector<int32_t> offsets = {0, 3, 4, 8}, starts = {0, 0, 0, 3, 0, 0, 0, 0};
+  Tensor positions = host_tensor({N}, DType::I32), start = host_tensor({B, T}, DType::I32);
+  for (int64_t i = 0; i < N; ++i) {
+    start.data<int32_t>()[i] = starts[i];
+    positions.data<int32_t>()[i] = static_cast<int32_t>(i % T - starts[i]);
+  }
+  const DocRows docs{.offsets = offsets, .start = start};
 
   struct Case {
     const char* op;
@@ -115,6 +123,14 @@ TEST(OpTiming, EveryOpCountsOnceInItsFamily) {
       {"rmsnorm_forward", OpFamily::LayerNorm, [&] { o.rmsnorm_forward(x, w, 1e-5f, y, rstd); }},
       {"rmsnorm_backward", OpFamily::LayerNorm, [&] { o.rmsnorm_backward(x2, x, w, rstd, dx, dw); }},
       {"rope", OpFamily::Attention, [&] { o.rope(rq, H, T, 0, 10000.0, false); }},
+      {"rope_positions", OpFamily::Attention, [&] { o.rope_positions(rq, H, positions, 10000.0, false); }},
+      {"embedding_forward_positions", OpFamily::Embedding,
+       [&] { o.embedding_forward_positions(tokens, wte, 0, wpe, positions, y); }},
+      {"embedding_backward_positions", OpFamily::Embedding,
+       [&] { o.embedding_backward_positions(tokens, x, 0, dwte, dwpe, positions); }},
+      {"attention_forward_docs", OpFamily::Attention, [&] { o.attention_forward_docs(qkv, docs, att, lse); }},
+      {"attention_backward_docs", OpFamily::Attention,
+       [&] { o.attention_backward_docs(datt, qkv, att, lse, docs, dqkv); }},
       {"swiglu_forward", OpFamily::Gelu, [&] { o.swiglu_forward(gu, yf); }},
       {"swiglu_backward", OpFamily::Gelu, [&] { o.swiglu_backward(gu, dyf, dgu); }},
       {"linear_forward", OpFamily::Gemm, [&] { o.linear_forward(x, wl, bias, y); }},

@@ -132,11 +132,23 @@ int run_inspect(DataOptions& o) {
   init_logging(0, 1, o.verbose);
   IndexedDataset d(o.inspect_prefix);
   int64_t min_len = 0, max_len = 0;
+  std::vector<int64_t> lengths(static_cast<size_t>(d.num_documents()));
   for (int64_t i = 0; i < d.num_documents(); ++i) {
-    int64_t n = d.document_tokens(i);
+    int64_t n = lengths[i] = d.document_tokens(i);
     min_len = i == 0 ? n : std::min(min_len, n);
     max_len = std::max(max_len, n);
   }
+  // Document lengths (what packing documents into sequences cuts at, data.reset_attention_mask):
+  // the mean and the nearest-rank median and 99th percentile.
+  auto percentile = [&](double p) -> int64_t {
+    if (lengths.empty()) return 0;
+    const auto k = static_cast<size_t>(std::max<double>(1.0, std::ceil(p / 100.0 * static_cast<double>(lengths.size())))) - 1;
+    std::nth_element(lengths.begin(), lengths.begin() + static_cast<std::ptrdiff_t>(k), lengths.end());
+    return lengths[k];
+  };
+  const double mean_len =
+      d.num_documents() ? static_cast<double>(d.num_tokens()) / static_cast<double>(d.num_documents()) : 0.0;
+  const int64_t p50 = percentile(50), p99 = percentile(99);
   nlohmann::json j = {{"prefix", o.inspect_prefix},
                       {"dtype", std::string(dtype_name(d.dtype()))},
                       {"sequences", d.num_sequences()},
@@ -145,7 +157,8 @@ int run_inspect(DataOptions& o) {
                       {"bin_bytes", d.bin_bytes()},
                       {"idx_bytes", d.idx_bytes()},
                       {"min_document_tokens", min_len},
-                      {"max_document_tokens", max_len}};
+                      {"max_document_tokens", max_len},
+                      {"document_tokens", {{"mean", mean_len}, {"p50", p50}, {"p99", p99}}}};
   TRIPOD_INPUT_CHECK(o.inspect_tokenizer.empty() || o.show_document,
                      "--tokenizer-model is for decoding a document: add --show-document I");
   if (o.show_document) {
@@ -165,10 +178,9 @@ int run_inspect(DataOptions& o) {
     return 0;
   }
   fmt::print("prefix     {}\ndtype      {}\nsequences  {}\ndocuments  {}\ntokens     {}\n"
-             "tokens per document  min {}  mean {:.1f}  max {}\n",
+             "tokens per document  min {}  mean {:.1f}  p50 {}  p99 {}  max {}\n",
              o.inspect_prefix, dtype_name(d.dtype()), d.num_sequences(), d.num_documents(), d.num_tokens(), min_len,
-             d.num_documents() ? static_cast<double>(d.num_tokens()) / static_cast<double>(d.num_documents()) : 0.0,
-             max_len);
+             mean_len, p50, p99, max_len);
   if (j.contains("document")) {
     const auto& doc = j["document"];
     fmt::print("\ndocument {} ({} tokens)\nids: {}\n", *o.show_document, doc["tokens"].get<int64_t>(),

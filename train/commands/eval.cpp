@@ -15,6 +15,7 @@
 #include "train/commands/commands.h"
 #include "train/commands/weights.h"
 #include "train/evaluator.h"
+#include "train/microbatch.h"
 #include "train/mpi_session.h"
 #include "train/runtime.h"
 
@@ -119,6 +120,7 @@ int run_eval(const EvalOptions& o) {
     resolve_layer_split(cfg);  // parallel.layers_per_stage = "auto"
     samples = o.samples.value_or(cfg.train.eval_steps * (batch > 0 ? batch : cfg.train.global_batch_size));
     check_checkpoint_tokenizer(o.weights, cfg);
+    resolve_eod_token(cfg);  // packed documents (data.reset_*, eod_mask_loss) cut at it
     rt = make_runtime(cfg);
   } catch (const InputError& e) {
     rethrow_agreed(e);

@@ -23,6 +23,7 @@
 #include "plan/plan_check.h"
 #include "train/commands/commands.h"
 #include "train/evaluator.h"
+#include "train/microbatch.h"
 #include "config/memory_plan.h"
 #include "train/mpi_session.h"
 #include "train/runtime.h"
@@ -145,6 +146,7 @@ int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout
     validate_layout(cfg, mpi.size());
     const std::string split = resolve_layer_split(cfg);
     if (cfg.parallel.pp > 1) spdlog::info("{}", split);
+    resolve_eod_token(cfg);  // packed documents (data.reset_*, eod_mask_loss) cut at it
     rt = make_runtime(cfg, env.debug, /*flight_recorder=*/true);
   } catch (const InputError& e) {
     rethrow_agreed(e);
