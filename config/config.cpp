@@ -328,7 +328,8 @@ std::vector<Field> fields(TrainConfig& t) {
           {"max_bad_steps", &t.max_bad_steps},
           {"trace", &t.trace},
           {"tensorboard_dir", &t.tensorboard_dir},
-          {"straggler_factor", &t.straggler_factor}};
+          {"straggler_factor", &t.straggler_factor},
+          {"profile_steps", &t.profile_steps}};
 }
 std::vector<Field> fields(RecomputeConfig& r) { return {{"mode", EnumRef(&r.mode)}, {"num_layers", &r.num_layers}}; }
 std::vector<Field> fields(DataConfig& d) {
@@ -482,6 +483,8 @@ void TrainConfig::validate(const std::string& origin, bool training) const {
   require(max_bad_steps >= 1, origin, "train.max_bad_steps", fmt::format("must be >= 1, got {}", max_bad_steps));
   require(straggler_factor == 0 || straggler_factor > 1, origin, "train.straggler_factor",
           fmt::format("must be > 1 (or 0 for no straggler detection), got {}", straggler_factor));
+  require(profile_steps >= 0 && profile_steps <= 1000, origin, "train.profile_steps",
+          fmt::format("must be in [0, 1000] (steps timed for tripod plan --check; 0: none), got {}", profile_steps));
 }
 
 void DataConfig::validate(const std::string& origin, bool reads_data) const {

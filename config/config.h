@@ -76,6 +76,9 @@ struct TrainConfig {
   bool trace = true;          // record the per-rank timeline in output_dir/trace/
   std::string tensorboard_dir;    // TensorBoard event files (train/tensorboard.h); "": none
   double straggler_factor = 1.3;  // a rank computing this much over the median is a straggler; 0: off
+  // Time this many steps (after the run's first) by op family, communication and idle, and write
+  // them beside the cost model's prediction into output_dir/plan_check.json; 0: off.
+  int profile_steps = 0;
 
   // `training`: train.steps must be given (>= 1).
   void validate(const std::string& origin, bool training) const;

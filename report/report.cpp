@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/version.h"
 #include "model/config.h"
+#include "plan/plan_check.h"
 #include "report/report_assets.h"
 #include "report/svg.h"
 #include "report/trace_merge.h"
@@ -1099,6 +1100,37 @@ std::string restarts_panel(const std::vector<RestartRecord>& rs) {
   return h + "</tbody></table></section>\n";
 }
 
+// The planner's prediction against the run's profiled steps (RUN_DIR/plan_check.json, written with
+// train.profile_steps; plan/plan_check.h): per family and for the step.
+std::string plan_check_panel(const fs::path& run_dir) {
+  std::error_code ec;
+  if (!fs::exists(run_dir / kPlanCheckFile, ec)) return "";
+  const PlanCheck c = read_plan_check(run_dir.string());
+  const double step = c.measured.step;
+  std::string h = fmt::format(
+      "<section class=\"panel\" id=\"plan-check\"><h2>Planner check</h2>\n<div class=\"panel-sub\">steps {}-{} "
+      "measured (each rank's median, mean over {} rank(s)) against tripod plan's prediction for this layout and "
+      "schedule on {}; error: predicted / measured - 1, in parentheses for a family under {:.0f}% of the step (its "
+      "difference as a share of the step)</div>\n",
+      c.steps.front(), c.steps.back(), c.measured_ranks.size(), esc(c.hardware), 100 * kSmallShare);
+  h += "<table class=\"idle-table\"><thead><tr><th></th><th>predicted</th><th>measured</th><th>error</th><th>of "
+       "step</th></tr></thead><tbody>\n";
+  auto row = [&](std::string name, double p, double m) {
+    std::string error = "&ndash;";
+    if (step > 0 && m >= kSmallShare * step) error = fmt::format("{:+.1f}%", 100 * (p / m - 1));
+    else if (step > 0) error = fmt::format("({:+.1f}%)", 100 * (p - m) / step);
+    h += fmt::format("<tr><td>{}</td><td>{:.3f} ms</td><td>{:.3f} ms</td><td>{}</td><td>{:.1f}%</td></tr>\n", name,
+                     1e3 * p, 1e3 * m, error, step > 0 ? 100 * m / step : 0.0);
+  };
+  for (int i = 0; i < StepBreakdown::kParts; ++i) {
+    std::string name(StepBreakdown::part_name(i));
+    std::replace(name.begin(), name.end(), '_', ' ');
+    row(name, c.predicted.part(i), c.measured.part(i));
+  }
+  row("<b>step</b>", c.predicted.step, c.measured.step);
+  return h + "</tbody></table></section>\n";
+}
+
 }  // namespace
 
 std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) {
@@ -1141,6 +1173,7 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
   body += tasks_panel(m, charts);
   body += restarts_panel(restarts);
   body += performance_panels(m, charts);
+  body += plan_check_panel(run_dir);
   body += straggler_panel(m, cfg, charts);
   body += timeline_html(tl) + memory_panel(m) + optimizer_panels(m, charts) + config_panel(cfg);
   if (m.unfinished_line)

@@ -14,6 +14,7 @@
 //                    {"eval_task":true,"step","task","kind","examples",<metric>,...}
 //   trace/rank_R.jsonl  the ranks' timelines (parallel/pipeline/trace.h)
 //   restarts.jsonl   the launcher's restarts (cause, step resumed from, time lost), when any
+//   plan_check.json  the profiled steps beside the planner's prediction (train.profile_steps)
 // A missing piece is stated on the page. Input errors (no RUN_DIR, a metrics line that is not
 // JSON or has a field of the wrong type, a malformed trace file) throw InputError naming the
 // file and line; only a metrics.jsonl's unfinished last line (a run writing it) is left out. The report never writes into RUN_DIR except its own output file.

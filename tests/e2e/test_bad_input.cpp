@@ -5,6 +5,7 @@
 // One process runs every case over fixtures built once (a dataset, a tokenizer, a checkpoint).
 #include <functional>
 #include <map>
+#include <tuple>
 
 #include "checkpoint/metadata.h"
 #include "data/hash.h"
@@ -60,6 +61,8 @@ class BadInput : public ::testing::Test {
     must("train --config " + q(fx / "base.toml") + " --set train.output_dir=" + q(dir / "runs/fixture") +
          " --set checkpoint.dir=" + q(fx / "ck") + " --set checkpoint.interval=1");
     must("train --config " + q(fx / "data.toml") + " --set train.output_dir=" + q(dir / "runs/fixture_data"));
+    must("train --config " + q(fx / "base.toml") + " --set train.output_dir=" + q(dir / "runs/profiled") +
+         " --profile-steps 1");
     must("ckpt convert " + q(fx / "ck") + " --to safetensors " + q(fx / "model.safetensors"));
     // A Llama-family checkpoint and its Hugging Face folder (config.json + model.safetensors).
     test::ConfigOverrides llama = small;
@@ -219,6 +222,28 @@ TEST_F(BadInput, Battery) {
               q(dir / "no_folder" / "t"), "--model-prefix " + (dir / "no_folder" / "t.model").string());
   refused("data preprocess --input " + q(fx / "base.toml") + " --tokenizer-model " + q(fx / "tok.model") +
               " --output-prefix " + q(fx / "base.toml" / "gen"), "base.toml is a file");
+  refused(train("--profile-steps -2"), "train.profile_steps");
+  refused(train("--profile-steps many"), "--profile-steps");
+  // tripod plan --check: a run not profiled, a damaged record, flags of the layout search with it.
+  refused("plan --check " + q(dir / "runs" / "fixture"), "plan_check.json does not exist");
+  refused("plan --check " + q(dir / "runs" / "profiled") + " --gpus 8", "--check");
+  refused("plan --check " + q(dir / "runs" / "profiled") + " --hardware " + q(fx / "cases" / "none.toml"), "none.toml");
+  refused("plan --config " + q(fx / "base.toml") + " --gpus 1", "--hardware");
+  for (auto [name, edit, needle] : std::vector<std::tuple<std::string, std::function<void(json&)>, std::string>>{
+           {"no_gemm", [](json& j) { j.erase("gemm"); }, "gemm must be an object"},
+           {"neg_step", [](json& j) { j["step"]["measured"] = -1; }, "step: measured = -1"},
+           {"version", [](json& j) { j["version"] = 7; }, "version must be 1"},
+           {"ranks", [](json& j) { j["ranks"] = json::array(); }, "ranks must list the 1 ranks"},
+           {"layout", [](json& j) { j["layout"]["tp"] = 0; }, "layout.tp"}}) {
+    const fs::path run = fx / "cases" / ("check_" + name);
+    fs::create_directories(run);
+    json j = json::parse(slurp(dir / "runs" / "profiled" / "plan_check.json"));
+    edit(j);
+    write_file(run / "plan_check.json", j.dump());
+    refused("plan --check " + q(run), needle);
+  }
+  fs::create_directories(fx / "cases" / "check_text");
+  refused("plan --check " + q(file("check_text/plan_check.json", "{\"version\": 1,").parent_path()), "not JSON");
   refused("calibrate --out " + q(dir / "no_folder" / "hw.toml"), "--out " + (dir / "no_folder" / "hw.toml").string());
   refused("calibrate --force --out " + q(fx), "is a folder");
   refused("report " + q(dir / "runs" / "fixture") + " --out " + q(dir / "no_folder" / "r.html"), "no_folder");
@@ -259,7 +284,8 @@ TEST_F(BadInput, Battery) {
            {"recompute.num_layers=-2", "recompute.num_layers"}, {"data.weights=[nan]", "data.weights"},
            {"data.synthetic=false", "data.prefixes"}, {"checkpoint.interval=-1", "checkpoint.interval"},
            {"checkpoint.keep=-1", "checkpoint.keep"}, {"checkpoint.interval=1", "checkpoint.dir"},
-           {"checkpoint.overwrite=2", "checkpoint.overwrite"}})
+           {"checkpoint.overwrite=2", "checkpoint.overwrite"}, {"train.profile_steps=-1", "train.profile_steps"},
+           {"train.profile_steps=5000", "train.profile_steps"}})
     refused(train("--set " + set), key);
   refused("train --config " + q(file("syntax.toml", "[model\nn_layers = 2\n")), "syntax.toml");
   refused("train --config " + q(file("section.toml", base + "[optimizer]\nlr = 1\n")), "[optimizer]");
