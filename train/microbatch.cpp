@@ -41,6 +41,7 @@ void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayo
   const int cp = layout.grid.cp(), cp_rank = layout.coords.cp;
   const int64_t Tl = T / cp;
   mb.shape = {.B = B, .T = Tl, .cp = cp, .cp_rank = cp_rank};
+  const int64_t c = mb.shape.slot_tokens();
   if (!tokens && !targets && !documents) return;
   TRIPOD_CHECK(data, "rank {} holds the embedding or head, or needs its samples' documents, but has no data",
                layout.rank);
