@@ -15,18 +15,23 @@
 #                  (the quick-start model: loss, grad norm, every parameter's gradient and update)
 #   train          50 quick-start steps against the CPU curve; a GPU checkpoint evaluated on the CPU
 #   bench-124m     tripod_gpu_bench GPT-2 124M, seq 1024, 20 timed steps (tokens/s, MFU, memory, split)
-#   torch-eager    the PyTorch baseline on the same shape and micro-batch, eager, and the ratio
-#   grid           the (2,2,2) quick-start grid as 8 ranks on one GPU against one rank
+#   torch-compile  the PyTorch baseline on the same shape and micro-batch with torch.compile, and the ratio
+#   torch-eager    the same baseline eager
+#   bench-1b       tripod_gpu_bench, a Llama-3.2-1B-shaped model
+#   bench-350m     tripod_gpu_bench GPT-2 350M
 #   fp8            FP8 (train.precision = "fp8"): the casts and FP8 GEMMs against the CPU's emulation
 #                  (every f32 converted as the CPU does; bytes equal, GEMMs within f32 noise), 50
 #                  quick-start steps in fp8 (both recipes) against the bf16 curve, and
 #                  tripod_gpu_bench --precision both: the Llama-3.2-1B shape at seq 2048 and GPT-2
 #                  350M, fp8 tokens/s against bf16 in the same process (targets 1.3x and 1.15x)
-#   torch-compile  the PyTorch baseline with torch.compile (when the budget still allows)
+#   hf             tripod's Hugging Face exports of a trained tiny GPT-2, Llama and Mixtral loaded by
+#                  transformers (fp32): the same chapters' log-likelihoods as tripod eval, within
+#                  1e-5 relative (bench/gpu/hf_check.py)
+#   grid           the (2,2,2) quick-start grid as 8 ranks on one GPU against one rank
 #   comm           cuda_comm_test (2 ranks), cuda_grid_test (4 ranks), cuda_cli_test
-#   bench-350m     tripod_gpu_bench GPT-2 350M
-#   bench-1b       tripod_gpu_bench, a Llama-3.2-1B-shaped model
 #   calibrate      tripod calibrate --device cuda into hardware_cuda.toml (in the results folder)
+#   plan-check     the planner on that file against this window's bench-124m/350m/1b steps
+#                  (bench/gpu/plan_check.py), and a profiled 124M run's plan --check table
 #   sanitize       compute-sanitizer memcheck of cuda_kernels_test and a 3-step training run
 #   profile        ncu: the top kernels of one 124M step by GPU time
 #   mpi            (only when named) 2 CPU ranks train the tiny config through the bundled mpirun
@@ -49,22 +54,25 @@ RESERVE=20 GRACE=5
 
 # name  estimate  cap  minimum (seconds). Estimates: the times the stages took on an H200 on
 # 2026-11-27 (rounded up; torch-compile, bench-1b, sanitize and profile did not complete there, so
-# theirs are still guesses from the shapes and step counts; fp8's is a guess too: it has not run on
-# a GPU yet).
+# theirs are still guesses from the shapes and step counts; calibrate's grid, plan-check and hf
+# are newer than that run: guesses from their calls' FLOPs, sizes and start-ups; fp8's is a guess
+# too: it has not run on a GPU yet).
 STAGE_TABLE="
 probe          7   30   5
 ops           12  120  10
 step           5  120   5
 train         15  180  10
 bench-124m    30  150  20
-torch-eager   35  120  25
-grid          10  150  10
-fp8           75  240  45
 torch-compile 90  180  60
-comm           5  120   5
-bench-350m    50  120  40
+torch-eager   35  120  25
 bench-1b      60  150  45
-calibrate     30  120  25
+bench-350m    50  120  40
+fp8           75  240  45
+hf            45  120  30
+grid          10  150  10
+comm           5  120   5
+calibrate     45  120  25
+plan-check    25   90  15
 sanitize      60  300  30
 profile       90  240  60
 mpi           15  120  10
@@ -78,7 +86,7 @@ while read -r n e c m; do
 done <<< "$STAGE_TABLE"
 DEFAULT=("${ALL[@]:0:${#ALL[@]}-1}")  # all but mpi
 
-usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; }
 bad() { echo "error: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -341,15 +349,53 @@ torch_baseline() {  # torch_baseline eager|compiled
   cmd torch_baseline python3 "$B/src/bench/gpu/torch_baseline.py" "${args[@]}" ${TORCH_ARGS:-}
   bench_note "$D/torch_$1.json"
 }
+# The datasheet file of this GPU: what calibration does not measure (the network) comes from it.
+base_hardware() {
+  case $GPU in
+    *A100*|*A800*) echo "$B/src/configs/hardware/a100_80gb_sxm.toml" ;;
+    *H200*) echo "$B/src/configs/hardware/h200_sxm.toml" ;;
+    *) echo "$B/src/configs/hardware/h100_sxm.toml" ;;
+  esac
+}
 calibrate() {
-  local base=$B/src/configs/hardware/h100_sxm.toml
-  case $GPU in *A100*|*A800*) base=$B/src/configs/hardware/a100_80gb_sxm.toml ;; esac
+  local base; base=$(base_hardware)
   cmd calibrate "$B/bin/tripod" calibrate --device cuda --base "$base" --name "calibrated: ${GPU%%,*}" \
-    --out "$D/hardware_cuda.toml" --force
+    --out "$D/hardware_cuda.toml" --repeats 3 --force
   if [ "$DRY" = 0 ] && [ -f "$D/hardware_cuda.toml" ]; then
     cp "$D/hardware_cuda.toml" "$RESULTS/hardware_cuda.toml"
     note "hardware_cuda.toml (base $(basename "$base"))"
   fi
+}
+# The planner with the file just calibrated: a profiled run of the 124M bench's shape and
+# micro-batch (every family measured beside its prediction), then every benchmark of this window
+# predicted on the calibrated and on the datasheet file beside its measured step.
+plan_check() {
+  local hw=$D/hardware_cuda.toml base jsons=() f
+  base=$(base_hardware)
+  [ "$DRY" = 1 ] || [ -f "$hw" ] || { skip "no hardware_cuda.toml (the calibrate stage did not run)"; return; }
+  for f in "$D"/bench_124M.json "$D"/bench_350M.json "$D"/bench_1B.json; do
+    { [ "$DRY" = 1 ] || [ -f "$f" ]; } && jsons+=("$f")
+  done
+  [ ${#jsons[@]} -gt 0 ] || { skip "no bench-124m/350m/1b result in this window"; return; }
+  local run=()
+  if [ "$DRY" = 1 ] || [ -f "$D/bench_124M.json" ]; then
+    cmd config python3 "$B/src/bench/gpu/plan_check.py" --config-of 124M --out "$D/plan_124M.toml" "$D/bench_124M.json" &&
+      cmd train "$B/bin/tripod" train --config "$D/plan_124M.toml" --set train.steps=6 --set train.log_interval=1 \
+        --set train.trace=false --set parallel.hardware="$hw" --set train.output_dir="$D/plan-check-run" --profile-steps 4 &&
+      run=(--run "$D/plan-check-run")
+  fi
+  cmd predict python3 "$B/src/bench/gpu/plan_check.py" --tripod "$B/bin/tripod" --hardware "$hw" --base "$base" \
+    "${run[@]}" --out "$D/plan_check.txt" "${jsons[@]}"
+  [ "$DRY" = 0 ] && [ -f "$D/plan_check.txt" ] && note "$(tail -1 "$D/plan_check.txt")"
+}
+# The exports against transformers: three tiny models trained here, exported, scored by both.
+hf() {
+  if [ "$DRY" = 0 ] && ! timeout 60 python3 -c 'import torch, transformers' 2>/dev/null; then
+    skip "no python3 with PyTorch and transformers"; return
+  fi
+  cmd hf_check python3 "$B/src/bench/gpu/hf_check.py" --tripod "$B/bin/tripod" --configs "$B/src/configs" \
+    --corpus "$B/src/build/corpus" --work "$D/hf" --device cuda --out "$D/hf_check.txt"
+  [ "$DRY" = 0 ] && [ -f "$D/hf_check.txt" ] && note "$(tail -1 "$D/hf_check.txt")"
 }
 sanitize() {
   local cs; cs=$(tool compute-sanitizer)
@@ -409,6 +455,8 @@ run_stage() {
     torch-eager) torch_baseline eager ;;
     torch-compile) torch_baseline compiled ;;
     calibrate) calibrate ;;
+    plan-check) plan_check ;;
+    hf) hf ;;
     sanitize) sanitize ;;
     profile) profile ;;
     mpi) cmd tripod env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$B/bin/tripod" train \
@@ -449,6 +497,8 @@ write_summary() {
       echo; python3 "$B/src/bench/gpu/summary.py" "${jsons[@]}" || cat "$D"/bench-*.log
     fi
     [ -f "$D/calibrate.log" ] && { echo; grep -h 'hardware_cuda.toml' "$D/calibrate.log" | tail -1; }
+    [ -f "$D/hf_check.txt" ] && { echo; cat "$D/hf_check.txt"; }
+    [ -f "$D/plan_check.txt" ] && { echo; cat "$D/plan_check.txt"; }
     [ -f "$D/sanitize.log" ] && { echo; grep -h -B2 'ERROR SUMMARY' "$D/sanitize.log"; }
     [ -f "$D/profile_top.txt" ] && { echo; cat "$D/profile_top.txt"; }
   } > "$RESULTS/summary.txt.tmp" 2>&1
@@ -461,13 +511,13 @@ pack() {
     [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 8000000 ] &&
       { head -c 4000000 "$f"; echo; echo "... (cut)"; tail -c 4000000 "$f"; } > "$f.cut" && mv "$f.cut" "$f"
   done
-  tar -C "$(dirname "$D")" -czf "$RESULTS/details.tar.gz.tmp" --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' details
+  tar -C "$(dirname "$D")" -czf "$RESULTS/details.tar.gz.tmp" --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' --exclude='*.safetensors' details
   mv "$RESULTS/details.tar.gz.tmp" "$RESULTS/details.tar.gz"
   # What --quick reads next time (the bundle's folder stays on a warm machine).
   if mkdir -p "$B/last" 2>/dev/null && cp "$RESULTS/summary.txt" "$B/last/summary.txt.tmp" 2>/dev/null; then
     mv "$B/last/summary.txt.tmp" "$B/last/summary.txt"
     rm -rf "$B/last/details"
-    tar -C "$(dirname "$D")" -cf - --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' details | tar -C "$B/last" -xf -
+    tar -C "$(dirname "$D")" -cf - --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' --exclude='*.safetensors' details | tar -C "$B/last" -xf -
   fi
   true
 }

@@ -11,9 +11,10 @@
 //                    [--seq T] [--precision bf16|fp8|both] [--fp8-recipe tensorwise|delayed]
 //                    [--json FILE] [--no-split]
 // --json writes the rows as one JSON object (bench/gpu/summary.py reads it beside the PyTorch
-// baseline's); --no-split skips the timed steps (for profilers). --precision both runs each model
-// in bf16 and then in fp8 (train.precision, model/fp8.h) at the bf16 run's micro-batch, in the same
-// process, and prints the fp8 / bf16 tokens/s ratio (summary.py --fp8 tabulates it).
+// baseline's; bench/gpu/plan_check.py predicts each bf16 row's step from its config_toml);
+// --no-split skips the timed steps (for profilers). --precision both runs each model in bf16 and
+// then in fp8 (train.precision, model/fp8.h) at the bf16 run's micro-batch, in the same process,
+// and prints the fp8 / bf16 tokens/s ratio (summary.py --fp8 tabulates it).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -241,7 +242,9 @@ int bench_main(int argc, char** argv) {
                                {"other", r.other},
                                {"host_gap", gap},
                                {"attention_impl", r.attention_impl},
-                               {"arch", mc.arch}});
+                               {"arch", mc.arch},
+                               // What it trained, for `tripod plan` (run.sh's plan-check stage).
+                               {"config_toml", config_to_toml(make_config(s, r.micro_batch, out_dir, rs))}});
     }
   }
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
