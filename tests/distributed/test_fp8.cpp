@@ -190,14 +190,14 @@ TEST(Fp8MixtureOfExperts, LayoutsMatchTheSerialRunAndEveryRanksPlan) {
       // Stage 0 holds layers 0-1 (4 + 2 linears), stage 1 layers 2-3 (2 + 2).
       EXPECT_EQ(t.fp8()->size(), c.pp == 1 ? 10 : w.par->coords.pp == 0 ? 6 : 4);
       Fp8Run r;
-      StepMetrics m;
+      StepRecord m;
       for (int64_t s = 0; s < cfg.train.steps; ++s) {
         m = t.step();
         r.losses.push_back(m.loss);
         if (s == 0) r.step1 = t.fp8()->gather_stats(1, *w.par->world);
       }
-      EXPECT_EQ(m.memory["params"].get<int64_t>(), plan.params) << "rank " << w.par->rank;
-      const double act = m.memory["activations"].get<int64_t>();
+      EXPECT_EQ(m.memory.at(0).at("params"), plan.params) << "rank " << w.par->rank;
+      const double act = m.memory.at(0).at("activations");
       EXPECT_LE(std::abs(act - plan.activations) / plan.activations, 0.01) << "rank " << w.par->rank;
       if (w.par->rank == 0) {
         ASSERT_EQ(r.step1.names, serial.step1.names);

@@ -82,7 +82,7 @@ Config deepseek_config() {
 struct MoeRun {
   test::RunResult r;
   std::map<std::string, std::vector<float>> biases;
-  std::vector<MoeLayerMetrics> moe;
+  std::vector<MoeLayerRecord> moe;
 };
 
 // Every rank's biases are the same bits as every other's holding the same layer: gathered to
@@ -116,7 +116,7 @@ MoeRun run(Config cfg, Ops& ops, ParallelContext& par, const SampleSource& data)
   Trainer t(cfg, ops, par, &data);
   MoeRun out;
   for (int64_t s = 0; s < cfg.train.steps; ++s) {
-    StepMetrics m = t.step();
+    StepRecord m = t.step();
     out.r.losses.push_back(m.loss);
     out.moe = m.moe;
   }
@@ -179,7 +179,7 @@ TEST_F(MoeParallel, DeepSeekLikeWithCapacityAndSelectionBiasMatchesSerial) {
   const MoeRun ref = serial(cfg);
   ASSERT_EQ(ref.moe.size(), 3u);  // layer 0 dense
   double dropped = 0;
-  for (const MoeLayerMetrics& m : ref.moe) dropped += m.dropped;
+  for (const MoeLayerRecord& m : ref.moe) dropped += m.dropped;
   EXPECT_GT(dropped, 0) << "the capacity must drop pairs in this test";
   ASSERT_EQ(ref.biases.size(), 3u);
   bool moved = false;

@@ -25,9 +25,9 @@ TEST(Fp8Training, PersistentMemoryIsPlannedAndFiguresAreLogged) {
   Trainer t(c, *ops, *self.par, &data);
   ASSERT_NE(t.fp8(), nullptr);
   EXPECT_EQ(t.fp8()->size(), 8);  // 4 linears in each of the 2 FP8 layers
-  StepMetrics m;
+  StepRecord m;
   for (int s = 0; s < 5; ++s) m = t.step();
-  EXPECT_EQ(m.memory["params"].get<int64_t>(), plan_rank_memory(c, 0).params);
+  EXPECT_EQ(m.memory.at(0).at("params"), plan_rank_memory(c, 0).params);
   EXPECT_GT(fp8_persistent_bytes(c.model, c.train.fp8_config(), 1, t.layout().chunks), 0);
   const Fp8Stats st = t.fp8()->gather_stats(m.step, *self.par->world);
   ASSERT_EQ(st.names.size(), 8u);
@@ -77,13 +77,13 @@ TEST(Fp8Training, MixtureOfExpertsKeepsItsExpertsOutOfFp8) {
   Trainer t(c, *ops, *self.par, &data);
   EXPECT_EQ(t.fp8()->size(), 4 + 2 + 2);  // layer 0: 4 linears; layers 1, 2: attention's 2
   EXPECT_EQ(fp8_linear_count(c.model, c.train.fp8_config(), t.layout().chunks), t.fp8()->size());
-  StepMetrics m;
+  StepRecord m;
   for (int s = 0; s < 2; ++s) m = t.step();
   // Measured: the weights' casts of those 8 linears (2 bytes per element) and their state; a
   // plan charging the experts' casts too would be larger by theirs.
   const RankMemory plan = plan_rank_memory(c, 0);
-  EXPECT_EQ(m.memory["params"].get<int64_t>(), plan.params);
-  EXPECT_EQ(m.memory["activations"].get<int64_t>(), plan.activations);  // FP8 keeps no activation
+  EXPECT_EQ(m.memory.at(0).at("params"), plan.params);
+  EXPECT_EQ(m.memory.at(0).at("activations"), plan.activations);  // FP8 keeps no activation
   const Fp8Stats st = t.fp8()->gather_stats(m.step, *self.par->world);
   EXPECT_EQ(st.names, (std::vector<std::string>{"h.0.attn.qkv", "h.0.attn.proj", "h.0.mlp.fc", "h.0.mlp.proj",
                                                 "h.1.attn.qkv", "h.1.attn.proj", "h.2.attn.qkv", "h.2.attn.proj"}));
