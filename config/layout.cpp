@@ -108,6 +108,7 @@ GradSync make_grad_sync(const Config& cfg, const RankLayout& l, const ParamRegis
   dpcp.rank = l.grid.dpcp_rank(l.coords);
   dpcp.sharded = pc.distributed_optimizer && dpcp.size > 1;
   dpcp.buckets = make_grad_buckets(reg, wte, pc.bucket_mb);
+  dpcp.bucket_bytes = static_cast<int64_t>(pc.bucket_mb * 1024 * 1024);
   for (const GradBucket& b : dpcp.buckets)
     dpcp.owned.push_back(dpcp.sharded ? dp_shard(b.span, dpcp.size, dpcp.rank) : b.span);
   // One chunk holding both ends (pp = 1) uses the table as any parameter.
