@@ -338,7 +338,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
 
   // Memory and gradient synchronisation of the first, second and last pipeline rank (tp, dp and cp
   // coordinate 0): their layouts say what each reduces and whether a tied table's copies meet.
-  RankGrid grid(p.tp, p.dp, p.pp, p.cp);
+  const RankGrid grid = p.grid();
   std::vector<int> pp_ranks = {0};
   if (p.pp > 1) pp_ranks.push_back(p.pp - 1);
   if (p.pp > 2) pp_ranks.push_back(1);

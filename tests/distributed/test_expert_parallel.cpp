@@ -1,0 +1,138 @@
+// Expert parallelism against the single-process run (4 ranks under mpirun), over 10 steps: the
+// routed experts split over ep ranks taken from DP x CP, tokens carried by the all-to-all
+// dispatcher, expert gradients reduced over the expert-data-parallel group (EDP) and the rest over
+// DP x CP. ep = 2 on 2 ranks (EDP of one rank), ep = 2 of dp = 4 (EDP of two: the experts' own
+// reduction and, with the distributed optimizer, their own shards), ep = 4 of dp = 4; the Mixtral-
+// like model (dropless) and the DeepSeek-like one (capacity 1 dropping pairs, selection biases
+// moved every step); the loss of each step and the final weights within the tolerances every
+// layout meets, the biases and expert loads exactly. A checkpoint saved at ep = 2 resumes
+// bit-exactly on its own grid.
+#include "config/memory_plan.h"
+#include "moe_util.h"
+
+namespace tripod {
+namespace {
+
+using test::Layout;
+using test::MoeRun;
+using test::run_moe;
+
+Config steps10(Config c) {
+  c.train.steps = 10;
+  return c;
+}
+
+class ExpertParallel : public ::testing::Test {
+ protected:
+  std::unique_ptr<Ops> ops = make_ops(Device::CPU);
+  SyntheticSource data{16, 100, 3};
+
+  MoeRun serial(const Config& cfg) {
+    auto self = test::make_selfworld(*ops);
+    return run_moe(cfg, *ops, *self.par, data);
+  }
+  void check(const Config& cfg, const MoeRun& ref, const std::vector<Layout>& layouts) {
+    for (const Layout& l : layouts) {
+      SCOPED_TRACE(l.str());
+      auto w = l.subworld(*ops);
+      if (!w.par) continue;
+      MoeRun got = run_moe(l.apply(cfg), *ops, *w.par, data);
+      test::expect_moe_matches(got, ref, l.str(), w.par->rank == 0);
+    }
+  }
+};
+
+TEST_F(ExpertParallel, AllToAllDroplessMatchesSerial) {
+  const Config cfg = steps10(test::mixtral_config());
+  const MoeRun ref = serial(cfg);
+  check(cfg, ref,
+        {{.dp = 2, .ep = 2}, {.dp = 2, .distopt = true, .ep = 2}, {.dp = 4, .ep = 2},
+         {.dp = 4, .distopt = true, .ep = 2}, {.dp = 4, .ep = 4}});
+}
+
+TEST_F(ExpertParallel, AllToAllWithCapacityAndSelectionBiasMatchesSerial) {
+  const Config cfg = steps10(test::deepseek_config());
+  const MoeRun ref = serial(cfg);
+  double dropped = 0;
+  for (const MoeLayerMetrics& m : ref.moe) dropped += m.dropped;
+  EXPECT_GT(dropped, 0) << "the capacity must drop pairs in this test";
+  check(cfg, ref, {{.dp = 2, .ep = 2}, {.dp = 4, .distopt = true, .ep = 2}});
+}
+
+// The memory plan under expert parallelism: parameters, gradients and optimizer state exact (a
+// rank holds E/ep experts; with the distributed optimizer its Adam state is 1/(dp x cp) of the
+// rest and 1/EDP of its experts), activations within the plan's bound (expert rows counted at
+// the most an EP rank can receive), and the expert parameters per rank 1/ep of ep = 1's.
+TEST_F(ExpertParallel, MemoryPlanCountsTheExpertsOfEachRank) {
+  Config base = test::mixtral_config();
+  base.train.steps = 2;
+  // Every layer's E SwiGLU experts (gate, up, down: 3 F C each) at ep = 1.
+  const ModelConfig& m = base.model;
+  const int64_t all_experts = int64_t{m.n_layers} * m.moe.experts * 3 * m.expert_ffn() * m.d_model;
+  for (const Layout& l : {Layout{.dp = 2}, Layout{.dp = 2, .ep = 2}, Layout{.dp = 4, .distopt = true, .ep = 2},
+                          Layout{.dp = 4, .distopt = true, .ep = 4}}) {
+    SCOPED_TRACE(l.str());
+    auto w = l.subworld(*ops);
+    if (!w.par) continue;
+    Config cfg = l.apply(base);
+    validate_layout(cfg, l.grid().world_size());
+    const RankMemory plan = plan_rank_memory(cfg, w.par->rank);
+    Trainer t(cfg, *ops, *w.par, &data);
+    t.step();
+    const auto& mem = t.step().memory;
+    EXPECT_EQ(mem["params"].get<int64_t>(), plan.params);
+    EXPECT_EQ(mem["grads"].get<int64_t>(), plan.grads);
+    EXPECT_EQ(mem["optimizer"].get<int64_t>(), plan.optimizer);
+    EXPECT_LE(mem["activations"].get<int64_t>(), plan.activations);
+    int64_t experts = 0, others = 0;
+    for (const Param& p : t.registry().params()) (p.spec.expert >= 0 ? experts : others) += p.numel();
+    EXPECT_EQ(experts * l.ep, all_experts);
+    if (w.par->rank == 0)
+      fmt::print("{:<40} expert params {:>7}, others {:>7}; optimizer {:>8} B; activations {:>8} B of {:>8} planned\n",
+                 l.str(), experts, others, plan.optimizer, mem["activations"].get<int64_t>(), plan.activations);
+  }
+}
+
+// A checkpoint of step 4 on dp = 4, ep = 2 (distributed optimizer: the experts' Adam state
+// sharded over EDP) resumes bit-exactly on its own grid, the selection biases included.
+TEST_F(ExpertParallel, ResumeIsBitExact) {
+  const test::SharedDir dir("ep_resume");
+  Config cfg = steps10(test::deepseek_config());
+  cfg.train.steps = 8;
+  const Layout saver{.dp = 4, .distopt = true, .ep = 2};
+  MoeRun whole;
+  {
+    auto w = saver.subworld(*ops);
+    if (w.par) {
+      Config c = saver.apply(cfg);
+      c.checkpoint.dir = (dir / "ck").string();
+      validate_layout(c, 4);
+      Trainer t(c, *ops, *w.par, &data);
+      for (int s = 0; s < 8; ++s) {
+        whole.r.losses.push_back(t.step().loss);
+        if (s == 3) {
+          t.save_checkpoint();
+          t.finish_checkpoints();
+        }
+      }
+      whole.r.params = test::gather_global_params(t.registry(), *w.par, *ops);
+      whole.biases = test::gather_biases(t.registry(), *w.par);
+    }
+  }
+  auto w = saver.subworld(*ops);
+  if (!w.par) return;
+  Config r = saver.apply(cfg);
+  r.checkpoint.load = (dir / "ck" / "iter_0000004").string();
+  validate_layout(r, 4);
+  Trainer t(r, *ops, *w.par, &data);
+  ASSERT_EQ(t.completed_steps(), 4);
+  for (int s = 4; s < 8; ++s) EXPECT_EQ(t.step().loss, whole.r.losses[s]) << "step " << s + 1;
+  const auto params = test::gather_global_params(t.registry(), *w.par, *ops);
+  for (const auto& [name, v] : whole.r.params)
+    EXPECT_EQ(0, std::memcmp(v.data(), params.at(name).data(), v.size() * 4)) << name;
+  const auto biases = test::gather_biases(t.registry(), *w.par);
+  for (const auto& [name, v] : whole.biases) EXPECT_EQ(biases.at(name), v) << name;
+}
+
+}  // namespace
+}  // namespace tripod
