@@ -73,7 +73,12 @@ int main(int argc, char** argv) {
   int bad = 0;
   for (const Row& r : kTable) {
     Config cfg;
-    cfg.model = {.n_layers = r.layers, .n_heads = r.heads, .d_model = r.hidden, .seq_len = 2048, .vocab_size = 51200};
+    ModelConfig& m = cfg.model;
+    m.n_layers = r.layers;
+    m.n_heads = r.heads;
+    m.d_model = r.hidden;
+    m.seq_len = 2048;
+    m.vocab_size = 51200;
     cfg.train.global_batch_size = r.batch;
     LayoutFilter fixed;
     fixed.tp = r.tp;

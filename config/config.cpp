@@ -133,6 +133,12 @@ class Section {
                            key(k));
         out.counts->push_back(static_cast<int>(*e.value<int64_t>()));
       }
+    } else if constexpr (std::is_same_v<T, std::vector<EvalTaskConfig>>) {
+      out.clear();
+      auto* arr = node->as_array();
+      TRIPOD_INPUT_CHECK(arr, "{}: {} must be a list of tables like {{name = \"hellaswag\", path = \"FILE\"}}, got {}",
+                         origin_, key(k), type_of(*node));
+      for (size_t i = 0; i < arr->size(); ++i) out.push_back(eval_task(*arr->get(i), fmt::format("{}[{}]", key(k), i)));
     } else if constexpr (std::is_same_v<T, MoeLayersRef>) {
       const char* valid = "\"all\" (every layer a mixture of experts) or {first_dense = N} (the first N layers dense)";
       if (node->is_string()) {
@@ -190,6 +196,40 @@ class Section {
   }
 
  private:
+  // One task of eval.tasks: {name, path, limit, tag}; `where` is "eval.tasks[i]".
+  EvalTaskConfig eval_task(const toml::node& node, const std::string& where) const {
+    const toml::table* t = node.as_table();
+    TRIPOD_INPUT_CHECK(t, "{}: {} must be a table like {{name = \"hellaswag\", path = \"FILE\"}}, got {}", origin_,
+                       where, type_of(node));
+    EvalTaskConfig task;
+    for (auto& [k, v] : *t) {
+      const std::string ks(k.str());
+      if (ks == "name") {
+        TRIPOD_INPUT_CHECK(v.is_string(), "{}: {}.name must be a string (one of {}), got {}", origin_, where,
+                           enum_choices<TaskKind>(), type_of(v));
+        const std::string name = *v.value<std::string>();
+        const std::optional<TaskKind> kind = parse_enum<TaskKind>(name);
+        TRIPOD_INPUT_CHECK(kind, "{}: {}.name = \"{}\" is not a task (valid: {})", origin_, where, name,
+                           enum_choices<TaskKind>());
+        task.name = *kind;
+      } else if (ks == "path" || ks == "tag") {
+        TRIPOD_INPUT_CHECK(v.is_string(), "{}: {}.{} must be a string, got {}", origin_, where, ks, type_of(v));
+        (ks == "path" ? task.path : task.tag) = *v.value<std::string>();
+      } else if (ks == "limit") {
+        TRIPOD_INPUT_CHECK(v.is_integer() && *v.value<int64_t>() >= 0,
+                           "{}: {}.limit must be an integer >= 0 (examples to evaluate; 0: all), got {}", origin_,
+                           where, v.is_integer() ? std::to_string(*v.value<int64_t>()) : type_of(v));
+        task.limit = *v.value<int64_t>();
+      } else {
+        throw InputError(fmt::format("{}: unknown key {}.{} (valid keys of a task: name, path, limit, tag)", origin_,
+                                     where, ks));
+      }
+    }
+    TRIPOD_INPUT_CHECK(t->contains("name"), "{}: {} has no name (valid: {})", origin_, where, enum_choices<TaskKind>());
+    TRIPOD_INPUT_CHECK(t->contains("path"), "{}: {} has no path: name the task's file", origin_, where);
+    return task;
+  }
+
   static std::string type_of(const toml::node& n) {
     switch (n.type()) {
       case toml::node_type::string: return "a string";
@@ -208,8 +248,8 @@ class Section {
 
 // Each section's keys, listed once: parsing reads them and the resolved config writes them.
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*,
-                              std::vector<double>*, std::vector<int>*, EnumRef, LayerSplitRef, MoeLayersRef,
-                              EodTokenRef>;
+                              std::vector<double>*, std::vector<int>*, std::vector<EvalTaskConfig>*, EnumRef,
+                              LayerSplitRef, MoeLayersRef, EodTokenRef>;
 struct Field {
   const char* key;
   FieldRef ref;
@@ -290,7 +330,8 @@ std::vector<Field> fields(TrainConfig& t) {
           {"max_bad_steps", &t.max_bad_steps},
           {"trace", &t.trace},
           {"tensorboard_dir", &t.tensorboard_dir},
-          {"straggler_factor", &t.straggler_factor}};
+          {"straggler_factor", &t.straggler_factor},
+          {"profile_steps", &t.profile_steps}};
 }
 std::vector<Field> fields(RecomputeConfig& r) { return {{"mode", EnumRef(&r.mode)}, {"num_layers", &r.num_layers}}; }
 std::vector<Field> fields(DataConfig& d) {
@@ -303,6 +344,8 @@ std::vector<Field> fields(CheckpointConfig& k) {
   return {{"dir", &k.dir},   {"interval", &k.interval}, {"keep", &k.keep},
           {"load", &k.load}, {"async", &k.async},       {"overwrite", &k.overwrite}};
 }
+
+std::vector<Field> fields(EvalConfig& e) { return {{"tasks", &e.tasks}}; }
 
 void read_fields(Section& s, const std::vector<Field>& fs) {
   for (Field f : fs)
@@ -335,6 +378,14 @@ toml::table write_fields(const std::vector<Field>& fs) {
               for (int e : *ref.counts) a.push_back(e);
               t.insert(f.key, std::move(a));
             }
+          } else if constexpr (std::is_same_v<R, std::vector<EvalTaskConfig>*>) {
+            toml::array a;
+            for (const EvalTaskConfig& task : *ref) {
+              toml::table e{{"name", std::string(enum_name(task.name))}, {"path", task.path}, {"limit", task.limit}};
+              if (!task.tag.empty()) e.insert("tag", task.tag);
+              a.push_back(std::move(e));
+            }
+            t.insert(f.key, std::move(a));
           } else if constexpr (std::is_same_v<R, MoeLayersRef>) {
             if (*ref.first_dense == 0)
               t.insert(f.key, "all");
@@ -435,6 +486,8 @@ void TrainConfig::validate(const std::string& origin, bool training) const {
   require(max_bad_steps >= 1, origin, "train.max_bad_steps", fmt::format("must be >= 1, got {}", max_bad_steps));
   require(straggler_factor == 0 || straggler_factor > 1, origin, "train.straggler_factor",
           fmt::format("must be > 1 (or 0 for no straggler detection), got {}", straggler_factor));
+  require(profile_steps >= 0 && profile_steps <= 1000, origin, "train.profile_steps",
+          fmt::format("must be in [0, 1000] (steps timed for tripod plan --check; 0: none), got {}", profile_steps));
 }
 
 void DataConfig::validate(const std::string& origin, bool reads_data) const {
@@ -455,6 +508,23 @@ void DataConfig::validate(const std::string& origin, bool reads_data) const {
   }
 }
 
+void EvalConfig::validate(const std::string& origin) const {
+  std::set<std::string> labels;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    const EvalTaskConfig& t = tasks[i];
+    const std::string where = fmt::format("eval.tasks[{}]", i);
+    require(!t.path.empty(), origin, where.c_str(), "has an empty path: name the task's file");
+    const std::string label = t.label();
+    const bool plain = std::all_of(label.begin(), label.end(), [](char c) {
+      return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.';
+    });
+    require(plain, origin, (where + ".tag").c_str(),
+            fmt::format("= \"{}\" must be letters, digits, '_', '-' or '.' (it names the task's figures)", label));
+    require(labels.insert(label).second, origin, (where + ".tag").c_str(),
+            fmt::format("= \"{}\" names another task too: give each task its own tag", label));
+  }
+}
+
 void CheckpointConfig::validate(const std::string& origin) const {
   require(interval >= 0, origin, "checkpoint.interval", fmt::format("must be >= 0, got {}", interval));
   require(keep >= 0, origin, "checkpoint.keep", fmt::format("must be >= 0 (0 keeps all), got {}", keep));
@@ -472,8 +542,8 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   }
   for (const auto& o : overrides) apply_override(root, o);
 
-  static const std::set<std::string> kSections = {"model",     "moe",  "parallel",  "train",
-                                                  "recompute", "data", "checkpoint"};
+  static const std::set<std::string> kSections = {"model",     "moe",  "parallel",   "train",
+                                                  "recompute", "data", "checkpoint", "eval"};
   for (auto& [k, v] : root)
     TRIPOD_INPUT_CHECK(kSections.count(std::string(k.str())), "{}: unknown section [{}] (valid: {})", origin,
                        k.str(), fmt::join(kSections, ", "));
@@ -493,6 +563,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
   read_section(root, "recompute", origin, c.recompute);
   read_section(root, "data", origin, c.data);
   read_section(root, "checkpoint", origin, c.checkpoint);
+  read_section(root, "eval", origin, c.eval);
 
   c.model.validate(origin);
   ModelConfig& m = c.model;  // resolved: the config records what runs
@@ -508,6 +579,7 @@ Config parse_config(const std::string& text, const std::string& origin, const st
           fmt::format("= {} is not a token of the vocabulary (model.vocab_size = {}: ids 0 to {})", c.data.eod_token_id,
                       c.model.vocab_size, c.model.vocab_size - 1));
   c.checkpoint.validate(origin);
+  c.eval.validate(origin);
   return c;
 }
 
@@ -693,6 +765,7 @@ std::string config_to_toml(const Config& cfg) {
                 {"checkpoint", write_fields(fields(c.checkpoint))}};
   // [moe] only for a mixture of experts: a dense model's file is what it always was.
   if (c.model.moe.enabled()) t.insert("moe", write_fields(fields(c.model.moe)));
+  if (!c.eval.tasks.empty()) t.insert("eval", write_fields(fields(c.eval)));  // [eval] only with tasks
   // A library run without a run directory (output_dir "") records none, so that the text parses back.
   if (c.train.output_dir.empty()) t["train"].as_table()->erase("output_dir");
   std::stringstream ss;

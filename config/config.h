@@ -82,6 +82,9 @@ struct TrainConfig {
   bool trace = true;          // record the per-rank timeline in output_dir/trace/
   std::string tensorboard_dir;    // TensorBoard event files (train/tensorboard.h); "": none
   double straggler_factor = 1.3;  // a rank computing this much over the median is a straggler; 0: off
+  // Time this many steps (after the run's first) by op family, communication and idle, and write
+  // them beside the cost model's prediction into output_dir/plan_check.json; 0: off.
+  int profile_steps = 0;
 
   // `training`: train.steps must be given (>= 1).
   void validate(const std::string& origin, bool training) const;
@@ -123,6 +126,32 @@ struct CheckpointConfig {
   void validate(const std::string& origin) const;
 };
 
+// Downstream evaluation tasks (train/tasks.h): what a task file holds and how it is scored.
+//   hellaswag:       the original HellaSwag JSONL (activity_label, ctx_a, ctx_b, endings, label),
+//                    preprocessed as lm-evaluation-harness does; acc and acc_norm.
+//   multiple_choice: JSONL of {"context", "choices", "label"} (ARC, PIQA, ... in one line); acc, acc_norm.
+//   bits_per_byte:   text (a document per line) or JSONL ("text"): rolling log-likelihood of every
+//                    document; bits per byte, byte and word perplexity.
+enum class TaskKind { HellaSwag, MultipleChoice, BitsPerByte };
+template <> struct EnumNames<TaskKind> {
+  static constexpr std::array<std::string_view, 3> names{"hellaswag", "multiple_choice", "bits_per_byte"};
+};
+
+// One entry of [eval] tasks: {name = "hellaswag", path = "hellaswag_val.jsonl", limit = 0, tag = ""}.
+struct EvalTaskConfig {
+  TaskKind name = TaskKind::HellaSwag;
+  std::string path;
+  int64_t limit = 0;  // the first `limit` examples (documents); 0: all
+  std::string tag;    // what its figures are called (metrics.jsonl, TensorBoard, the report); "": the name
+  std::string label() const { return tag.empty() ? std::string(enum_name(name)) : tag; }
+};
+
+struct EvalConfig {
+  std::vector<EvalTaskConfig> tasks;  // run next to the validation loss at train.eval_interval
+
+  void validate(const std::string& origin) const;
+};
+
 struct Config {
   ModelConfig model;
   ParallelConfig parallel;
@@ -130,6 +159,7 @@ struct Config {
   RecomputeConfig recompute;
   DataConfig data;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
 };
 
 // Reads `path` and applies `overrides` ("section.key=value", value in TOML syntax or a bare string).

@@ -64,6 +64,12 @@ class Ops {
   virtual double peak_flops() = 0;
   // Waits for all queued work (a no-op on CPU).
   virtual void synchronize() {}
+  // What `tripod calibrate` sizes its measurements by: the device's memory and its last-level
+  // cache (a GPU's L2; on the CPU the largest cache this core sees), in bytes; 0 when unknown.
+  struct DeviceInfo {
+    int64_t memory_bytes = 0, cache_bytes = 0;
+  };
+  virtual DeviceInfo device_info() const { return {}; }
   // Per-op-family timing (kernels/op_timing.h), off by default: while on, every op adds its time
   // to its family (wall time on the CPU, GPU time between events on CUDA); while off an op pays
   // one branch.

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string_view>
 
 namespace tripod {
 
@@ -52,6 +53,42 @@ struct OpTimes {
     int64_t n = 0;
     for (int64_t c : calls) n += c;
     return n;
+  }
+};
+
+// One rank's training step by where its time went: the families `tripod plan --check` compares,
+// alike for the cost model's prediction (plan/cost_model) and a profiled step of a run
+// (train.profile_steps, train/trainer). Seconds; the parts add up to `step`.
+//   gemm, attention   those op families inside the pipeline's actions (OpFamily::Gemm, Attention)
+//   elementwise       every other op inside the actions: norms, GELU/SwiGLU, residual adds, the
+//                     embedding, the cross-entropy, copies and fills (and MoE's routing)
+//   communication     exposed communication: the actions' time outside their ops (TP and CP
+//                     collectives; host gaps between ops too) and the DP reduction after the backward
+//   pipeline_idle     waiting between actions (the bubble, stage-to-stage messages) and for the
+//                     other ranks at the step's world all-reduce
+//   optimizer         zeroing the gradients, the grad norm, AdamW, the distributed optimizer's gather
+//   other             the rest of the step (trace and log writing); the cost model predicts none
+struct StepBreakdown {
+  double gemm = 0, attention = 0, elementwise = 0, communication = 0, pipeline_idle = 0, optimizer = 0, other = 0;
+  double step = 0;
+
+  static constexpr int kParts = 7;
+  // The parts in table order, by index (0 .. kParts-1), and their names ("gemm", ...,
+  // "pipeline_idle", "other").
+  double& part(int i) {
+    double* p[kParts] = {&gemm, &attention, &elementwise, &communication, &pipeline_idle, &optimizer, &other};
+    return *p[i];
+  }
+  double part(int i) const { return const_cast<StepBreakdown*>(this)->part(i); }
+  static std::string_view part_name(int i) {
+    static constexpr std::string_view kNames[kParts] = {"gemm",          "attention", "elementwise", "communication",
+                                                        "pipeline_idle", "optimizer", "other"};
+    return kNames[i];
+  }
+  double parts_sum() const {
+    double s = 0;
+    for (int i = 0; i < kParts; ++i) s += part(i);
+    return s;
   }
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <set>
 #include <tuple>
 
@@ -49,90 +50,113 @@ Tensor filled(Ops& ops, Shape shape, DType dtype, float value) {
 
 void measure_gemms(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
   const DType a = ops.compute_dtype();
-  std::vector<GemmPoint> shapes = g.gemm_shapes;
-  for (int64_t m : g.gemm_m)
-    for (int64_t n : g.gemm_nk)
-      for (int64_t k : g.gemm_nk) shapes.push_back({m, n, k});
-  for (const GemmPoint& shape : shapes) {
+  for (const GemmPoint& shape : g.gemm) {
     const int64_t m = shape.m, n = shape.n, k = shape.k;
-    Tensor x = filled(ops, {m, k}, a, 0.01f), w = filled(ops, {n, k}, a, 0.01f), b = filled(ops, {n}, a, 0.f);
-    Tensor y = ops.empty({m, n}, a, MemCategory::Workspace);
-    Tensor dx = ops.empty({m, k}, a, MemCategory::Workspace);
-    Tensor dw = filled(ops, {n, k}, DType::F32, 0.f), db = filled(ops, {n}, DType::F32, 0.f);
-    GemmPoint p{m, n, k};
-    p.forward_s = median_time(ops, g, [&] { ops.linear_forward(x, w, b, y); });
-    p.backward_s = median_time(ops, g, [&] { ops.linear_backward(y, x, w, dx, dw, db); });
-    hw.gemm.push_back(p);
+    {
+      Tensor x = filled(ops, {m, k}, a, 0.01f), w = filled(ops, {n, k}, a, 0.01f), b = filled(ops, {n}, a, 0.f);
+      Tensor y = ops.empty({m, n}, a, MemCategory::Workspace);
+      Tensor dx = ops.empty({m, k}, a, MemCategory::Workspace);
+      Tensor dw = filled(ops, {n, k}, DType::F32, 0.f), db = filled(ops, {n}, DType::F32, 0.f);
+      GemmPoint p{m, n, k};
+      p.forward_s = median_time(ops, g, [&] { ops.linear_forward(x, w, b, y); });
+      p.backward_s = median_time(ops, g, [&] { ops.linear_backward(y, x, w, dx, dw, db); });
+      hw.gemm.push_back(p);
+    }
+    ops.allocator().release_cache();
   }
 }
 
+// Each call as training makes it: `pairs` (sequence, head) pairs of one micro-batch at once.
 void measure_attention(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
   const DType a = ops.compute_dtype();
-  for (int64_t d : g.attention_d)
-    for (int64_t t : g.attention_t) {
-      // Enough (sequence, head) pairs for a few MFLOPs or more per call.
-      const int64_t pairs = std::clamp<int64_t>((int64_t{1} << 26) / (t * t * d), 1, 64);
-      Tensor qkv = filled(ops, {1, t, 3, pairs, d}, a, 0.01f);
-      Tensor out = ops.empty({1, t, pairs, d}, a, MemCategory::Workspace);
-      Tensor lse = ops.empty({1, pairs, t}, DType::F32, MemCategory::Workspace);
-      Tensor probs = ops.keeps_attention_probs() ? ops.empty({1, pairs, t, t}, a, MemCategory::Workspace) : Tensor{};
-      Tensor dout = filled(ops, {1, t, pairs, d}, a, 0.01f);
-      Tensor dqkv = ops.empty({1, t, 3, pairs, d}, a, MemCategory::Workspace);
-      AttentionPoint p{t, d};
-      p.forward_s = median_time(ops, g, [&] { ops.attention_forward(qkv, out, lse, probs); }) / pairs;
-      p.backward_s =
-          median_time(ops, g, [&] { ops.attention_backward(dout, qkv, out, lse, probs, dqkv); }) / pairs;
+  for (const AttentionShape& shape : g.attention) {
+    const int64_t t = shape.t, d = shape.d, B = shape.batch, H = shape.heads;
+    {
+      Tensor qkv = filled(ops, {B, t, 3, H, d}, a, 0.01f);
+      Tensor out = ops.empty({B, t, H, d}, a, MemCategory::Workspace);
+      Tensor lse = ops.empty({B, H, t}, DType::F32, MemCategory::Workspace);
+      Tensor probs = ops.keeps_attention_probs() ? ops.empty({B, H, t, t}, a, MemCategory::Workspace) : Tensor{};
+      Tensor dout = filled(ops, {B, t, H, d}, a, 0.01f);
+      Tensor dqkv = ops.empty({B, t, 3, H, d}, a, MemCategory::Workspace);
+      AttentionPoint p{.t = t, .d = d, .pairs = shape.pairs()};
+      p.forward_s = median_time(ops, g, [&] { ops.attention_forward(qkv, out, lse, probs); });
+      p.backward_s = median_time(ops, g, [&] { ops.attention_backward(dout, qkv, out, lse, probs, dqkv); });
       hw.attention.push_back(p);
     }
+    ops.allocator().release_cache();
+  }
 }
 
-// Per-element times of the memory-bound families, at sizes of a small layer's tensors.
-void measure_elementwise(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
+// One memory-bound call of `s`'s size: its forward and backward times.
+std::pair<double, double> time_elementwise(Ops& ops, const CalibrateGrid& g, const ElementwiseShape& s) {
   const DType a = ops.compute_dtype();
-  const int64_t N = 2048, C = 512, V = 2048;
-  auto set = [&](Elementwise e, int64_t elements, double fwd, double bwd) {
-    hw.elementwise[static_cast<int>(e)] = {fwd / elements, bwd / elements};
-  };
-  Tensor x = filled(ops, {N, C}, a, 0.01f), y = ops.empty({N, C}, a, MemCategory::Workspace);
-  Tensor dx = filled(ops, {N, C}, a, 0.f);
-  Tensor w = filled(ops, {C}, a, 1.f), b = filled(ops, {C}, a, 0.f);
-  Tensor mean = ops.empty({N}, DType::F32, MemCategory::Workspace), rstd = ops.empty({N}, DType::F32, MemCategory::Workspace);
-  Tensor dw = filled(ops, {C}, DType::F32, 0.f), db = filled(ops, {C}, DType::F32, 0.f);
-  ops.layernorm_forward(x, w, b, 1e-5f, y, mean, rstd);
-  set(Elementwise::LayerNorm, N * C, median_time(ops, g, [&] { ops.layernorm_forward(x, w, b, 1e-5f, y, mean, rstd); }),
-      median_time(ops, g, [&] { ops.layernorm_backward(y, x, w, mean, rstd, dx, dw, db); }));
-  set(Elementwise::Gelu, N * C, median_time(ops, g, [&] { ops.gelu_forward(x, y); }),
-      median_time(ops, g, [&] { ops.gelu_backward(x, y, dx); }));
-  // A residual add forward; its backward accumulates the gradient into the other branch's.
-  set(Elementwise::Add, N * C, median_time(ops, g, [&] { ops.add(x, y, dx); }),
-      median_time(ops, g, [&] { ops.accumulate(dx, y); }));
+  const int64_t N = s.rows, C = s.width, E = s.elements();
+  switch (s.op) {
+    case Elementwise::LayerNorm: {
+      Tensor x = filled(ops, {N, C}, a, 0.01f), y = ops.empty({N, C}, a, MemCategory::Workspace);
+      Tensor dx = filled(ops, {N, C}, a, 0.f), w = filled(ops, {C}, a, 1.f), b = filled(ops, {C}, a, 0.f);
+      Tensor mean = ops.empty({N}, DType::F32, MemCategory::Workspace);
+      Tensor rstd = ops.empty({N}, DType::F32, MemCategory::Workspace);
+      Tensor dw = filled(ops, {C}, DType::F32, 0.f), db = filled(ops, {C}, DType::F32, 0.f);
+      ops.layernorm_forward(x, w, b, 1e-5f, y, mean, rstd);
+      return {median_time(ops, g, [&] { ops.layernorm_forward(x, w, b, 1e-5f, y, mean, rstd); }),
+              median_time(ops, g, [&] { ops.layernorm_backward(y, x, w, mean, rstd, dx, dw, db); })};
+    }
+    case Elementwise::Gelu: {
+      Tensor x = filled(ops, {E}, a, 0.01f), y = ops.empty({E}, a, MemCategory::Workspace);
+      Tensor dx = filled(ops, {E}, a, 0.f);
+      return {median_time(ops, g, [&] { ops.gelu_forward(x, y); }),
+              median_time(ops, g, [&] { ops.gelu_backward(x, y, dx); })};
+    }
+    case Elementwise::Add: {
+      // A residual add forward; its backward accumulates the gradient into the other branch's.
+      Tensor x = filled(ops, {E}, a, 0.01f), y = filled(ops, {E}, a, 0.01f), out = filled(ops, {E}, a, 0.f);
+      return {median_time(ops, g, [&] { ops.add(x, y, out); }), median_time(ops, g, [&] { ops.accumulate(out, y); })};
+    }
+    case Elementwise::CrossEntropy: {
+      // Per logit: the statistics forward, the in-place gradient backward (its values stay finite
+      // when it is applied again to its own output).
+      Tensor logits = filled(ops, {N, C}, a, 0.f), targets = filled(ops, {N}, DType::I32, 1.f);
+      Tensor stats = ops.empty({N, 3}, DType::F32, MemCategory::Workspace);
+      Tensor lse = filled(ops, {N}, DType::F32, 8.f);
+      return {median_time(ops, g, [&] { ops.xent_stats(logits, targets, 0, C, stats); }),
+              median_time(ops, g, [&] { ops.xent_backward(logits, targets, 0, C, lse, 1.f / N); })};
+    }
+    case Elementwise::Embedding: {
+      const int64_t T = std::min<int64_t>(N, 1024);
+      Tensor tokens = filled(ops, {N}, DType::I32, 3.f), wte = filled(ops, {s.vocab, C}, a, 0.01f);
+      Tensor wpe = filled(ops, {T, C}, a, 0.f), y = ops.empty({N, C}, a, MemCategory::Workspace);
+      Tensor dy = filled(ops, {N, C}, a, 0.01f);
+      Tensor dwte = filled(ops, {s.vocab, C}, DType::F32, 0.f), dwpe = filled(ops, {T, C}, DType::F32, 0.f);
+      return {median_time(ops, g, [&] { ops.embedding_forward(tokens, wte, 0, wpe, T, y); }),
+              median_time(ops, g, [&] { ops.embedding_backward(tokens, dy, 0, dwte, dwpe, T); })};
+    }
+    case Elementwise::AdamW: {
+      Tensor master = filled(ops, {E}, DType::F32, 0.01f), grads = filled(ops, {E}, DType::F32, 0.001f);
+      Tensor m1 = filled(ops, {E}, DType::F32, 0.f), m2 = filled(ops, {E}, DType::F32, 0.f);
+      Tensor copy = a == DType::F32 ? Tensor{} : ops.empty({E}, a, MemCategory::Workspace);
+      FlatRange range{0, E, true};
+      AdamWHyper h;
+      h.lr = 1e-4f;
+      const double t = median_time(ops, g, [&] { ops.adamw(master, grads, m1, m2, {&range, 1}, h, copy); });
+      return {t, t};
+    }
+    case Elementwise::Count: break;
+  }
+  return {0, 0};
+}
 
-  Tensor logits = filled(ops, {N, V}, a, 0.f), targets = filled(ops, {N}, DType::I32, 1.f);
-  Tensor stats = ops.empty({N, 3}, DType::F32, MemCategory::Workspace);
-  Tensor lse = filled(ops, {N}, DType::F32, 8.f);
-  set(Elementwise::CrossEntropy, N * V, median_time(ops, g, [&] { ops.xent_stats(logits, targets, 0, V, stats); }),
-      median_time(ops, g, [&] {
-        ops.fill(logits, 0.f);  // the backward works in place
-        ops.xent_backward(logits, targets, 0, V, lse, 1.f / N);
-      }));
-
-  Tensor tokens = filled(ops, {N}, DType::I32, 3.f), wte = filled(ops, {V, C}, a, 0.01f), wpe = filled(ops, {N, C}, a, 0.f);
-  Tensor dwte = filled(ops, {V, C}, DType::F32, 0.f), dwpe = filled(ops, {N, C}, DType::F32, 0.f);
-  set(Elementwise::Embedding, N * C, median_time(ops, g, [&] { ops.embedding_forward(tokens, wte, 0, wpe, N, y); }),
-      median_time(ops, g, [&] { ops.embedding_backward(tokens, x, 0, dwte, dwpe, N); }));
-
-  const int64_t P = N * C;
-  Tensor master = filled(ops, {P}, DType::F32, 0.01f), grads = filled(ops, {P}, DType::F32, 0.001f);
-  Tensor m1 = filled(ops, {P}, DType::F32, 0.f), m2 = filled(ops, {P}, DType::F32, 0.f);
-  Tensor copy = a == DType::F32 ? Tensor{} : ops.empty({P}, a, MemCategory::Workspace);
-  FlatRange range{0, P, true};
-  AdamWHyper h;
-  h.lr = 1e-4f;
-  const double adam = median_time(ops, g, [&] { ops.adamw(master, grads, m1, m2, {&range, 1}, h, copy); });
-  set(Elementwise::AdamW, P, adam, adam);
-
-  // The datasheet figure the cost model falls back on: the add's bytes over its time.
-  hw.memory_bandwidth = 3.0 * dtype_size(a) / hw.elementwise[static_cast<int>(Elementwise::Add)].forward_s;
+void measure_elementwise(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
+  for (const ElementwiseShape& s : g.elementwise) {
+    const auto [fwd, bwd] = time_elementwise(ops, g, s);
+    hw.elementwise_points.push_back({s.op, s.elements(), fwd, bwd});
+    ops.allocator().release_cache();
+  }
+  // The datasheet figure the cost model falls back on: the largest residual add's bytes over its time.
+  const ElementwisePoint* add = nullptr;
+  for (const ElementwisePoint& p : hw.elementwise_points)
+    if (p.op == Elementwise::Add && (!add || p.elements > add->elements)) add = &p;
+  if (add) hw.memory_bandwidth = 3.0 * dtype_size(ops.compute_dtype()) * add->elements / add->forward_s;
 }
 
 void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, Hardware& hw) {
@@ -172,41 +196,106 @@ void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, H
 
 }  // namespace
 
-CalibrateGrid default_grid(Device device) {
-  CalibrateGrid g;
-  if (device == Device::CPU) {
-    g.gemm_m = {256, 1024, 4096};
-    g.gemm_nk = {64, 128, 256, 512, 1024};
-    g.attention_t = {64, 128, 256, 512, 1024};
-    g.attention_d = {32, 64};
-    g.message_bytes = {4096, 65536, 1 << 20, 16 << 20};
-  } else {
-    g.gemm_m = {2048, 8192, 32768};
-    g.gemm_nk = {512, 1024, 2048, 4096, 8192, 16384};
-    g.attention_t = {512, 1024, 2048, 4096, 8192};
-    g.attention_d = {64, 128};
-    g.message_bytes = {65536, 1 << 20, 16 << 20, 256 << 20};
+int64_t attention_tokens(Device device) { return device == Device::CPU ? int64_t{1} << 14 : int64_t{1} << 21; }
+
+namespace {
+
+// Bytes of a shape's tensors while it is timed (inputs, outputs, gradients; f32 where training
+// keeps them in f32), to leave out what the device cannot hold.
+int64_t gemm_bytes(const GemmPoint& p, int64_t a) { return a * (2 * p.m * p.k + 2 * p.m * p.n + p.n * p.k) + 4 * p.n * p.k; }
+int64_t attention_bytes(const AttentionShape& s, int64_t a, bool probs) {
+  return a * s.pairs() * s.t * s.d * 8 + 4 * s.pairs() * s.t + (probs ? a * s.pairs() * s.t * s.t : 0);
+}
+int64_t elementwise_bytes(const ElementwiseShape& s, int64_t a) {
+  switch (s.op) {
+    case Elementwise::AdamW: return s.elements() * (16 + a);
+    case Elementwise::Embedding: return 3 * a * s.elements() + (a + 4) * s.vocab * s.width;
+    default: return 3 * a * s.elements();
   }
+}
+
+}  // namespace
+
+CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info) {
+  CalibrateGrid g;
+  const bool cpu = device == Device::CPU;
+  const int64_t a = cpu ? 4 : 2;  // bytes per activation: f32 on CPUs, bf16 on GPUs
+  const int64_t budget = info.memory_bytes > 0 ? info.memory_bytes / 4 : std::numeric_limits<int64_t>::max();
+  g.min_time_s = cpu ? 0.05 : 0.01;
+
+  const std::vector<int64_t> ms = cpu ? std::vector<int64_t>{256, 1024, 4096} : std::vector<int64_t>{2048, 8192, 32768, 131072};
+  const std::vector<int64_t> nks = cpu ? std::vector<int64_t>{64, 128, 256, 512, 1024}
+                                       : std::vector<int64_t>{512, 1024, 2048, 4096, 8192, 16384};
+  for (int64_t m : ms)
+    for (int64_t n : nks)
+      for (int64_t k : nks)
+        if (GemmPoint p{m, n, k}; gemm_bytes(p, a) <= budget) g.gemm.push_back(p);
+
+  const std::vector<int64_t> ts = cpu ? std::vector<int64_t>{64, 128, 256, 512, 1024}
+                                      : std::vector<int64_t>{512, 1024, 2048, 4096, 8192};
+  for (int64_t d : cpu ? std::vector<int64_t>{32, 64} : std::vector<int64_t>{64, 128})
+    for (int64_t t : ts) {
+      const int64_t most = std::max<int64_t>(1, attention_tokens(device) / t);
+      for (int64_t pairs = 1;; pairs = std::min(pairs * 4, most)) {
+        // Up to 16 heads, then sequences (every count here is a power of two).
+        const int64_t heads = std::min<int64_t>(pairs, 16);
+        if (AttentionShape c{t, d, pairs / heads, heads}; attention_bytes(c, a, cpu) <= budget) g.attention.push_back(c);
+        if (pairs == most) break;
+      }
+    }
+
+  // From a launch's latency up to 8x the last-level cache (at least 2^24 elements on CPUs, 2^28
+  // on GPUs: an H100's 50 MB L2 8 times over in bf16), by factors of 4.
+  const int64_t cache = info.cache_bytes > 0 ? info.cache_bytes : (cpu ? int64_t{32} << 20 : int64_t{64} << 20);
+  int64_t largest = cpu ? int64_t{1} << 24 : int64_t{1} << 28;
+  while (largest * a < 8 * cache) largest *= 4;
+  const int64_t C = cpu ? 512 : 1024, V = cpu ? 8192 : 32768;
+  for (int64_t e = cpu ? int64_t{1} << 12 : int64_t{1} << 16; e <= largest; e *= 4)
+    for (int i = 0; i < static_cast<int>(Elementwise::Count); ++i) {
+      const Elementwise op = static_cast<Elementwise>(i);
+      ElementwiseShape s{op, e, 1, 0};
+      if (op == Elementwise::LayerNorm || op == Elementwise::Embedding) s = {op, std::max<int64_t>(1, e / C), C, V};
+      if (op == Elementwise::CrossEntropy) s = {op, std::max<int64_t>(1, e / V), V, 0};
+      if (elementwise_bytes(s, a) <= budget) g.elementwise.push_back(s);
+    }
+
+  g.message_bytes = cpu ? std::vector<int64_t>{4096, 65536, 1 << 20, 16 << 20}
+                        : std::vector<int64_t>{65536, 1 << 20, 16 << 20, 256 << 20};
   return g;
 }
 
 CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, const std::vector<int>& micro_batches) {
   CalibrateGrid g = default_grid(device);
-  g.gemm_m.clear();
-  g.gemm_nk.clear();
-  g.attention_t = {model.seq_len};
-  g.attention_d = {model.head_dim()};
-  const int64_t C = model.d_model, F = model.ffn();
-  std::set<std::tuple<int64_t, int64_t, int64_t>> seen;
+  g.gemm.clear();
+  g.attention.clear();
+  g.elementwise.clear();
+  const int64_t C = model.d_model, F = model.ffn(), T = model.seq_len;
+  std::set<std::tuple<int64_t, int64_t, int64_t>> gemms, attention;
+  std::set<std::tuple<int, int64_t, int64_t, int64_t>> elementwise;
+  auto add_elementwise = [&](Elementwise op, int64_t rows, int64_t width, int64_t vocab) {
+    if (rows >= 1 && width >= 1 && elementwise.insert({static_cast<int>(op), rows, width, vocab}).second)
+      g.elementwise.push_back({op, rows, width, vocab});
+  };
   for (int tp = 1; tp <= max_tp; ++tp) {
     if (model.n_heads % tp || F % tp) continue;
-    const int64_t V = model.padded_vocab(tp) / tp;
+    const int64_t V = model.padded_vocab(tp) / tp, qkv = (model.n_heads + 2 * int64_t{model.kv_heads()}) * model.head_dim();
+    const int64_t mlp_in = (model.swiglu() ? 2 : 1) * F / tp;
     for (int mbs : micro_batches) {
-      const int64_t N = int64_t{mbs} * model.seq_len;
-      for (auto [n, k] : {std::pair{3 * C / tp, C}, {C, C / tp}, {F / tp, C}, {C, F / tp}, {V, C}})
-        if (seen.insert({N, n, k}).second) g.gemm_shapes.push_back({N, n, k});
+      const int64_t N = int64_t{mbs} * T;
+      for (auto [n, k] : {std::pair{qkv / tp, C}, {C, C / tp}, {mlp_in, C}, {C, F / tp}, {V, C}})
+        if (gemms.insert({N, n, k}).second) g.gemm.push_back({N, n, k});
+      if (attention.insert({T, model.head_dim(), int64_t{mbs} * model.n_heads / tp}).second)
+        g.attention.push_back({T, model.head_dim(), mbs, model.n_heads / tp});
+      for (int64_t rows : {N, N / tp}) {  // the sequence-parallel slice too
+        add_elementwise(Elementwise::LayerNorm, rows, C, 0);
+        add_elementwise(Elementwise::Add, rows * C, 1, 0);
+      }
+      add_elementwise(Elementwise::Gelu, N * F / tp, 1, 0);
+      add_elementwise(Elementwise::CrossEntropy, N, V, 0);
+      add_elementwise(Elementwise::Embedding, N, C, V);
       g.message_bytes.push_back(N * C * 4);
     }
+    for (int64_t shards : {1, 2, 4, 8}) add_elementwise(Elementwise::AdamW, model.num_params(tp) / tp / shards, 1, 0);
   }
   std::sort(g.message_bytes.begin(), g.message_bytes.end());
   g.message_bytes.erase(std::unique(g.message_bytes.begin(), g.message_bytes.end()), g.message_bytes.end());
@@ -216,7 +305,10 @@ CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, co
 void calibrate(Ops& ops, Communicator* world, const CalibrateGrid& grid, Hardware& hw) {
   hw.gemm.clear();
   hw.attention.clear();
+  hw.elementwise_points.clear();
+  for (ElementwiseRate& r : hw.elementwise) r = {};
   hw.collectives.clear();
+  hw.warnings.clear();
   hw.device = ops.device();
   hw.peak_flops = ops.peak_flops();
   if (hw.device == Device::CPU) hw.peak_flops_f32 = hw.peak_flops;

@@ -74,9 +74,9 @@ double weight_grad_time(const Hardware& hw, int64_t m, int64_t n, int64_t k) {
 }
 
 struct LayerTimes {
-  double fwd = 0, bwd = 0, comm = 0, attn_fwd = 0;  // comm: per direction (TP, and CP's exposed part)
-  double weight = 0;                               // the GEMMs' weight gradients: W's share of bwd
-  double cp_fwd = 0, cp_bwd = 0;                   // context parallelism's exposed exchanges
+  ChunkTimes::Split fwd, bwd;  // comm: TP collectives, and CP's exposed exchanges
+  double attn_fwd = 0;         // the attention forward (what selective recomputation reruns)
+  double weight = 0;           // the GEMMs' weight gradients: W's share of bwd
 };
 
 LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool cp_intra, CpComm cp_comm) {
@@ -86,17 +86,15 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
   const int64_t Cl = s.C / s.t, Fl = s.F / s.t, qkv = (s.H + 2 * s.KV) * s.D / s.t;
   const int64_t gemms[4][3] = {{s.N, qkv, s.C}, {s.N, s.C, Cl}, {s.N, (s.swiglu ? 2 : 1) * Fl, s.C}, {s.N, s.C, Fl}};
   for (const auto& g : gemms) {
-    l.fwd += hw.gemm_time(g[0], g[1], g[2], false);
-    l.bwd += hw.gemm_time(g[0], g[1], g[2], true);
+    l.fwd.gemm += hw.gemm_time(g[0], g[1], g[2], false);
+    l.bwd.gemm += hw.gemm_time(g[0], g[1], g[2], true);
     l.weight += weight_grad_time(hw, g[0], g[1], g[2]);
   }
   // Under context parallelism a rank computes 1/cp of a sequence's causal (query, key) pairs: as
   // many as cp causal sequences of its T = seq_len / cp tokens.
   const int64_t pairs = s.B * (s.H / s.t) * s.cp;
-  l.attn_fwd = hw.attention_time(pairs, s.T, s.D, false);
-  const double attn_bwd = hw.attention_time(pairs, s.T, s.D, true);
-  l.fwd += l.attn_fwd;
-  l.bwd += attn_bwd;
+  l.attn_fwd = l.fwd.attention = hw.attention_time(pairs, s.T, s.D, false);
+  l.bwd.attention = hw.attention_time(pairs, s.T, s.D, true);
   if (s.cp > 1) {
     // Keys and values of this rank's tokens (this TP rank's key/value heads); their gradients in
     // f32. All-gather: a gather forward, a gather and a reduce-scatter backward, all exposed.
@@ -104,23 +102,24 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
     // behind the attention they overlap except what outlasts it.
     const int64_t kv = s.N * 2 * (s.KV / s.t) * s.D * s.a, dkv = kv / s.a * 4;
     if (cp_comm == CpComm::AllGather) {
-      l.cp_fwd = hw.collective_time(Collective::AllGather, static_cast<int>(s.cp), kv, cp_intra);
-      l.cp_bwd = l.cp_fwd + hw.collective_time(Collective::ReduceScatter, static_cast<int>(s.cp), dkv * s.cp, cp_intra);
+      const double gather = hw.collective_time(Collective::AllGather, static_cast<int>(s.cp), kv, cp_intra);
+      l.fwd.comm += gather;
+      l.bwd.comm += gather + hw.collective_time(Collective::ReduceScatter, static_cast<int>(s.cp), dkv * s.cp, cp_intra);
     } else {
       const double hop = hw.collective_time(Collective::SendRecv, 2, kv, cp_intra);
       const double hop_grad = hw.collective_time(Collective::SendRecv, 2, dkv, cp_intra);
-      l.cp_fwd = std::max(0.0, (s.cp - 1) * hop - l.attn_fwd * (s.cp - 1) / s.cp);
-      l.cp_bwd = std::max(0.0, (s.cp - 1) * hop + s.cp * hop_grad - attn_bwd * (s.cp - 1) / s.cp);
+      l.fwd.comm += std::max(0.0, (s.cp - 1) * hop - l.fwd.attention * (s.cp - 1) / s.cp);
+      l.bwd.comm += std::max(0.0, (s.cp - 1) * hop + s.cp * hop_grad - l.bwd.attention * (s.cp - 1) / s.cp);
     }
   }
-  for (bool b : {false, true}) {
-    double e = 2 * hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
-               2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b) +
-               hw.elementwise_time(Elementwise::Gelu, s.N * Fl, b);
-    (b ? l.bwd : l.fwd) += e;
-  }
+  for (bool b : {false, true})
+    (b ? l.bwd : l.fwd).elementwise = 2 * hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
+                                      2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b) +
+                                      hw.elementwise_time(Elementwise::Gelu, s.N * Fl, b);
   // Two regions (attention, MLP) per layer, in each direction.
-  l.comm = 2 * tp_region(s, hw, intra);
+  const double tp = 2 * tp_region(s, hw, intra);
+  l.fwd.comm += tp;
+  l.bwd.comm += tp;
   return l;
 }
 
@@ -142,8 +141,8 @@ struct StageParts {
       c.forward += x.forward;
       c.backward += x.backward;
       c.weight += x.weight;
-      c.forward_comm += x.forward_comm;
-      c.backward_comm += x.backward_comm;
+      c.f += x.f;
+      c.b += x.b;
     };
     for (int i = 0; i < n_layers; ++i) add(layer_at(i));
     if (v == 0) add(first);
@@ -161,54 +160,46 @@ StageParts stage_parts(const Config& cfg, const Hardware& hw) {
   parts.recompute = &cfg.recompute;
   for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
     ChunkTimes& c = parts.layer[static_cast<int>(mode)];
-    c.forward = layer.fwd + layer.comm + layer.cp_fwd;
-    c.forward_comm = layer.comm + layer.cp_fwd;
-    c.backward = layer.bwd + layer.comm + layer.cp_bwd;
-    c.backward_comm = layer.comm + layer.cp_bwd;
+    c.f = layer.fwd;
+    c.b = layer.bwd;
     c.weight = layer.weight;
-    if (mode == RecomputeMode::Full) {  // the layer's whole forward again, collectives included
-      c.backward += layer.fwd + layer.comm + layer.cp_fwd;
-      c.backward_comm += layer.comm + layer.cp_fwd;
-    } else if (mode == RecomputeMode::Selective) {
-      c.backward += layer.attn_fwd;
-    }
+    if (mode == RecomputeMode::Full) c.b += layer.fwd;  // the layer's whole forward again, collectives included
+    else if (mode == RecomputeMode::Selective) c.b.attention += layer.attn_fwd;
   }
   const int64_t bytes = s.N * s.C * s.a;
   {  // embedding: the vocabulary-parallel lookup, summed (or scattered) over TP; its backward is
      // the table's gradient alone (W)
     ChunkTimes& c = parts.first;
-    c.forward = hw.elementwise_time(Elementwise::Embedding, s.N * s.C, false);
-    c.backward = hw.elementwise_time(Elementwise::Embedding, s.N * s.C, true);
-    c.weight = c.backward;
-    const double comm = s.t == 1 ? 0
-                        : s.sp   ? hw.collective_time(Collective::ReduceScatter, s.t, bytes, pl.tp_intra)
-                                 : hw.collective_time(Collective::AllReduce, s.t, bytes, pl.tp_intra);
-    const double comm_b = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
-    c.forward += comm;
-    c.forward_comm += comm;
-    c.backward += comm_b;
-    c.backward_comm += comm_b;
+    c.f.elementwise = hw.elementwise_time(Elementwise::Embedding, s.N * s.C, false);
+    c.b.elementwise = hw.elementwise_time(Elementwise::Embedding, s.N * s.C, true);
+    c.weight = c.b.elementwise;
+    c.f.comm = s.t == 1 ? 0
+               : s.sp   ? hw.collective_time(Collective::ReduceScatter, s.t, bytes, pl.tp_intra)
+                        : hw.collective_time(Collective::AllReduce, s.t, bytes, pl.tp_intra);
+    c.b.comm = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
   }
   {  // the final norm, the head's GEMM, the vocabulary-parallel cross-entropy
     ChunkTimes& c = parts.last;
     const int64_t Vl = s.V / s.t;
-    c.forward = hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, false) + hw.gemm_time(s.N, Vl, s.C, false) +
-                hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, false);
-    c.backward = hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, true) + hw.gemm_time(s.N, Vl, s.C, true) +
-                 hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, true);
+    for (bool b : {false, true}) {
+      ChunkTimes::Split& d = b ? c.b : c.f;
+      d.elementwise = hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
+                      hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, b);
+      d.gemm = hw.gemm_time(s.N, Vl, s.C, b);
+    }
     c.weight = weight_grad_time(hw, s.N, Vl, s.C);
     if (s.t > 1) {
       // The input enters the vocabulary-parallel GEMM (all-gathered under SP; its gradient
       // all-reduced, or reduce-scattered under SP); the per-token statistics are all-gathered.
       const double stats = hw.collective_time(Collective::AllGather, s.t, s.N * 3 * 4 * s.t, pl.tp_intra);
       const double in = s.sp ? hw.collective_time(Collective::AllGather, s.t, bytes, pl.tp_intra) : 0;
-      const double out_grad =
-          hw.collective_time(s.sp ? Collective::ReduceScatter : Collective::AllReduce, s.t, bytes, pl.tp_intra);
-      c.forward += stats + in;
-      c.forward_comm += stats + in;
-      c.backward += out_grad;
-      c.backward_comm += out_grad;
+      c.f.comm = stats + in;
+      c.b.comm = hw.collective_time(s.sp ? Collective::ReduceScatter : Collective::AllReduce, s.t, bytes, pl.tp_intra);
     }
+  }
+  for (ChunkTimes* c : {&parts.layer[0], &parts.layer[1], &parts.layer[2], &parts.first, &parts.last}) {
+    c->forward = c->f.total();
+    c->backward = c->b.total();
   }
   return parts;
 }
@@ -338,11 +329,17 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
 
   // Memory and gradient synchronisation of the first, second and last pipeline rank (tp, dp and cp
   // coordinate 0): their layouts say what each reduces and whether a tied table's copies meet.
+  // The pipeline ranks between the second and the last reduce as the second does.
   const RankGrid grid = p.grid();
   std::vector<int> pp_ranks = {0};
   if (p.pp > 1) pp_ranks.push_back(p.pp - 1);
   if (p.pp > 2) pp_ranks.push_back(1);
-  double step_end = 0, gather = 0;
+  struct Sync {
+    double reduce = 0, last_bucket = 0, tied = 0;  // all buckets, the rank's first (finished last), the tied table's
+    bool ends = false;                             // the tied table's copies meet here (first and last rank)
+  };
+  std::vector<Sync> sync(p.pp);
+  double gather = 0;
   int64_t owned = 0;
   for (int q : pp_ranks) {
     const RankLayout l = make_rank_layout(cfg, grid.rank({.tp = 0, .dp = 0, .pp = q}), schedule, plan);
@@ -351,35 +348,43 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
       out.memory = m;
       owned = l.grad_sync.owned_elements();
     }
-    // The reduction of this rank's f32 gradients in its buckets, each started as the final
-    // backward of each chunk makes it final (the last backward of the first chunk to finish);
-    // the rank's first bucket (its first chunk's, finished last) ends it.
-    const RankSimulation& rs = sim.ranks[q];
-    const double end = rs.timeline.back().end;
-    double reduce = 0, last_bucket = 0;
+    Sync& y = sync[q];
     for (const ReduceGroup& g : l.grad_sync.groups) {
       if (g.size == 1) continue;
       for (const GradBucket& b : g.buckets) {
         const double t = hw.collective_time(g.sharded ? Collective::ReduceScatter : Collective::AllReduce, g.size,
                                             b.span.size() * 4, pl.dp_intra);
-        reduce += t;
-        if (&b == &g.buckets.front()) last_bucket = t;
+        y.reduce += t;
+        if (&b == &g.buckets.front()) y.last_bucket = t;
       }
       if (g.sharded) gather = std::max(gather, hw.collective_time(Collective::AllGather, g.size, m.params, pl.dp_intra));
     }
-    double window_start = end;
+    // The tied table's copies on the pipeline's first and last rank sum their gradients first.
+    if (l.grad_sync.tied == GradSync::Tied::PipelineEnds) {
+      y.tied = hw.collective_time(Collective::AllReduce, 2, l.grad_sync.tied_table.size() * 4, pl.pp_intra);
+      y.ends = true;
+    }
+  }
+  for (int q = 1; q + 1 < p.pp; ++q) sync[q] = sync[1];
+  // Each pipeline rank reduces its f32 gradients in its buckets, each started as the final
+  // backward of each chunk makes it final (the last backward of the first chunk to finish); the
+  // rank's first bucket (its first chunk's, finished last) ends it.
+  std::vector<double> end(p.pp), done(p.pp);
+  double step_end = 0;
+  for (int q = 0; q < p.pp; ++q) {
+    const RankSimulation& rs = sim.ranks[q];
+    end[q] = rs.timeline.back().end;
+    double window_start = end[q];
     std::vector<char> seen(p.vp, 0);
     for (auto it = rs.timeline.rbegin(); it != rs.timeline.rend(); ++it)
       if (!it->action.forward() && !seen[it->action.chunk]) {
         seen[it->action.chunk] = 1;
         window_start = std::min(window_start, it->start);
       }
-    double done = hw.overlap_dp ? std::max(end + last_bucket, window_start + reduce) : end + reduce;
-    // The tied table's copies on the pipeline's first and last rank sum their gradients first.
-    if (l.grad_sync.tied == GradSync::Tied::PipelineEnds)
-      done += hw.collective_time(Collective::AllReduce, 2, l.grad_sync.tied_table.size() * 4, pl.pp_intra);
-    step_end = std::max(step_end, done);
-    out.dp_exposed_s = std::max(out.dp_exposed_s, done - end);
+    const Sync& y = sync[q];
+    done[q] = (hw.overlap_dp ? std::max(end[q] + y.last_bucket, window_start + y.reduce) : end[q] + y.reduce) + y.tied;
+    step_end = std::max(step_end, done[q]);
+    out.dp_exposed_s = std::max(out.dp_exposed_s, done[q] - end[q]);
   }
 
   // Optimizer: zeroing and the grad-norm pass over the gradients, one world all-reduce, AdamW
@@ -391,17 +396,40 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
   out.optimizer_s += gather;
   out.step_time_s = step_end + out.optimizer_s;
 
+  // The step of each pipeline rank by where its time goes: its chunks' work for every
+  // micro-batch, the DP and embedding reductions past its backward, the optimizer, and the rest
+  // (waiting between actions, and for the slowest rank at the end of the step) idle. The tied
+  // table's all-reduce ends on both pipeline ends together: the end that finished first waits in
+  // it (as a run measures it: inside the collective).
+  double ends_done = 0;
+  for (int q = 0; q < p.pp; ++q)
+    if (sync[q].ends) ends_done = std::max(ends_done, done[q]);
+  for (int q = 0; q < p.pp; ++q)
+    if (sync[q].ends) done[q] = ends_done;
+  const int M = schedule.microbatches;
+  double tp_comm = 0;
+  for (int q = 0; q < p.pp; ++q) {
+    StepBreakdown b;
+    double busy = 0;
+    for (int c = 0; c < p.vp; ++c) {
+      const ChunkTimes& t = out.stages[schedule.stage(q, c)];
+      b.gemm += M * (t.f.gemm + t.b.gemm);
+      b.attention += M * (t.f.attention + t.b.attention);
+      b.elementwise += M * (t.f.elementwise + t.b.elementwise);
+      b.communication += M * (t.f.comm + t.b.comm);
+      busy += M * (t.forward + t.backward);
+    }
+    tp_comm = std::max(tp_comm, b.communication);
+    b.communication += done[q] - end[q];
+    b.pipeline_idle = std::max(0.0, step_end - busy - (done[q] - end[q]));
+    b.optimizer = out.optimizer_s;
+    b.step = out.step_time_s;
+    out.ranks.push_back(b);
+    for (int i = 0; i < StepBreakdown::kParts; ++i) out.breakdown.part(i) += b.part(i) / p.pp;
+  }
+  out.breakdown.step = out.step_time_s;
   // Exposed communication: the TP collectives inside the busiest rank's actions, the DP and
   // embedding reductions past its backward, and the optimizer's all-gather.
-  double tp_comm = 0;
-  for (int r = 0; r < p.pp; ++r) {
-    double sum = 0;
-    for (const TimedAction& ta : sim.ranks[r].timeline) {
-      const ChunkTimes& c = out.stages[schedule.stage(r, ta.action.chunk)];
-      sum += ta.action.forward() ? c.forward_comm : c.backward_comm;
-    }
-    tp_comm = std::max(tp_comm, sum);
-  }
   out.exposed_comm = (tp_comm + out.dp_exposed_s + gather) / out.step_time_s;
 
   const double tokens = static_cast<double>(cfg.train.global_batch_size) * cfg.model.seq_len;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/op_timing.h"
 #include "plan/hardware.h"
 #include "config/config.h"
 #include "config/memory_plan.h"
@@ -18,13 +19,26 @@
 
 namespace tripod {
 
-// Times of one chunk's actions for one micro-batch; *_comm is the part spent in TP collectives.
-// `weight` is the part of `backward` that a split backward runs as W: the weight-gradient GEMMs
-// (dW = dY^T X) of the chunk's layers and of the head, and the embedding table's gradient; I is
-// backward - weight (the input-gradient GEMMs, attention, norms, recomputation, collectives).
+// Times of one chunk's actions for one micro-batch, and of each direction by kind (`f`, `b`:
+// GEMMs, attention, the memory-bound ops, TP and CP collectives; forward == f.total(), backward
+// == b.total()). `weight` is the part of `backward` that a split backward runs as W: the
+// weight-gradient GEMMs (dW = dY^T X) of the chunk's layers and of the head, and the embedding
+// table's gradient; I is backward - weight (the input-gradient GEMMs, attention, norms,
+// recomputation, collectives).
 struct ChunkTimes {
+  struct Split {
+    double gemm = 0, attention = 0, elementwise = 0, comm = 0;
+    double total() const { return gemm + attention + elementwise + comm; }
+    Split& operator+=(const Split& o) {
+      gemm += o.gemm;
+      attention += o.attention;
+      elementwise += o.elementwise;
+      comm += o.comm;
+      return *this;
+    }
+  };
   double forward = 0, backward = 0, weight = 0;
-  double forward_comm = 0, backward_comm = 0;
+  Split f, b;
   double input() const { return backward - weight; }
 };
 
@@ -40,6 +54,11 @@ struct StepPrediction {
   double model_tflops_per_gpu = 0;  // llm.c's 6N + 6LCT FLOPs per token, as the trainer reports
   double mfu = 0;
   std::vector<ChunkTimes> stages;   // per virtual stage
+  // The step by where its time goes (kernels/op_timing.h: GEMMs, attention, memory-bound ops,
+  // exposed communication, pipeline idle, optimizer) on each pipeline rank (its tp, cp and dp
+  // ranks alike) and the mean over them: what `tripod plan --check` compares with a run.
+  std::vector<StepBreakdown> ranks;
+  StepBreakdown breakdown;
   // Memory of the largest rank: tripod's plan, plus the overheads below.
   RankMemory memory;
   int64_t workspace_bytes = 0;      // one layer's activation gradients during its backward

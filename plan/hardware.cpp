@@ -12,6 +12,8 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include <spdlog/spdlog.h>
+
 #include "core/error.h"
 
 namespace tripod {
@@ -151,23 +153,39 @@ double Hardware::gemm_time(int64_t m, int64_t n, int64_t k, bool backward) const
 
 double Hardware::attention_time(int64_t pairs, int64_t t, int64_t d, bool backward) const {
   if (pairs <= 0) return 0;
-  // Nominal FLOPs of the causal attention of one pair: QK^T and PV over the lower triangle.
-  const double flops = 2.0 * t * t * d * (backward ? 2.5 : 1.0);
-  if (attention.empty()) return pairs * flops / (peak_flops * attention_efficiency);
-  // Rates by log(t) from the points of the nearest head dimension.
+  const double flops = AttentionPoint{.t = t, .d = d, .pairs = pairs}.flops(backward);
+  if (attention.empty()) return flops / (peak_flops * attention_efficiency);
+  // The points of the nearest head dimension; per measured length, the rate of a call of these
+  // total FLOPs (interpolated in log FLOPs between its calls, held beyond them: a call larger
+  // than any measured runs at the largest's rate); then interpolated in log(t) between lengths.
   int64_t best_d = attention.front().d;
   for (const AttentionPoint& p : attention)
     if (std::abs(std::log2(double(p.d) / d)) < std::abs(std::log2(double(best_d) / d))) best_d = p.d;
-  std::vector<std::pair<double, double>> pts;
+  std::map<int64_t, std::vector<std::pair<double, double>>> by_length;  // t -> (log2 FLOPs, FLOP/s)
   for (const AttentionPoint& p : attention)
     if (p.d == best_d)
-      pts.push_back({std::log2(double(p.t)), 2.0 * p.t * p.t * p.d * (backward ? 2.5 : 1.0) /
-                                                 (backward ? p.backward_s : p.forward_s)});
-  std::sort(pts.begin(), pts.end());
-  return pairs * flops / interpolate(pts, std::log2(double(t)));
+      by_length[p.t].push_back({std::log2(p.flops(backward)), p.flops(backward) / (backward ? p.backward_s : p.forward_s)});
+  std::vector<std::pair<double, double>> rates;  // (log2 t, FLOP/s)
+  for (auto& [length, pts] : by_length) {
+    std::sort(pts.begin(), pts.end());
+    rates.push_back({std::log2(double(length)), interpolate(pts, std::log2(flops))});
+  }
+  return flops / interpolate(rates, std::log2(double(t)));
 }
 
 double Hardware::elementwise_time(Elementwise e, int64_t elements, bool backward) const {
+  if (elements <= 0) return 0;
+  // Measured calls of this op: seconds per element interpolated in log(elements), held beyond the
+  // largest (the memory's bandwidth); below the smallest, that call's time (a launch's latency).
+  std::vector<std::pair<double, double>> pts;  // (log2 elements, seconds per element)
+  for (const ElementwisePoint& p : elementwise_points)
+    if (p.op == e) pts.push_back({std::log2(double(p.elements)), (backward ? p.backward_s : p.forward_s) / p.elements});
+  if (!pts.empty()) {
+    std::sort(pts.begin(), pts.end());
+    const double x = std::log2(double(elements));
+    if (x < pts.front().first) return pts.front().second * std::exp2(pts.front().first);
+    return elements * interpolate(pts, x);
+  }
   const ElementwiseRate& r = elementwise[static_cast<int>(e)];
   const double per = backward ? r.backward_s : r.forward_s;
   if (per > 0) return elements * per;
@@ -267,23 +285,57 @@ Hardware parse_hardware(const std::string& text, const std::string& origin) {
       TRIPOD_INPUT_CHECK(e <= 1, "{}: [efficiency] fractions must be in (0, 1], got {}", origin, e);
     k.finish();
   }
-  if (const toml::table* el = table_of(root, "elementwise", origin)) {
-    Keys k(*el, origin + ": [elementwise]");
+  // [[elementwise]] points (op, elements, the call's times), or the older [elementwise] table of
+  // per-element times at no recorded size.
+  const toml::node* el = root.get("elementwise");
+  if (el && el->is_table()) {
+    Keys k(*el->as_table(), origin + ": [elementwise]");
+    bool any = false;
     for (int i = 0; i < static_cast<int>(Elementwise::Count); ++i) {
       std::string name = elementwise_name(static_cast<Elementwise>(i));
       hw.elementwise[i].forward_s = k.number((name + "_forward_s").c_str(), 0, false, false);
       hw.elementwise[i].backward_s = k.number((name + "_backward_s").c_str(), 0, false, false);
+      any |= hw.elementwise[i].forward_s > 0 || hw.elementwise[i].backward_s > 0;
     }
     k.finish();
+    if (any)
+      hw.warnings.push_back(fmt::format(
+          "{}: [elementwise] holds per-element times measured at one unrecorded size (an older tripod calibrate, "
+          "on tensors that may sit in cache); `tripod calibrate` now writes [[elementwise]] points by size",
+          origin));
+  } else {
+    for_each_entry(root, "elementwise", origin, [&](Keys& k) {
+      const std::string op = k.string("op", "");
+      int found = -1;
+      std::vector<std::string> names;
+      for (int i = 0; i < static_cast<int>(Elementwise::Count); ++i) {
+        names.push_back(elementwise_name(static_cast<Elementwise>(i)));
+        if (op == names.back()) found = i;
+      }
+      TRIPOD_INPUT_CHECK(found >= 0, "{}: [[elementwise]] op = \"{}\" must be one of {}", origin, op,
+                         fmt::join(names, ", "));
+      hw.elementwise_points.push_back({static_cast<Elementwise>(found), k.integer("elements"),
+                                       k.number("forward_s", 0, true), k.number("backward_s", 0, true)});
+    });
   }
   for_each_entry(root, "gemm", origin, [&](Keys& k) {
     hw.gemm.push_back({k.integer("m"), k.integer("n"), k.integer("k"), k.number("forward_s", 0, true),
                        k.number("backward_s", 0, true)});
   });
+  bool per_pair = false;
   for_each_entry(root, "attention", origin, [&](Keys& k) {
-    hw.attention.push_back({k.integer("t"), k.integer("d"), k.number("forward_s", 0, true),
-                            k.number("backward_s", 0, true)});
+    AttentionPoint p{.t = k.integer("t"), .d = k.integer("d"), .forward_s = k.number("forward_s", 0, true),
+                     .backward_s = k.number("backward_s", 0, true)};
+    if (k.get("pairs")) p.pairs = k.integer("pairs");
+    else per_pair = true;
+    hw.attention.push_back(p);
   });
+  if (per_pair)
+    hw.warnings.push_back(fmt::format(
+        "{}: [[attention]] points without `pairs` are per (sequence, head) pair, timed on calls too small to fill a "
+        "GPU (an older tripod calibrate): they are read as calls of one pair, so a GPU's attention is predicted "
+        "far too slow; run `tripod calibrate` again",
+        origin));
   for_each_entry(root, "collective", origin, [&](Keys& k) {
     std::string op = k.string("op", "");
     CollectivePoint p;
@@ -353,7 +405,9 @@ Hardware load_hardware(const std::string& path) {
   TRIPOD_INPUT_CHECK(in, "hardware file {} cannot be read (missing or not readable)", path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_hardware(ss.str(), path);
+  Hardware hw = parse_hardware(ss.str(), path);
+  for (const std::string& w : hw.warnings) spdlog::warn("{}", w);
+  return hw;
 }
 
 std::string hardware_to_toml(const Hardware& hw) {
@@ -370,19 +424,29 @@ std::string hardware_to_toml(const Hardware& hw) {
                    "collective = {:.6g}\noverlap_dp = {}\n\n",
                    hw.gemm_efficiency, hw.gemm_half_dim, hw.attention_efficiency, hw.memory_efficiency,
                    hw.collective_efficiency, hw.overlap_dp);
+  // The older per-element table only when there are no sized points (TOML has one `elementwise`).
   std::string el;
-  for (int i = 0; i < static_cast<int>(Elementwise::Count); ++i) {
+  for (int i = 0; i < static_cast<int>(Elementwise::Count) && hw.elementwise_points.empty(); ++i) {
     const ElementwiseRate& r = hw.elementwise[i];
     if (r.forward_s > 0) el += fmt::format("{}_forward_s = {:.6g}\n", elementwise_name(Elementwise(i)), r.forward_s);
     if (r.backward_s > 0) el += fmt::format("{}_backward_s = {:.6g}\n", elementwise_name(Elementwise(i)), r.backward_s);
   }
   if (!el.empty()) s += "[elementwise]  # seconds per element\n" + el + "\n";
+  auto rate = [](double bytes_or_flops, double seconds) { return seconds > 0 ? bytes_or_flops / seconds / 1e9 : 0.0; };
+  for (const ElementwisePoint& p : hw.elementwise_points)
+    s += fmt::format("[[elementwise]]  # {:.3g} / {:.3g} ns per element\nop = \"{}\"\nelements = {}\nforward_s = {:.6g}\n"
+                     "backward_s = {:.6g}\n\n",
+                     1e9 * p.forward_s / p.elements, 1e9 * p.backward_s / p.elements, elementwise_name(p.op),
+                     p.elements, p.forward_s, p.backward_s);
   for (const GemmPoint& g : hw.gemm)
-    s += fmt::format("[[gemm]]\nm = {}\nn = {}\nk = {}\nforward_s = {:.6g}\nbackward_s = {:.6g}\n\n", g.m, g.n, g.k,
-                     g.forward_s, g.backward_s);
+    s += fmt::format("[[gemm]]  # {:.4g} / {:.4g} TFLOP/s\nm = {}\nn = {}\nk = {}\nforward_s = {:.6g}\nbackward_s = {:.6g}\n\n",
+                     rate(2.0 * g.m * g.n * g.k, g.forward_s) / 1e3, rate(4.0 * g.m * g.n * g.k, g.backward_s) / 1e3,
+                     g.m, g.n, g.k, g.forward_s, g.backward_s);
   for (const AttentionPoint& a : hw.attention)
-    s += fmt::format("[[attention]]\nt = {}\nd = {}\nforward_s = {:.6g}\nbackward_s = {:.6g}\n\n", a.t, a.d,
-                     a.forward_s, a.backward_s);
+    s += fmt::format("[[attention]]  # {:.4g} / {:.4g} TFLOP/s\nt = {}\nd = {}\npairs = {}\nforward_s = {:.6g}\n"
+                     "backward_s = {:.6g}\n\n",
+                     rate(a.flops(false), a.forward_s) / 1e3, rate(a.flops(true), a.backward_s) / 1e3, a.t, a.d,
+                     a.pairs, a.forward_s, a.backward_s);
   for (const CollectivePoint& c : hw.collectives)
     s += fmt::format("[[collective]]\nop = \"{}\"\nranks = {}\nbytes = {}\nseconds = {:.6g}\n\n",
                      collective_name(c.op), c.ranks, c.bytes, c.seconds);

@@ -24,17 +24,31 @@ struct GemmPoint {
   double forward_s = 0, backward_s = 0;
 };
 
-// Causal attention of one (sequence, head) pair of length t and head dimension d.
+// One call of causal attention over `pairs` (sequence, head) pairs (micro-batch x heads) of
+// length t and head dimension d: the call's forward and backward times. Files written before
+// calibration recorded `pairs` hold per-pair times, read as calls of one pair.
 struct AttentionPoint {
   int64_t t = 0, d = 0;
   double forward_s = 0, backward_s = 0;
+  int64_t pairs = 1;
+  // The call's nominal FLOPs: QK^T and PV over the causal lower triangle (backward: 2.5x).
+  double flops(bool backward) const { return 2.0 * t * t * d * pairs * (backward ? 2.5 : 1.0); }
 };
 
-// Memory-bound op families, timed per element: forward and backward of each.
+// Memory-bound op families: forward and backward of each.
 enum class Elementwise { LayerNorm, Gelu, Add, CrossEntropy, Embedding, AdamW, Count };
 const char* elementwise_name(Elementwise e);
+// A per-element time at no recorded size (the [elementwise] table of files written before
+// calibration recorded sizes).
 struct ElementwiseRate {
   double forward_s = 0, backward_s = 0;  // seconds per element; 0: not measured
+};
+// One call of a memory-bound op over `elements` elements (logits for the cross-entropy,
+// parameters for AdamW, tokens x width for the rest): the call's forward and backward times.
+struct ElementwisePoint {
+  Elementwise op = Elementwise::Add;
+  int64_t elements = 0;
+  double forward_s = 0, backward_s = 0;
 };
 
 enum class Collective { AllReduce, AllGather, ReduceScatter, SendRecv, Count };
@@ -70,13 +84,20 @@ struct Hardware {
 
   std::vector<GemmPoint> gemm;
   std::vector<AttentionPoint> attention;
-  ElementwiseRate elementwise[static_cast<int>(Elementwise::Count)];
+  std::vector<ElementwisePoint> elementwise_points;
+  ElementwiseRate elementwise[static_cast<int>(Elementwise::Count)];  // where no point was measured
   std::vector<CollectivePoint> collectives;
+  // What a reader should know about the file (a calibration of an older tripod, sized for no
+  // device): load_hardware logs them as warnings.
+  std::vector<std::string> warnings;
 
   bool bf16() const { return device == Device::CUDA; }
   int64_t act_bytes() const { return bf16() ? 2 : 4; }
 
-  // Kernel times. gemm_time: forward (backward = false) or both backward GEMMs.
+  // Kernel times. gemm_time: forward (backward = false) or both backward GEMMs. attention_time:
+  // one call over `pairs` (sequence, head) pairs, at the rate measured calls of the same total
+  // FLOPs reach (by sequence length, at the nearest head dimension). elementwise_time: one call
+  // over `elements`, at the per-element time of measured calls of that size.
   double gemm_time(int64_t m, int64_t n, int64_t k, bool backward) const;
   double attention_time(int64_t pairs, int64_t t, int64_t d, bool backward) const;
   double elementwise_time(Elementwise e, int64_t elements, bool backward) const;
@@ -85,7 +106,8 @@ struct Hardware {
 };
 
 // Reads a hardware file. Unknown keys or sections, missing required keys and impossible values
-// are InputErrors naming the file and key.
+// are InputErrors naming the file and key. load_hardware logs the file's warnings (an older
+// calibration: attention points without `pairs`, per-element times without sizes).
 Hardware load_hardware(const std::string& path);
 Hardware parse_hardware(const std::string& text, const std::string& origin);
 std::string hardware_to_toml(const Hardware& hw);

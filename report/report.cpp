@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/version.h"
 #include "model/config.h"
+#include "plan/plan_check.h"
 #include "report/report_assets.h"
 #include "report/svg.h"
 #include "report/trace_merge.h"
@@ -789,6 +790,39 @@ std::string loss_panel(const RunMetrics& m, bool has_metrics, json& charts) {
                      lc, charts);
 }
 
+// Downstream tasks over the steps: the multiple-choice tasks' accuracy (acc_norm, and acc
+// fainter), and bits per byte beside it when a text task ran.
+std::string tasks_panel(const RunMetrics& m, json& charts) {
+  if (m.tasks.empty()) return "";
+  const std::vector<std::string> colors = {"#1f77b4", "#e6550d", "#31a354", "#756bb1", "#d6616b", "#8c6d31"};
+  LineChart acc = make_chart("tasks-acc", ValueFormat::Percent, true, "accuracy", 600, 260);
+  LineChart bpb = make_chart("tasks-bpb", ValueFormat::Plain, false, "bits per byte", 600, 260);
+  std::map<std::string, size_t> series;  // "task metric" -> index in its chart
+  std::map<std::string, size_t> color_of;
+  for (const TaskRecord& t : m.tasks) {
+    const std::string color = colors[color_of.try_emplace(t.task, color_of.size()).first->second % colors.size()];
+    for (const auto& [metric, value] : t.metrics) {
+      const bool accuracy = metric == "acc" || metric == "acc_norm";
+      if (!accuracy && metric != "bits_per_byte") continue;
+      LineChart& c = accuracy ? acc : bpb;
+      const std::string name = metric == "bits_per_byte" ? t.task : t.task + " " + metric;
+      auto [it, fresh] = series.try_emplace(name, c.series.size());
+      if (fresh)
+        c.series.push_back(Series{.name = name, .color = color, .x = {}, .y = {}, .markers = true,
+                                  .opacity = metric == "acc" ? 0.5 : 1.0, .width = metric == "acc" ? 1.2 : 2.2});
+      c.series[it->second].x.push_back(static_cast<double>(t.step));
+      c.series[it->second].y.push_back(value);
+    }
+  }
+  std::string h = acc.series.empty() || bpb.series.empty() ? "" : "<div class=\"grid2\">\n";
+  if (!acc.series.empty())
+    h += chart_panel("Downstream accuracy", "multiple-choice tasks at each evaluation: acc_norm (bold) and acc "
+                     "(length-normalized and raw log-likelihood, as lm-evaluation-harness scores them)", acc, charts);
+  if (!bpb.series.empty())
+    h += chart_panel("Bits per byte", "text tasks at each evaluation (comparable across tokenizers)", bpb, charts);
+  return h + (acc.series.empty() || bpb.series.empty() ? "" : "</div>\n");
+}
+
 // Throughput and MFU side by side.
 std::string performance_panels(const RunMetrics& m, json& charts) {
   if (m.train.empty()) return "";
@@ -911,6 +945,7 @@ RunMetrics read_metrics(const std::string& path) {
   TRIPOD_INPUT_CHECK(in.good(), "{}: cannot read ({})", path, std::strerror(errno));
   std::map<int64_t, TrainRecord> train;
   std::map<std::pair<std::string, int64_t>, EvalRecord> eval;
+  std::map<std::pair<std::string, int64_t>, TaskRecord> tasks;
   RunMetrics m;
   std::string line;
   int64_t line_no = 0;
@@ -942,6 +977,22 @@ RunMetrics read_metrics(const std::string& path) {
       e.perplexity = number_field(j, "perplexity", where);
       m.superseded += eval.count({e.split, e.step});
       eval[{e.split, e.step}] = e;
+      continue;
+    }
+    if (j.value("eval_task", false)) {
+      TaskRecord t;
+      t.step = step_field(j, where);
+      for (const char* key : {"task", "kind"}) {
+        auto it = j.find(key);
+        TRIPOD_INPUT_CHECK(it != j.end() && it->is_string(), "{}: a task record's \"{}\" must be a string", where, key);
+        (std::string(key) == "task" ? t.task : t.kind) = it->get<std::string>();
+      }
+      const double ex = number_field(j, "examples", where);
+      t.examples = std::isfinite(ex) ? static_cast<int64_t>(ex) : 0;
+      for (const char* key : {"acc", "acc_norm", "bits_per_byte", "byte_perplexity", "word_perplexity"})
+        if (j.contains(key)) t.metrics[key] = number_field(j, key, where);
+      m.superseded += tasks.count({t.task, t.step});
+      tasks[{t.task, t.step}] = std::move(t);
       continue;
     }
     if (!j.contains("step") || !j.contains("loss")) {
@@ -989,6 +1040,7 @@ RunMetrics read_metrics(const std::string& path) {
   }
   for (auto& [s, r] : train) m.train.push_back(std::move(r));
   for (auto& [k, e] : eval) m.eval.push_back(std::move(e));
+  for (auto& [k, t] : tasks) m.tasks.push_back(std::move(t));
   return m;
 }
 
@@ -1048,6 +1100,37 @@ std::string restarts_panel(const std::vector<RestartRecord>& rs) {
   return h + "</tbody></table></section>\n";
 }
 
+// The planner's prediction against the run's profiled steps (RUN_DIR/plan_check.json, written with
+// train.profile_steps; plan/plan_check.h): per family and for the step.
+std::string plan_check_panel(const fs::path& run_dir) {
+  std::error_code ec;
+  if (!fs::exists(run_dir / kPlanCheckFile, ec)) return "";
+  const PlanCheck c = read_plan_check(run_dir.string());
+  const double step = c.measured.step;
+  std::string h = fmt::format(
+      "<section class=\"panel\" id=\"plan-check\"><h2>Planner check</h2>\n<div class=\"panel-sub\">steps {}-{} "
+      "measured (each rank's median, mean over {} rank(s)) against tripod plan's prediction for this layout and "
+      "schedule on {}; error: predicted / measured - 1, in parentheses for a family under {:.0f}% of the step (its "
+      "difference as a share of the step)</div>\n",
+      c.steps.front(), c.steps.back(), c.measured_ranks.size(), esc(c.hardware), 100 * kSmallShare);
+  h += "<table class=\"idle-table\"><thead><tr><th></th><th>predicted</th><th>measured</th><th>error</th><th>of "
+       "step</th></tr></thead><tbody>\n";
+  auto row = [&](std::string name, double p, double m) {
+    std::string error = "&ndash;";
+    if (step > 0 && m >= kSmallShare * step) error = fmt::format("{:+.1f}%", 100 * (p / m - 1));
+    else if (step > 0) error = fmt::format("({:+.1f}%)", 100 * (p - m) / step);
+    h += fmt::format("<tr><td>{}</td><td>{:.3f} ms</td><td>{:.3f} ms</td><td>{}</td><td>{:.1f}%</td></tr>\n", name,
+                     1e3 * p, 1e3 * m, error, step > 0 ? 100 * m / step : 0.0);
+  };
+  for (int i = 0; i < StepBreakdown::kParts; ++i) {
+    std::string name(StepBreakdown::part_name(i));
+    std::replace(name.begin(), name.end(), '_', ' ');
+    row(name, c.predicted.part(i), c.measured.part(i));
+  }
+  row("<b>step</b>", c.predicted.step, c.measured.step);
+  return h + "</tbody></table></section>\n";
+}
+
 }  // namespace
 
 std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) {
@@ -1087,8 +1170,10 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
   json& charts = js["charts"];
   const std::string cards = cards_html(cfg, m);
   std::string body = loss_panel(m, info.has_metrics, charts);
+  body += tasks_panel(m, charts);
   body += restarts_panel(restarts);
   body += performance_panels(m, charts);
+  body += plan_check_panel(run_dir);
   body += straggler_panel(m, cfg, charts);
   body += timeline_html(tl) + memory_panel(m) + optimizer_panels(m, charts) + config_panel(cfg);
   if (m.unfinished_line)

@@ -1,6 +1,7 @@
 // The run report: one self-contained HTML page (inline CSS, SVG and a little JavaScript, nothing
 // fetched) drawn from a run directory: the config summary, loss curves (train, and validation
-// when metrics.jsonl holds eval records), throughput, MFU, learning rate, grad norm, peak memory
+// when metrics.jsonl holds eval records), downstream task accuracy and bits per byte over the
+// steps (eval_task records), throughput, MFU, learning rate, grad norm, peak memory
 // by category, and the measured pipeline timeline with each rank's measured and ideal idle.
 //
 // Inputs, all under RUN_DIR (train.output_dir), each optional except the directory itself:
@@ -9,9 +10,11 @@
 //                    (at the end of a log interval of a multi-rank run also "rank_compute_s":
 //                    {"median","max","max_rank"} and "stragglers":[{"rank","compute_s","ratio",
 //                    "intervals"}], train/straggler.h), and eval records
-//                    {"eval":true,"split","step","loss","perplexity"}
+//                    {"eval":true,"split","step","loss","perplexity"}, and downstream task records
+//                    {"eval_task":true,"step","task","kind","examples",<metric>,...}
 //   trace/rank_R.jsonl  the ranks' timelines (parallel/pipeline/trace.h)
 //   restarts.jsonl   the launcher's restarts (cause, step resumed from, time lost), when any
+//   plan_check.json  the profiled steps beside the planner's prediction (train.profile_steps)
 // A missing piece is stated on the page. Input errors (no RUN_DIR, a metrics line that is not
 // JSON or has a field of the wrong type, a malformed trace file) throw InputError naming the
 // file and line; only a metrics.jsonl's unfinished last line (a run writing it) is left out. The report never writes into RUN_DIR except its own output file.
@@ -54,9 +57,17 @@ struct EvalRecord {
   double loss = 0, perplexity = 0;
 };
 
+// One downstream task's figures at an evaluation ({"eval_task":true,...}, train/metrics.h).
+struct TaskRecord {
+  int64_t step = 0, examples = 0;
+  std::string task, kind;                 // its tag; hellaswag, multiple_choice, bits_per_byte
+  std::map<std::string, double> metrics;  // acc, acc_norm; bits_per_byte, byte_perplexity, word_perplexity
+};
+
 struct RunMetrics {
   std::vector<TrainRecord> train;  // by step; a resumed run's later record of a step wins
   std::vector<EvalRecord> eval;    // by (split, step), the same way
+  std::vector<TaskRecord> tasks;   // by (task, step), the same way
   int64_t superseded = 0;          // records replaced by a later one of the same step
   int64_t other_records = 0;       // objects that are neither (left out)
   bool unfinished_line = false;    // the file ends in a partial line (left out): a run writing it

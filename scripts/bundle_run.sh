@@ -22,6 +22,8 @@
 #   bench-350m     tripod_gpu_bench GPT-2 350M
 #   bench-1b       tripod_gpu_bench, a Llama-3.2-1B-shaped model
 #   calibrate      tripod calibrate --device cuda into hardware_cuda.toml (in the results folder)
+#   plan-check     the planner on that file against this window's bench-124m/350m/1b steps
+#                  (bench/gpu/plan_check.py), and a profiled 124M run's plan --check table
 #   sanitize       compute-sanitizer memcheck of cuda_kernels_test and a 3-step training run
 #   profile        ncu: the top kernels of one 124M step by GPU time
 #   mpi            (only when named) 2 CPU ranks train the tiny config through the bundled mpirun
@@ -44,7 +46,8 @@ RESERVE=20 GRACE=5
 
 # name  estimate  cap  minimum (seconds). Estimates: the times the stages took on an H200 on
 # 2026-11-27 (rounded up; torch-compile, bench-1b, sanitize and profile did not complete there, so
-# theirs are still guesses from the shapes and step counts).
+# theirs are still guesses from the shapes and step counts; calibrate's grid and plan-check are
+# newer than that run: guesses from their calls' FLOPs and sizes).
 STAGE_TABLE="
 probe          7   30   5
 ops           12  120  10
@@ -57,7 +60,8 @@ torch-compile 90  180  60
 comm           5  120   5
 bench-350m    50  120  40
 bench-1b      60  150  45
-calibrate     30  120  25
+calibrate     45  120  25
+plan-check    25   90  15
 sanitize      60  300  30
 profile       90  240  60
 mpi           15  120  10
@@ -334,15 +338,44 @@ torch_baseline() {  # torch_baseline eager|compiled
   cmd torch_baseline python3 "$B/src/bench/gpu/torch_baseline.py" "${args[@]}" ${TORCH_ARGS:-}
   bench_note "$D/torch_$1.json"
 }
+# The datasheet file of this GPU: what calibration does not measure (the network) comes from it.
+base_hardware() {
+  case $GPU in
+    *A100*|*A800*) echo "$B/src/configs/hardware/a100_80gb_sxm.toml" ;;
+    *H200*) echo "$B/src/configs/hardware/h200_sxm.toml" ;;
+    *) echo "$B/src/configs/hardware/h100_sxm.toml" ;;
+  esac
+}
 calibrate() {
-  local base=$B/src/configs/hardware/h100_sxm.toml
-  case $GPU in *A100*|*A800*) base=$B/src/configs/hardware/a100_80gb_sxm.toml ;; esac
+  local base; base=$(base_hardware)
   cmd calibrate "$B/bin/tripod" calibrate --device cuda --base "$base" --name "calibrated: ${GPU%%,*}" \
-    --out "$D/hardware_cuda.toml" --force
+    --out "$D/hardware_cuda.toml" --repeats 3 --force
   if [ "$DRY" = 0 ] && [ -f "$D/hardware_cuda.toml" ]; then
     cp "$D/hardware_cuda.toml" "$RESULTS/hardware_cuda.toml"
     note "hardware_cuda.toml (base $(basename "$base"))"
   fi
+}
+# The planner with the file just calibrated: a profiled run of the 124M bench's shape and
+# micro-batch (every family measured beside its prediction), then every benchmark of this window
+# predicted on the calibrated and on the datasheet file beside its measured step.
+plan_check() {
+  local hw=$D/hardware_cuda.toml base jsons=() f
+  base=$(base_hardware)
+  [ "$DRY" = 1 ] || [ -f "$hw" ] || { skip "no hardware_cuda.toml (the calibrate stage did not run)"; return; }
+  for f in "$D"/bench_124M.json "$D"/bench_350M.json "$D"/bench_1B.json; do
+    { [ "$DRY" = 1 ] || [ -f "$f" ]; } && jsons+=("$f")
+  done
+  [ ${#jsons[@]} -gt 0 ] || { skip "no bench-124m/350m/1b result in this window"; return; }
+  local run=()
+  if [ "$DRY" = 1 ] || [ -f "$D/bench_124M.json" ]; then
+    cmd config python3 "$B/src/bench/gpu/plan_check.py" --config-of 124M --out "$D/plan_124M.toml" "$D/bench_124M.json" &&
+      cmd train "$B/bin/tripod" train --config "$D/plan_124M.toml" --set train.steps=6 --set train.log_interval=1 \
+        --set train.trace=false --set parallel.hardware="$hw" --set train.output_dir="$D/plan-check-run" --profile-steps 4 &&
+      run=(--run "$D/plan-check-run")
+  fi
+  cmd predict python3 "$B/src/bench/gpu/plan_check.py" --tripod "$B/bin/tripod" --hardware "$hw" --base "$base" \
+    "${run[@]}" --out "$D/plan_check.txt" "${jsons[@]}"
+  [ "$DRY" = 0 ] && [ -f "$D/plan_check.txt" ] && note "$(tail -1 "$D/plan_check.txt")"
 }
 sanitize() {
   local cs; cs=$(tool compute-sanitizer)
@@ -381,6 +414,7 @@ run_stage() {
     torch-eager) torch_baseline eager ;;
     torch-compile) torch_baseline compiled ;;
     calibrate) calibrate ;;
+    plan-check) plan_check ;;
     sanitize) sanitize ;;
     profile) profile ;;
     mpi) cmd tripod env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$B/bin/tripod" train \
@@ -420,6 +454,7 @@ write_summary() {
       echo; python3 "$B/src/bench/gpu/summary.py" "${jsons[@]}" || cat "$D"/bench-*.log
     fi
     [ -f "$D/calibrate.log" ] && { echo; grep -h 'hardware_cuda.toml' "$D/calibrate.log" | tail -1; }
+    [ -f "$D/plan_check.txt" ] && { echo; cat "$D/plan_check.txt"; }
     [ -f "$D/sanitize.log" ] && { echo; grep -h -B2 'ERROR SUMMARY' "$D/sanitize.log"; }
     [ -f "$D/profile_top.txt" ] && { echo; cat "$D/profile_top.txt"; }
   } > "$RESULTS/summary.txt.tmp" 2>&1

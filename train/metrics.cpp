@@ -72,6 +72,12 @@ std::vector<Scalar> tensorboard_scalars(const EvalMetrics& e) {
   return {{"lm loss validation", e.loss}, {"lm loss validation ppl", e.perplexity}};
 }
 
+std::vector<Scalar> tensorboard_scalars(const TaskResult& r) {
+  std::vector<Scalar> s;
+  for (const TaskMetric& m : r.metrics) s.push_back({r.task + "/" + m.name, m.value});
+  return s;
+}
+
 void MetricsLog::write_scalars(int64_t step, int64_t samples, const std::vector<Scalar>& scalars) {
   if (!tensorboard_) return;
   tensorboard_->add_scalars(step, scalars);
@@ -156,6 +162,15 @@ void MetricsLog::log_eval(const EvalMetrics& e) {
             {"val_loss", e.loss}, {"val_ppl", e.perplexity}, {"tokens", e.tokens}, {"eval_time_s", e.seconds},
             {"consumed_samples", e.consumed_samples}});
   write_scalars(e.step, e.consumed_samples, tensorboard_scalars(e));
+}
+
+void MetricsLog::log_task(int64_t step, int64_t consumed_samples, const TaskResult& r) {
+  nlohmann::json j = task_result_json(r);
+  j.erase("seconds");
+  j.erase("path");
+  j.update({{"eval_task", true}, {"step", step}, {"consumed_samples", consumed_samples}, {"eval_time_s", r.seconds}});
+  log_json(j);
+  write_scalars(step, consumed_samples, tensorboard_scalars(r));
 }
 
 std::string format_duration(double s) {

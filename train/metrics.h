@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "train/straggler.h"
+#include "train/tasks.h"
 #include "train/tensorboard.h"
 
 namespace tripod {
@@ -58,6 +59,8 @@ struct EvalMetrics {
 std::vector<Scalar> tensorboard_scalars(const StepMetrics& m);
 // lm loss validation, lm loss validation ppl (and their "vs samples" twins).
 std::vector<Scalar> tensorboard_scalars(const EvalMetrics& e);
+// A downstream task's figures as TASK/METRIC (hellaswag/acc, hellaswag/acc_norm, ...).
+std::vector<Scalar> tensorboard_scalars(const TaskResult& r);
 
 class MetricsLog {
  public:
@@ -69,6 +72,9 @@ class MetricsLog {
   void log_step(const StepMetrics& m);
   // An evaluation: the record {"eval":true,"split":"valid",...} and its TensorBoard scalars.
   void log_eval(const EvalMetrics& e);
+  // A downstream task's figures: {"eval_task":true,"step","consumed_samples","task","kind",
+  // "examples","eval_time_s",<metric>,<metric>_stderr} and its TensorBoard scalars.
+  void log_task(int64_t step, int64_t consumed_samples, const TaskResult& r);
   void log_json(const nlohmann::json& j);  // any other record
   const TensorBoardWriter* tensorboard() const { return tensorboard_.get(); }
 

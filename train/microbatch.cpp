@@ -22,6 +22,15 @@ void check_sample(std::span<const int32_t> sample, int64_t index, const Config& 
 
 }  // namespace
 
+void place_sample(const MicroShape& ms, int64_t b, std::span<const int32_t> sample, int32_t* tokens, int32_t* targets) {
+  const int64_t c = ms.slot_tokens();
+  for (int s = 0; s < ms.slots(); ++s) {
+    const int64_t p0 = ms.slot_position(s), at = (s * ms.B + b) * c;
+    if (tokens) std::copy(sample.begin() + p0, sample.begin() + p0 + c, tokens + at);
+    if (targets) std::copy(sample.begin() + p0 + 1, sample.begin() + p0 + c + 1, targets + at);
+  }
+}
+
 void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayout& layout, Ops& ops,
                      int64_t consumed, int micro, MicroBatch& mb) {
   const int64_t B = layout.micro_batch_size, T = cfg.model.seq_len;
@@ -30,8 +39,9 @@ void load_microbatch(const SampleSource* data, const Config& cfg, const RankLayo
   const bool documents = dc.reset_position_ids || dc.reset_attention_mask;
   // Under context parallelism this rank holds two chunks of c tokens of every sequence, slot-major.
   const int cp = layout.grid.cp(), cp_rank = layout.coords.cp;
-  const int64_t Tl = T / cp, c = Tl / (cp > 1 ? 2 : 1);
+  const int64_t Tl = T / cp;
   mb.shape = {.B = B, .T = Tl, .cp = cp, .cp_rank = cp_rank};
+  const int64_t c = mb.shape.slot_tokens();
   if (!tokens && !targets && !documents) return;
   TRIPOD_CHECK(data, "rank {} holds the embedding or head, or needs its samples' documents, but has no data",
                layout.rank);

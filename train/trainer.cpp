@@ -24,6 +24,7 @@
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "train/evaluator.h"
+#include "train/task_evaluator.h"
 #include "train/schedule_profile.h"
 #include "train/signals.h"
 
@@ -96,6 +97,12 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
   }
 
   if (!cfg_.checkpoint.load.empty()) load_checkpoint_state();
+  if (tc.profile_steps > 0) {
+    // This run's first step pays for first touches (allocations, library plans): the ones after it.
+    const int64_t last = tc.exit_interval > 0 ? std::min(tc.exit_interval, tc.steps) : tc.steps;
+    profile_first_ = step_ + (last > step_ + 1 ? 2 : 1);
+    profile_last_ = std::min(last, profile_first_ + tc.profile_steps - 1);
+  }
   if (tc.trace && !tc.output_dir.empty()) {
     trace_ = std::make_unique<TraceRecorder>(tc.output_dir, par.rank, par.grid.world_size(), par.coords,
                                              layout_.schedule);
@@ -188,9 +195,16 @@ void Trainer::run_schedule(Tensor& losses) {
     ops_.compute_end();
     return out;
   };
+  // Each action's host wall time, data loading included (a profiled step's breakdown).
+  struct ActionClock {
+    double& sum;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~ActionClock() { sum += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  };
 
   PipelineCallbacks cb;
   cb.forward = [&](int mb, int chunk, const Tensor& input) {
+    ActionClock clock{action_wall_s_};
     if (pending[mb] == 0) {
       load_microbatch(step_, mb, mbs[mb]);
       if (losses.defined()) mbs[mb].losses = losses.slice(mb, mb + 1).view({N});
@@ -201,6 +215,7 @@ void Trainer::run_schedule(Tensor& losses) {
   // The last B or W of a chunk makes its gradients final: the model then reports each layer's as
   // it finishes, which starts the DP bucket reduction (on_grads_ready).
   cb.backward = [&](int mb, int chunk, const Tensor& grad_output) {
+    ActionClock clock{action_wall_s_};
     const bool last = executor_->is_last_backward(B(mb, chunk));
     Tensor dx = timed(
         [&] { return model_->backward(chunk, mbs[mb], grad_output, acts[mb][chunk], last ? ready : GradReadyFn{}); });
@@ -208,10 +223,12 @@ void Trainer::run_schedule(Tensor& losses) {
     return dx;
   };
   cb.backward_input = [&](int mb, int chunk, const Tensor& grad_output) {
+    ActionClock clock{action_wall_s_};
     return timed(
         [&] { return model_->backward_input(chunk, mbs[mb], grad_output, acts[mb][chunk], weight_work[mb][chunk]); });
   };
   cb.backward_weight = [&](int mb, int chunk) {
+    ActionClock clock{action_wall_s_};
     const bool last = executor_->is_last_backward(W(mb, chunk));
     timed([&] {
       model_->backward_weight(chunk, weight_work[mb][chunk], last ? ready : GradReadyFn{});
@@ -244,7 +261,19 @@ void Trainer::finish_gradients() {
 
 StepMetrics Trainer::step() {
   const TrainConfig& tc = cfg_.train;
-  auto t0 = std::chrono::steady_clock::now();
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  // A profiled step (train.profile_steps) times the backend's ops by family and its phases by the
+  // wall clock, the device synchronised at each boundary: [t0, t_sched) the optimizer's zeroing,
+  // [t_sched, t_sync) the pipeline's actions and the waits between them, [t_sync, t_reduced) the
+  // gradient reduction past the backward, then the grad norm, the world all-reduce (waiting for the
+  // slowest rank: idle) and the optimizer.
+  const bool profiling = step_ + 1 >= profile_first_ && step_ + 1 <= profile_last_;
+  auto mark = [&] {
+    if (profiling) ops_.synchronize();
+    return clock::now();
+  };
+  if (profiling) ops_.set_timing(true);
   ops_.allocator().stats().reset_peaks();
   reg_.zero_grads(ops_);
   for (auto& r : reducers_) r->begin_step();
@@ -260,11 +289,17 @@ StepMetrics Trainer::step() {
     losses = ops_.empty({layout_.microbatches, layout_.micro_tokens}, DType::F32, MemCategory::Workspace);
     ops_.fill(losses, 0.f);
   }
+  const auto t_sched = mark();
+  if (profiling) ops_.take_times();  // the zeroing's ops count with the optimizer
+  action_wall_s_ = 0;
   run_schedule(losses);
+  const auto t_sync = mark();
+  const OpTimes action_ops = profiling ? ops_.take_times() : OpTimes{};
   {
     auto span = trace_ ? trace_->span("grad sync", TraceCategory::Reduce) : TraceRecorder::Span{};
     finish_gradients();
   }
+  const auto t_reduced = mark();
 
   // One world all-reduce gives the grad norm and the loss: replicated copies count once (TP rank
   // 0, rank 0 of the parameter's reduce group unless the optimizer is sharded there), the loss from
@@ -304,10 +339,12 @@ StepMetrics Trainer::step() {
       row[moe_width - 2] = st.aux;
       row[moe_width - 1] = st.z;
     }
+  const auto t_norm = clock::now();
   if (par_.grid.world_size() > 1) {
     FlightPhase phase(par_.flight.get(), "grad-norm");
     par_.world->all_reduce(red);
   }
+  const auto t_normed = clock::now();
   stop_requested_ = sums[2] > 0;
   double grad_norm = std::sqrt(sums[0]);
   double loss = cfg_.data.eod_mask_loss
@@ -346,7 +383,13 @@ StepMetrics Trainer::step() {
     for (MoeLayer* moe : model_->moe_layers()) moe->update_bias(m.moe[moe_rows[moe->layer()]].tokens_per_expert);
   }
   ops_.synchronize();
+  const auto t_updated = clock::now();
   double compute_s = ops_.take_compute_seconds();
+  const double actions_s = ops_.device() == Device::CUDA ? compute_s : action_wall_s_;  // GPU time on CUDA
+  if (profiling) {
+    ops_.set_timing(false);
+    ops_.take_times();
+  }
   if (slow_factor_ > 1) {  // TRIPOD_SLOW_RANK: the rank idles (slow_factor - 1) x its compute time
     std::this_thread::sleep_for(std::chrono::duration<double>((slow_factor_ - 1) * compute_s));
     compute_s *= slow_factor_;
@@ -371,7 +414,53 @@ StepMetrics Trainer::step() {
   for (int c = 0; c < kNumMemCategories; ++c)
     m.memory[std::string(mem_category_name(static_cast<MemCategory>(c)))] = ms.peak(static_cast<MemCategory>(c));
   m.memory["total"] = ms.total_peak();
+  if (profiling) {
+    auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+    StepBreakdown b;
+    b.gemm = action_ops.seconds_of(OpFamily::Gemm);
+    b.attention = action_ops.seconds_of(OpFamily::Attention);
+    b.elementwise = action_ops.total_seconds() - b.gemm - b.attention;
+    b.communication = std::max(0.0, actions_s - action_ops.total_seconds()) + secs(t_sync, t_reduced);
+    b.pipeline_idle = std::max(0.0, secs(t_sched, t_sync) - actions_s) + secs(t_norm, t_normed);
+    b.optimizer = secs(t0, t_sched) + secs(t_reduced, t_norm) + secs(t_normed, t_updated);
+    b.step = m.step_time_s;
+    b.other = b.step - b.parts_sum();  // trace and log writing (and what the clamps above took)
+    profiled_.push_back(b);
+    std::string ops;
+    for (int f = 0; f < kNumOpFamilies; ++f)
+      if (action_ops.calls[f] > 0)
+        ops += fmt::format(" {} {:.2f} ms ({} ops)", op_family_name(static_cast<OpFamily>(f)), 1e3 * action_ops.seconds[f],
+                           action_ops.calls[f]);
+    spdlog::debug("profiled step {}: {:.2f} ms; inside the actions:{}", m.step, 1e3 * b.step, ops);
+    if (step_ == profile_last_) finish_profile();
+  }
   return m;
+}
+
+void Trainer::finish_profile() {
+  // This rank's median step (by its time), whole: its parts still add up to it.
+  std::vector<StepBreakdown> steps = profiled_;
+  std::sort(steps.begin(), steps.end(), [](const StepBreakdown& a, const StepBreakdown& b) { return a.step < b.step; });
+  const StepBreakdown mine = steps[(steps.size() - 1) / 2];
+  // Every rank's, by one all-reduce of a table with a row per rank.
+  constexpr int kCols = StepBreakdown::kParts + 1;
+  const int world = par_.grid.world_size();
+  CpuAllocator host;
+  Tensor table = Tensor::empty(host, {int64_t{world} * kCols}, DType::F64, MemCategory::Workspace);
+  double* t = table.data<double>();
+  std::fill(t, t + int64_t{world} * kCols, 0.0);
+  for (int i = 0; i < StepBreakdown::kParts; ++i) t[par_.rank * kCols + i] = mine.part(i);
+  t[par_.rank * kCols + StepBreakdown::kParts] = mine.step;
+  if (world > 1) par_.world->all_reduce(table);
+  std::vector<int64_t> numbers;
+  for (int64_t s = profile_first_; s <= profile_last_; ++s) numbers.push_back(s);
+  if (par_.rank != 0 || !profile_hook_) return;
+  std::vector<StepBreakdown> ranks(world);
+  for (int r = 0; r < world; ++r) {
+    for (int i = 0; i < StepBreakdown::kParts; ++i) ranks[r].part(i) = t[r * kCols + i];
+    ranks[r].step = t[r * kCols + StepBreakdown::kParts];
+  }
+  profile_hook_(numbers, ranks);
 }
 
 void Trainer::run() {
@@ -385,7 +474,10 @@ void Trainer::run() {
     if (stragglers_ && (m.step % tc.log_interval == 0 || m.step == last))  // collective, as is the condition
       m.stragglers = stragglers_->gather(*par_.world, m.step);
     if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m);
-    if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) evaluate();
+    if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) {
+      evaluate();
+      evaluate_tasks();
+    }
     if (bad_in_a_row_ >= tc.max_bad_steps) {
       // Every rank stops here together: a save still in flight is committed first, so that the
       // checkpoint named below exists. A diverged run is a failure (exit 1), not bad input.
@@ -474,6 +566,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
                {"ranks", ranks}}},
   };
   if (nlohmann::json buffers = buffer_names(cfg_.model); !buffers.empty()) meta["buffers"] = std::move(buffers);
+  if (!task_figures_.is_null()) meta["eval_tasks"] = task_figures_;  // the latest downstream figures
   return meta;
 }
 
@@ -552,6 +645,9 @@ void Trainer::load_checkpoint_state() {
   }
   if (!r.optimizer_loaded) step_ = 0;  // parameters only (e.g. converted weights): a fresh run from them
   if (r.optimizer_loaded && r.metadata.value("run_id", "") != "") run_id_ = r.metadata["run_id"].get<std::string>();
+  // The latest downstream figures go on into this run's checkpoints until its first evaluation.
+  if (r.optimizer_loaded && r.metadata.contains("eval_tasks") && r.metadata["eval_tasks"].is_object())
+    task_figures_ = r.metadata["eval_tasks"];
   last_checkpoint_ = loaded_from_ = dir;
   const nlohmann::json& g = r.metadata["grid"];
   const int saved_ep = g.value("ep", 1);
@@ -573,6 +669,33 @@ EvalResult Trainer::evaluate() {
   spdlog::info("eval  {:>6}/{} | val loss {:.4f} | val ppl {:.2f} | {} tokens in {:.2f} s", step_, tc.steps, r.loss,
                r.perplexity, r.tokens, seconds);
   return r;
+}
+
+void Trainer::set_tasks(std::vector<Task> tasks) {
+  tasks_ = std::move(tasks);
+  if (!tasks_.empty() && !task_evaluator_)
+    task_evaluator_ = std::make_unique<TaskEvaluator>(cfg_, make_eval_layout(layout_), ops_, par_, *model_);
+}
+
+void Trainer::evaluate_tasks() {
+  if (tasks_.empty()) return;
+  FlightPhase phase(par_.flight.get(), "eval");
+  const int64_t samples = step_ * cfg_.train.global_batch_size;
+  task_figures_ = {{"step", step_}, {"tasks", nlohmann::json::object()}};
+  for (const Task& task : tasks_) {
+    const TaskResult r = task_evaluator_->evaluate(task);
+    if (metrics_) metrics_->log_task(step_, samples, r);
+    nlohmann::json figures = nlohmann::json::object();
+    std::string line;
+    for (const TaskMetric& m : r.metrics) {
+      figures[m.name] = m.value;
+      line += m.stderr_of_mean ? fmt::format(" | {} {:.4f} ± {:.4f}", m.name, m.value, *m.stderr_of_mean)
+                               : fmt::format(" | {} {:.4f}", m.name, m.value);
+    }
+    task_figures_["tasks"][r.task] = figures;
+    spdlog::info("eval  {:>6}/{} | {}{} | {} examples in {:.2f} s", step_, cfg_.train.steps, r.task, line, r.examples,
+                 r.seconds);
+  }
 }
 
 }  // namespace tripod

@@ -1,6 +1,7 @@
 // The training loop: Trainer::step() reads as schedule -> reduce grads -> clip -> update -> log.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -26,6 +27,8 @@ namespace tripod {
 
 class Evaluator;
 struct EvalResult;
+class TaskEvaluator;
+struct Task;
 
 // A new run's identity for its checkpoints' "run_id": the time and process id (unique per host).
 std::string new_run_id();
@@ -49,6 +52,11 @@ class Trainer {
   // logged to metrics.jsonl as an "eval" record (loss, perplexity, and val_loss, val_ppl).
   EvalResult evaluate();
   Evaluator& evaluator() { return *evaluator_; }
+  // Downstream tasks ([eval] tasks, read at start-up) to score at every evaluation, after the
+  // validation loss: metrics.jsonl records {"eval_task": true, ...}, TensorBoard's TASK/METRIC
+  // scalars, and the checkpoints' "eval_tasks" (the latest figures).
+  void set_tasks(std::vector<Task> tasks);
+  void evaluate_tasks();
   // Collective: saves a checkpoint of the current step into checkpoint.dir (asynchronously with
   // checkpoint.async; finish_checkpoints() or the next save commits it).
   void save_checkpoint();
@@ -69,6 +77,17 @@ class Trainer {
   // schedule = "auto": the candidate the start-up profile chose ("" for a fixed schedule).
   const std::string& auto_chosen() const { return auto_chosen_; }
 
+  // train.profile_steps = N: the N steps after this run's first (fewer when the run ends sooner)
+  // are timed by where their time goes (StepBreakdown: the backend's op families inside the
+  // pipeline's actions, the actions' time outside ops, the waits between them, the DP reduction,
+  // the optimizer), synchronising the device at the step's phase boundaries. After the last one
+  // every rank's breakdown of its median profiled step is gathered (one world all-reduce) and
+  // handed to `hook` on world rank 0, with the profiled steps.
+  using ProfileHook = std::function<void(const std::vector<int64_t>& steps, const std::vector<StepBreakdown>& ranks)>;
+  void on_profile(ProfileHook hook) { profile_hook_ = std::move(hook); }
+  // The steps train.profile_steps times: [first, last] (empty when last < first).
+  std::pair<int64_t, int64_t> profile_steps() const { return {profile_first_, profile_last_}; }
+
  private:
   // The tokens (first stage) and targets (last stage) of micro-batch `micro` of `step`.
   void load_microbatch(int64_t step, int micro, MicroBatch& mb);
@@ -76,6 +95,8 @@ class Trainer {
   // stage writes the per-token losses into `losses` (one row per micro-batch).
   void run_schedule(Tensor& losses);
   void finish_gradients();
+  // After the last profiled step: the median step of each rank, gathered; the hook on rank 0.
+  void finish_profile();
   void on_grads_ready(const std::vector<Param*>& params);
   nlohmann::json checkpoint_metadata() const;
   void load_checkpoint_state();
@@ -99,6 +120,9 @@ class Trainer {
   std::unique_ptr<TraceRecorder> trace_;
   std::unique_ptr<MetricsLog> metrics_;
   std::unique_ptr<Evaluator> evaluator_;
+  std::vector<Task> tasks_;
+  std::unique_ptr<TaskEvaluator> task_evaluator_;
+  nlohmann::json task_figures_;  // the latest {"step", "tasks": {TASK: {metric: value}}}, for checkpoints
   std::unique_ptr<CheckpointSaver> saver_;
   std::unique_ptr<StragglerMonitor> stragglers_;  // train.straggler_factor > 0 on more than one rank
   double slow_factor_ = 1;                       // TRIPOD_SLOW_RANK on this rank
@@ -114,6 +138,10 @@ class Trainer {
   int64_t step_ = 0;
   int64_t skipped_total_ = 0, bad_in_a_row_ = 0;
   double peak_flops_ = 0;  // the whole world's
+  int64_t profile_first_ = 0, profile_last_ = -1;  // train.profile_steps: the steps timed
+  std::vector<StepBreakdown> profiled_;            // this rank's, one per profiled step so far
+  ProfileHook profile_hook_;
+  double action_wall_s_ = 0;  // this step's pipeline actions (their callbacks), host wall time
   Communicator* embedding_ = nullptr;  // the tied table's first/last-stage group (GradSync::Tied::PipelineEnds)
   // The step's global batch as its packed documents make it (data.reset_*, eod_mask_loss): the
   // tokens the loss counts and the attention pairs needed (every rank reads them the same).

@@ -10,7 +10,8 @@
 //   tripod_gpu_bench [--model 124M|350M|1B|all] [--micro-batch B] [--steps N] [--warmup N]
 //                    [--json FILE] [--no-split]
 // --json writes the rows as one JSON object (bench/gpu/summary.py reads it beside the PyTorch
-// baseline's); --no-split skips the timed steps (for profilers).
+// baseline's; bench/gpu/plan_check.py predicts each row's step from its config_toml);
+// --no-split skips the timed steps (for profilers).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -205,7 +206,9 @@ int bench_main(int argc, char** argv) {
                              {"other", r.other},
                              {"host_gap", gap},
                              {"attention_impl", r.attention_impl},
-                             {"arch", mc.arch}});
+                             {"arch", mc.arch},
+                             // What it trained, for `tripod plan` (run.sh's plan-check stage).
+                             {"config_toml", config_to_toml(make_config(s, r.micro_batch, out_dir))}});
   }
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
   std::filesystem::remove_all(out_dir);

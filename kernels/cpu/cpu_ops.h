@@ -20,6 +20,7 @@ class CpuOps final : public Ops {
   DType compute_dtype() const override { return DType::F32; }
   Allocator& allocator() override { return alloc_; }
   double peak_flops() override;
+  DeviceInfo device_info() const override;
   void set_timing(bool on) override { timing_ = on; }
   OpTimes take_times() override { return std::exchange(times_, OpTimes{}); }
   void compute_begin() override { compute_start_ = process_cpu_seconds(); }

@@ -1,6 +1,10 @@
 // Fill, copy, elementwise arithmetic and reductions on the CPU.
 #include <omp.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -176,6 +180,29 @@ double CpuOps::sum(const Tensor& t) {
   ScopedTimer timer(*this, OpFamily::Reduction);
   const float* p = t.data<float>();
   return blocked_sum(0, t.numel(), [p](int64_t i) { return static_cast<double>(p[i]); });
+}
+
+Ops::DeviceInfo CpuOps::device_info() const {
+  DeviceInfo info;
+  info.memory_bytes = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE);
+  // The largest cache this core sees (sysfs "index*/size", e.g. "32768K"); glibc's sysconf
+  // reports the whole package's L3 on some machines, sysfs the slice a core shares.
+  for (int i = 0; i < 8; ++i) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    std::string size;
+    if (!(f >> size) || size.empty()) continue;
+    int64_t bytes = 0;
+    try {
+      bytes = std::stoll(size);
+    } catch (const std::exception&) {
+      continue;
+    }
+    const char unit = size.back();
+    bytes *= unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : unit == 'G' ? int64_t{1} << 30 : 1;
+    info.cache_bytes = std::max(info.cache_bytes, bytes);
+  }
+  if (info.cache_bytes == 0) info.cache_bytes = std::max<int64_t>(0, sysconf(_SC_LEVEL3_CACHE_SIZE));
+  return info;
 }
 
 }  // namespace tripod::cpu

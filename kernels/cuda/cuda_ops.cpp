@@ -46,6 +46,7 @@ CudaOps::CudaOps(int device_index, const DebugOptions& debug) : device_(device_i
   cudaDeviceProp prop{};
   TRIPOD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device_), "properties of GPU {}", device_);
   device_name_ = prop.name;
+  info_ = {.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem), .cache_bytes = prop.l2CacheSize};
   peak_flops_ = debug.peak_tflops > 0 ? debug.peak_tflops * 1e12 : gpu_peak_flops(device_name_);
   if (peak_flops_ == 0) {
     spdlog::warn("GPU {} ({}): its peak is not known, MFU uses 989 TFLOP/s (H100 SXM); set TRIPOD_PEAK_TFLOPS",

@@ -53,6 +53,7 @@ class CudaOps final : public Ops {
   // (gpu_peak_flops; 989 TFLOP/s, H100 SXM, with a warning when the name is unknown), DESIGN.md's
   // MFU denominator.
   double peak_flops() override { return peak_flops_; }
+  DeviceInfo device_info() const override { return info_; }
   void synchronize() override;
 
   void fill(Tensor& t, float value) override;
@@ -208,6 +209,7 @@ class CudaOps final : public Ops {
   int device_ = 0;
   std::string device_name_;
   double peak_flops_ = 0;
+  DeviceInfo info_;  // global memory and L2, from the device's properties
   cudaStream_t compute_ = nullptr;
   DeviceAllocator device_alloc_;
   PinnedAllocator pinned_alloc_;

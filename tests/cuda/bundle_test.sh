@@ -58,6 +58,7 @@ for f in tripod tripod_gpu_bench cuda_kernels_test cuda_model_test cuda_train_te
   [ -x "$OUT/bin/$f" ] || fail "bin/$f missing"
 done
 for f in src/configs/quickstart.toml src/configs/tiny.toml src/configs/hardware/h100_sxm.toml \
+         src/configs/hardware/h200_sxm.toml src/bench/gpu/plan_check.py \
          src/build/corpus/kjv_text_document.bin src/build/corpus/kjv_bpe4096.model \
          src/bench/gpu/torch_baseline.py src/bench/gpu/summary.py run.sh GLIBC_REQUIRED; do
   [ -s "$OUT/$f" ] || fail "$f missing"
@@ -71,7 +72,8 @@ for want in "libcudnn.so.9: /" "libnccl.so.2: /" "libcublasLt.so.13: /" "-- ops/
             "-- step/cuda_model_test: " "--gtest_filter=CudaTrain.OneStepMatchesCpu" "-- train/train: " \
             "--gtest_filter=CudaTrain.GridOnOneGpuMatchesSingleRank" "-- comm/cuda_comm_test: mpirun" \
             "tripod_gpu_bench --model 124M --steps 20 --warmup 3" "torch_baseline.py --model 124M --steps 20 --warmup 3" \
-            "--no-compile" "tripod_gpu_bench --model 350M" "calibrate --device cuda" "dry run: nothing ran"; do
+            "--no-compile" "tripod_gpu_bench --model 350M" "calibrate --device cuda" "--profile-steps 4" \
+            "plan_check.py --tripod" "dry run: nothing ran"; do
   grep -qF -- "$want" <<< "$dry" || fail "run.sh --dry-run does not show '$want':"$'\n'"$dry"
 done
 plan=$(grep '^plan: ' <<< "$dry")
@@ -86,9 +88,10 @@ plan: torch-compile est=90 cap=180 start=114
 plan: comm est=5 cap=120 start=204
 plan: bench-350m est=50 cap=120 start=209
 plan: bench-1b est=60 cap=150 start=259
-plan: calibrate est=30 cap=120 start=319
-plan: sanitize est=60 cap=166 start=349
-plan: profile est=90 cap=106 start=409"
+plan: calibrate est=45 cap=120 start=319
+plan: plan-check est=25 cap=90 start=364
+plan: sanitize est=60 cap=126 start=389
+plan: profile est=90 cap=66 start=449"
 [ "$plan" = "$want_plan" ] || fail "the 540 s plan changed:"$'\n'"$plan"$'\n'"(expected)"$'\n'"$want_plan"
 # Every cap keeps 25 s back, and the issue's first six checks (through grid) end by 540 - 20 s.
 awk -v budget=540 '
@@ -108,7 +111,7 @@ plan: grid est=10 cap=71 start=104
 plan: torch-compile est=90 cap=61 start=114
 plan: comm no-time left=25 min=5"
 [ "$(head -9 <<< "$plan200")" = "$want200" ] || fail "the 200 s plan:"$'\n'"$plan200"
-[ "$(grep -c 'no-time' <<< "$plan200")" = 6 ] || fail "the 200 s plan should leave 6 stages without time:"$'\n'"$plan200"
+[ "$(grep -c 'no-time' <<< "$plan200")" = 7 ] || fail "the 200 s plan should leave 7 stages without time:"$'\n'"$plan200"
 
 # --quick on a first run's summary: probe, then the stages that failed, timed out, had no time,
 # were pending (the run was cut off) or are absent; not those ok or skipped.
@@ -136,7 +139,7 @@ END
 quick=$("$OUT/run.sh" --quick --previous "$T/first_summary.txt" --dry-run --budget 300 --results "$T/dry") ||
   fail "run.sh --quick --dry-run failed:"$'\n'"$quick"
 got=$(grep '^plan: ' <<< "$quick" | awk '{print $2}' | tr '\n' ' ')
-[ "$got" = "probe step train torch-compile comm bench-350m bench-1b profile " ] || fail "--quick picked: $got"$'\n'"$quick"
+[ "$got" = "probe step train torch-compile comm bench-350m bench-1b plan-check profile " ] || fail "--quick picked: $got"$'\n'"$quick"
 "$OUT/run.sh" --quick --previous "$T/missing.txt" > "$T/bad.out" 2>&1 && fail "--quick with no summary ran"
 [ "$(cat "$T/bad.out")" = "error: --quick: no earlier summary at $T/missing.txt (give the first run's summary.txt with --previous FILE)" ] ||
   fail "--quick with no summary: $(cat "$T/bad.out")"

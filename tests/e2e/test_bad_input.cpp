@@ -5,6 +5,7 @@
 // One process runs every case over fixtures built once (a dataset, a tokenizer, a checkpoint).
 #include <functional>
 #include <map>
+#include <tuple>
 
 #include "checkpoint/metadata.h"
 #include "data/hash.h"
@@ -60,6 +61,8 @@ class BadInput : public ::testing::Test {
     must("train --config " + q(fx / "base.toml") + " --set train.output_dir=" + q(dir / "runs/fixture") +
          " --set checkpoint.dir=" + q(fx / "ck") + " --set checkpoint.interval=1");
     must("train --config " + q(fx / "data.toml") + " --set train.output_dir=" + q(dir / "runs/fixture_data"));
+    must("train --config " + q(fx / "base.toml") + " --set train.output_dir=" + q(dir / "runs/profiled") +
+         " --profile-steps 1");
     must("ckpt convert " + q(fx / "ck") + " --to safetensors " + q(fx / "model.safetensors"));
     // A Llama-family checkpoint and its Hugging Face folder (config.json + model.safetensors).
     test::ConfigOverrides llama = small;
@@ -219,6 +222,28 @@ TEST_F(BadInput, Battery) {
               q(dir / "no_folder" / "t"), "--model-prefix " + (dir / "no_folder" / "t.model").string());
   refused("data preprocess --input " + q(fx / "base.toml") + " --tokenizer-model " + q(fx / "tok.model") +
               " --output-prefix " + q(fx / "base.toml" / "gen"), "base.toml is a file");
+  refused(train("--profile-steps -2"), "train.profile_steps");
+  refused(train("--profile-steps many"), "--profile-steps");
+  // tripod plan --check: a run not profiled, a damaged record, flags of the layout search with it.
+  refused("plan --check " + q(dir / "runs" / "fixture"), "plan_check.json does not exist");
+  refused("plan --check " + q(dir / "runs" / "profiled") + " --gpus 8", "--check");
+  refused("plan --check " + q(dir / "runs" / "profiled") + " --hardware " + q(fx / "cases" / "none.toml"), "none.toml");
+  refused("plan --config " + q(fx / "base.toml") + " --gpus 1", "--hardware");
+  for (auto [name, edit, needle] : std::vector<std::tuple<std::string, std::function<void(json&)>, std::string>>{
+           {"no_gemm", [](json& j) { j.erase("gemm"); }, "gemm must be an object"},
+           {"neg_step", [](json& j) { j["step"]["measured"] = -1; }, "step: measured = -1"},
+           {"version", [](json& j) { j["version"] = 7; }, "version must be 1"},
+           {"ranks", [](json& j) { j["ranks"] = json::array(); }, "ranks must list the 1 ranks"},
+           {"layout", [](json& j) { j["layout"]["tp"] = 0; }, "layout.tp"}}) {
+    const fs::path run = fx / "cases" / ("check_" + name);
+    fs::create_directories(run);
+    json j = json::parse(slurp(dir / "runs" / "profiled" / "plan_check.json"));
+    edit(j);
+    write_file(run / "plan_check.json", j.dump());
+    refused("plan --check " + q(run), needle);
+  }
+  fs::create_directories(fx / "cases" / "check_text");
+  refused("plan --check " + q(file("check_text/plan_check.json", "{\"version\": 1,").parent_path()), "not JSON");
   refused("calibrate --out " + q(dir / "no_folder" / "hw.toml"), "--out " + (dir / "no_folder" / "hw.toml").string());
   refused("calibrate --force --out " + q(fx), "is a folder");
   refused("report " + q(dir / "runs" / "fixture") + " --out " + q(dir / "no_folder" / "r.html"), "no_folder");
@@ -259,7 +284,8 @@ TEST_F(BadInput, Battery) {
            {"recompute.num_layers=-2", "recompute.num_layers"}, {"data.weights=[nan]", "data.weights"},
            {"data.synthetic=false", "data.prefixes"}, {"checkpoint.interval=-1", "checkpoint.interval"},
            {"checkpoint.keep=-1", "checkpoint.keep"}, {"checkpoint.interval=1", "checkpoint.dir"},
-           {"checkpoint.overwrite=2", "checkpoint.overwrite"}})
+           {"checkpoint.overwrite=2", "checkpoint.overwrite"}, {"train.profile_steps=-1", "train.profile_steps"},
+           {"train.profile_steps=5000", "train.profile_steps"}})
     refused(train("--set " + set), key);
   refused("train --config " + q(file("syntax.toml", "[model\nn_layers = 2\n")), "syntax.toml");
   refused("train --config " + q(file("section.toml", base + "[optimizer]\nlr = 1\n")), "[optimizer]");
@@ -446,6 +472,63 @@ TEST_F(BadInput, Battery) {
   refused(load(edited_metadata("neg_iteration2", [](json& m) { m["iteration"] = -2; })), "iteration", 2);
 
   EXPECT_GE(cases, 100);
+}
+
+// Downstream task files people bring, damaged, and task options: one error naming the file, the
+// line and the field; a training run with a bad task refuses at start-up, before its first step.
+TEST_F(BadInput, TaskFiles) {
+  const std::string good = R"({"context": "In the beginning", "choices": ["God", "light"], "label": 0})";
+  const std::string hs = R"({"activity_label": "Reading", "ctx_a": "A man opens a book.", "ctx_b": "he",)"
+                         R"( "endings": ["reads it.", "eats it."], "label": 0})";
+  const auto eval = [&](const std::string& task, const fs::path& f, const std::string& more = "") {
+    return "eval " + cfg("--init-seed 1 --task " + task + " --task-file " + q(f) + " " + more, "data.toml");
+  };
+  refused(eval("multiple_choice", file("notjsonl.jsonl", good + "\nIn the beginning God created\n")),
+          "notjsonl.jsonl:2: not a JSON line");
+  refused(eval("multiple_choice", file("array.jsonl", "[\"God\", \"light\"]\n")), "array.jsonl:1");
+  refused(eval("multiple_choice",
+               file("label.jsonl", good + "\n" + R"({"context": "a", "choices": ["b", "c"], "label": 2})")),
+          "label.jsonl:2: field 'label' = 2 is out of range");
+  refused(eval("multiple_choice", file("strlabel.jsonl", R"({"context": "a", "choices": ["b", "c"], "label": "one"})")),
+          "strlabel.jsonl:1: field 'label' must be an integer");
+  refused(eval("multiple_choice", file("nochoices.jsonl", R"({"context": "a", "label": 0})")),
+          "nochoices.jsonl:1: field 'choices' is missing");
+  refused(eval("multiple_choice", file("emptychoice.jsonl", R"({"context": "a", "choices": ["b", ""], "label": 0})")),
+          "emptychoice.jsonl:1: field 'choices[1]' is empty");
+  refused(eval("hellaswag", file("generic_as_hs.jsonl", good)),
+          "generic_as_hs.jsonl:1: field 'activity_label' is missing");
+  refused(eval("hellaswag", file("hs_endings.jsonl", hs + "\n" + R"({"activity_label": "a", "ctx_a": "b", "ctx_b": "c",)"
+                                                          R"( "endings": "d", "label": 0})")),
+          "hs_endings.jsonl:2: field 'endings' must be a list");
+  refused(eval("hellaswag", file("empty_task.jsonl", "\n")), "empty_task.jsonl holds no example");
+  refused(eval("bits_per_byte", file("text_bad.jsonl", R"({"body": "x"})")), "text_bad.jsonl:1: field 'text' is missing");
+  refused(eval("bits_per_byte", file("latin1.txt", "caf\xe9\n")), "latin1.txt:1: invalid UTF-8");
+  refused(eval("hellaswag", fx / "cases" / "no_such_task.jsonl"), "no_such_task.jsonl cannot be read");
+  refused(eval("hellaswg", file("good.jsonl", good)), "--task 'hellaswg' is not a task");
+  refused(eval("multiple_choice", fx / "cases" / "good.jsonl", "--limit -1"), "--limit -1");
+  refused(eval("multiple_choice", fx / "cases" / "good.jsonl", "--samples-out " + q(dir / "no_folder" / "s.jsonl")),
+          "--samples-out");
+  refused("eval " + cfg("--init-seed 1 --task multiple_choice --task-file " + q(fx / "cases" / "good.jsonl")),
+          "data.tokenizer");
+  refused(eval("multiple_choice", fx / "cases" / "good.jsonl", "--set 'eval.tasks=[{name=\"x\", path=\"y\"}]'"),
+          "eval.tasks[0].name");
+  // Under mpirun: one line for the job.
+  refused(eval("multiple_choice", fx / "cases" / "label.jsonl"), "label.jsonl:2", 2);
+  // A training run with a bad task refuses at start-up: nothing of a run is written, no step runs.
+  for (const std::string bad : {"label.jsonl", "notjsonl.jsonl"}) {
+    const fs::path run = dir / "runs" / ("bad_task_" + bad);
+    refused("train --config " + q(fx / "data.toml") + " --set train.output_dir=" + q(run) +
+                " --set train.eval_interval=1 --set 'eval.tasks=[{name=\"multiple_choice\", path=\"" +
+                (fx / "cases" / bad).string() + "\"}]'",
+            bad + ":2");
+    EXPECT_FALSE(fs::exists(run / "metrics.jsonl")) << "no step ran";
+  }
+  refused("train --config " + q(fx / "base.toml") + " --set 'eval.tasks=[{name=\"hellaswag\", path=\"" +
+              (fx / "cases" / "good.jsonl").string() + "\"}]'",
+          "data.tokenizer");
+  refused("train --config " + q(fx / "data.toml") + " --set 'eval.tasks=[{name=\"multiple_choice\", path=\"" +
+              (fx / "cases" / "label.jsonl").string() + "\"}]'",
+          "label.jsonl:2", 2);
 }
 
 // Mixtures of experts: [moe] keys, a layout that cannot split the experts, a checkpoint loaded

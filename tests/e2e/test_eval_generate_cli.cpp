@@ -1,7 +1,9 @@
 // `tripod eval` and `tripod generate` end to end, alone and under mpirun, and the periodic
 // evaluation of `tripod train` as the report reads it. Bad input: one "error:" line, exit 2.
 #include <cmath>
+#include <map>
 
+#include "checkpoint/safetensors.h"
 #include "e2e_test.h"
 #include "report/report.h"
 #include "train/metrics.h"
@@ -214,6 +216,155 @@ TEST_F(EvalGenerateCli, ACheckpointAloneIsEnoughAndEvalFitsItsGridToTheWorld) {
 
   expect_error(run_tripod("eval --init-seed 1"), "give --config F.toml, or --load CKPT", "no config at all");
   expect_error(run_tripod("eval --load latest"), "--load latest looks in checkpoint.dir", "latest, no config");
+}
+
+// [eval] tasks during training: scored at every evaluation after the validation loss, written to
+// metrics.jsonl, TensorBoard and the checkpoint; `tripod eval --task` from that checkpoint (its
+// config names the tasks) gives the figures training logged at that step.
+TEST_F(EvalGenerateCli, TrainingScoresItsTasksAsEvalDoesFromTheCheckpoint) {
+  const std::string fx = std::string(TRIPOD_SOURCE_PATH) + "/tests/fixtures/eval";
+  const auto run = dir_ / "run", ck = dir_ / "ck", tb = dir_ / "tb";
+  const std::string tasks = "--set 'eval.tasks=[{name=\"multiple_choice\", path=\"" + fx + "/choices.jsonl\", tag=\"mc\"}, "
+                            "{name=\"bits_per_byte\", path=\"" + fx + "/text.jsonl\"}]' --set data.tokenizer=" + fx +
+                            "/gpt2_bpe";
+  auto r = run_tripod("train --config " + cfg_ + " " + tasks + " --set train.eval_interval=2 --set train.output_dir=" +
+                      run.string() + " --set checkpoint.dir=" + ck.string() + " --set checkpoint.interval=2" +
+                      " --set train.tensorboard_dir=" + tb.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::map<std::pair<std::string, int64_t>, nlohmann::json> records;
+  for (const auto& j : test::metrics(run))
+    if (j.value("eval_task", false)) records[{j["task"], j["step"]}] = j;
+  ASSERT_EQ(records.size(), 4u) << "two tasks at steps 2 and 4";
+  const nlohmann::json& mc = records.at({"mc", 4});
+  EXPECT_EQ(mc["kind"], "multiple_choice");
+  EXPECT_EQ(mc["examples"], 5);
+  for (const char* k : {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "consumed_samples", "eval_time_s"})
+    EXPECT_TRUE(mc.contains(k)) << k;
+  const nlohmann::json& bpb = records.at({"bits_per_byte", 4});
+  EXPECT_GT(bpb["bits_per_byte"].get<double>(), 0);
+  EXPECT_NE(records.at({"bits_per_byte", 2})["bits_per_byte"], bpb["bits_per_byte"]) << "the weights moved";
+  // TensorBoard: TASK/METRIC tags.
+  std::string events;
+  for (const auto& e : std::filesystem::directory_iterator(tb)) events += test::slurp(e.path());
+  for (const char* tag : {"mc/acc", "mc/acc_norm", "bits_per_byte/bits_per_byte", "bits_per_byte/word_perplexity",
+                          "mc/acc_norm vs samples"})
+    EXPECT_NE(events.find(tag), std::string::npos) << tag;
+  // The report reads the records and draws the tasks over the steps.
+  const RunMetrics rm = read_metrics((run / "metrics.jsonl").string());
+  ASSERT_EQ(rm.tasks.size(), 4u);
+  EXPECT_EQ(rm.other_records, 0);
+  EXPECT_EQ(rm.tasks.back().task, "mc");
+  EXPECT_EQ(rm.tasks.back().metrics.at("acc_norm"), mc["acc_norm"].get<double>());
+  const std::string page = render_report(run.string());
+  for (const char* panel : {"panel-tasks-acc", "panel-tasks-bpb", "mc acc_norm"})
+    EXPECT_NE(page.find(panel), std::string::npos) << panel;
+  // The checkpoint of step 4 records the figures, and evaluating it gives them again.
+  const nlohmann::json meta = nlohmann::json::parse(test::slurp(ck / "iter_0000004" / "metadata.json"));
+  EXPECT_EQ(meta["eval_tasks"]["step"], 4);
+  EXPECT_EQ(meta["eval_tasks"]["tasks"]["mc"]["acc_norm"], mc["acc_norm"]);
+  auto again = run_tripod("eval --load " + (ck / "iter_0000004").string() + " --task mc --task bits_per_byte --json");
+  ASSERT_EQ(again.status, 0) << again.err;
+  const nlohmann::json j = nlohmann::json::parse(again.out);
+  EXPECT_EQ(j["tasks"]["mc"]["acc"], mc["acc"]);
+  EXPECT_EQ(j["tasks"]["mc"]["acc_norm"], mc["acc_norm"]);
+  EXPECT_NEAR(j["tasks"]["bits_per_byte"]["bits_per_byte"].get<double>(), bpb["bits_per_byte"].get<double>(),
+              1e-12 * bpb["bits_per_byte"].get<double>());
+}
+
+// Downstream tasks from a checkpoint imported from Hugging Face weights (the fixtures of
+// make_eval_golden.py): tripod's export of it is those weights exactly, and `tripod eval --task`
+// gives every choice and document the log-likelihood the PyTorch reference computed from them,
+// alone and at tp = 2; the config's [eval] tasks are found by name; bad task options are refused.
+TEST_F(EvalGenerateCli, DownstreamTasksMatchTheReferenceOfTheHuggingFaceExport) {
+  const std::string fx = std::string(TRIPOD_SOURCE_PATH) + "/tests/fixtures/eval";
+  const nlohmann::json golden = nlohmann::json::parse(test::slurp(fx + "/golden.json"));
+  const std::string files = " --task hellaswag --task-file " + fx + "/hellaswag.jsonl --task multiple_choice --task-file " +
+                            fx + "/choices.jsonl --task bits_per_byte --task-file " + fx + "/text.jsonl";
+  for (const std::string model : {"gpt2", "llama"}) {
+    SCOPED_TRACE(model);
+    const std::string hf = fx + (model == "gpt2" ? "/gpt2.safetensors" : "/llama_hf");
+    const std::string ck = (dir_ / ("ck_" + model)).string(), out = (dir_ / ("export_" + model)).string();
+    auto imp = run_tripod("ckpt convert " + hf + " --from safetensors " + ck);
+    ASSERT_EQ(imp.status, 0) << imp.err;
+    auto exp = run_tripod("ckpt convert " + ck + " --to safetensors " + out);
+    ASSERT_EQ(exp.status, 0) << exp.err;
+    // The weights the reference scored are tripod's Hugging Face export of this checkpoint.
+    const SafetensorsFile a = read_safetensors(model == "gpt2" ? hf : hf + "/model.safetensors");
+    const SafetensorsFile b = read_safetensors(model == "gpt2" ? out : out + "/model.safetensors");
+    ASSERT_EQ(a.tensors.size(), b.tensors.size());
+    for (const NamedTensor& t : a.tensors) {
+      auto it = std::find_if(b.tensors.begin(), b.tensors.end(), [&](const NamedTensor& u) { return u.name == t.name; });
+      ASSERT_NE(it, b.tensors.end()) << t.name;
+      EXPECT_EQ(it->shape, t.shape) << t.name;
+      EXPECT_EQ(it->data, t.data) << t.name;
+    }
+
+    const std::string samples = (dir_ / ("samples_" + model + ".jsonl")).string();
+    const std::string eval = "eval --load " + ck + " --set data.tokenizer=" + fx + "/gpt2_bpe" + files;
+    auto r = run_tripod(eval + " --json --samples-out " + samples);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    const nlohmann::json& want = golden["models"][model];
+    for (const char* task : {"hellaswag", "multiple_choice", "bits_per_byte"})
+      for (const auto& [key, value] : want[task].items()) {
+        if (key == "loglikelihoods") continue;
+        EXPECT_NEAR(j["tasks"][task][key].get<double>(), value.get<double>(), 2e-6 * std::abs(value.get<double>()))
+            << task << " " << key;
+      }
+    EXPECT_EQ(j["tasks"]["hellaswag"]["examples"], 6);
+    std::map<std::string, std::vector<nlohmann::json>> by_task;
+    std::ifstream in(samples);
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json s = nlohmann::json::parse(line);
+      by_task[s["task"]].push_back(s);
+    }
+    for (const char* task : {"hellaswag", "multiple_choice", "bits_per_byte"}) {
+      const nlohmann::json& lls = want[task]["loglikelihoods"];
+      ASSERT_EQ(by_task[task].size(), lls.size()) << task;
+      for (size_t e = 0; e < lls.size(); ++e) {
+        const nlohmann::json& ours = by_task[task][e];
+        const nlohmann::json mine = ours.contains("loglikelihoods") ? ours["loglikelihoods"]
+                                                                    : nlohmann::json::array({ours["loglikelihood"]});
+        const nlohmann::json theirs = lls[e].is_array() ? lls[e] : nlohmann::json::array({lls[e]});
+        ASSERT_EQ(mine.size(), theirs.size());
+        for (size_t c = 0; c < mine.size(); ++c)
+          EXPECT_NEAR(mine[c].get<double>(), theirs[c].get<double>(), 2e-6 * std::abs(theirs[c].get<double>()))
+              << task << " example " << e << " choice " << c;
+      }
+    }
+    // At tp = 2 under mpirun: the same figures.
+    auto tp2 = run_tripod(eval + " --json --set parallel.tp=2", {.np = 2});
+    ASSERT_EQ(tp2.status, 0) << tp2.err;
+    const nlohmann::json k = nlohmann::json::parse(tp2.out);
+    for (const char* task : {"hellaswag", "multiple_choice"})
+      for (const char* m : {"acc", "acc_norm"}) EXPECT_EQ(k["tasks"][task][m], j["tasks"][task][m]) << task << m;
+    EXPECT_NEAR(k["tasks"]["bits_per_byte"]["bits_per_byte"].get<double>(),
+                j["tasks"]["bits_per_byte"]["bits_per_byte"].get<double>(), 1e-6);
+  }
+
+  // The table, and a task of the config's [eval] found by its tag, with --limit.
+  const std::string ck = (dir_ / "ck_gpt2").string();
+  const std::string tasks = "--set 'eval.tasks=[{name=\"multiple_choice\", path=\"" + fx +
+                            "/choices.jsonl\", tag=\"piqa_like\"}]' --set data.tokenizer=" + fx + "/gpt2_bpe";
+  auto table = run_tripod("eval --load " + ck + " " + tasks + " --task piqa_like --limit 2");
+  ASSERT_EQ(table.status, 0) << table.err;
+  EXPECT_NE(table.out.find("task"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("piqa_like            acc_norm"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("        2\n"), std::string::npos) << "2 examples: " << table.out;
+
+  const std::string base = "eval --load " + ck + " --set data.tokenizer=" + fx + "/gpt2_bpe ";
+  expect_error(run_tripod(base + "--task hellaswg --task-file " + fx + "/hellaswag.jsonl"), "--task 'hellaswg' is not a task",
+               "unknown task");
+  expect_error(run_tripod(base + "--task hellaswag"), "--task 'hellaswag' without --task-file", "no file");
+  expect_error(run_tripod(base + "--task hellaswag --task-file " + fx + "/hellaswag.jsonl --limit 0"), "--limit 0",
+               "limit 0");
+  expect_error(run_tripod(base + "--task hellaswag --task-file " + fx + "/hellaswag.jsonl --samples 3"), "--samples",
+               "samples with tasks");
+  expect_error(run_tripod(base + "--task-file " + fx + "/hellaswag.jsonl"), "go with --task", "file without task");
+  expect_error(run_tripod("eval --load " + ck + " --task hellaswag --task-file " + fx + "/hellaswag.jsonl"),
+               "data.tokenizer", "no tokenizer");
+  expect_error(run_tripod(base + "--task bits_per_byte --task-file " + fx + "/text.jsonl --task bits_per_byte "
+                          "--task-file " + fx + "/text.jsonl"), "another task", "two tasks, one tag");
 }
 
 // A mixture of experts (Qwen3-MoE-like: q/k norms, a dense first layer, 4 experts of which 2 per

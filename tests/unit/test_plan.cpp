@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/pipeline/simulate.h"
+#include "plan/calibrate.h"
 #include "plan/planner.h"
 #include "config/layout.h"
 
@@ -137,6 +138,230 @@ TEST(Hardware, FileRoundTripsAndRefusesBadKeys) {
     t.replace(t.find("gemm = 0.5"), 10, "gemm = 1.5");
     e = error_of(t);
     EXPECT_NE(e.find("[efficiency]"), std::string::npos) << e;
+  }
+}
+
+TEST(Hardware, AttentionRatesByTheCallsTotalFlops) {
+  // Calls of 1 and 64 pairs at t = 1024 (the small call 8x slower per FLOP, as a launch-bound GPU
+  // call is) and of 16 pairs at t = 2048: a call's rate comes from measured calls of its total
+  // FLOPs at its length, held beyond the largest; between lengths, by log(t) at the same FLOPs.
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  const AttentionPoint one{.t = 1024, .d = 64, .pairs = 1}, many{.t = 1024, .d = 64, .pairs = 64};
+  const double slow = 1e12, fast = 8e12;  // FLOP/s
+  hw.attention = {{.t = 1024, .d = 64, .forward_s = one.flops(false) / slow, .backward_s = one.flops(true) / slow, .pairs = 1},
+                  {.t = 1024, .d = 64, .forward_s = many.flops(false) / fast, .backward_s = many.flops(true) / fast, .pairs = 64}};
+  auto rate = [&](int64_t pairs, int64_t t, bool bwd) {
+    return AttentionPoint{.t = t, .d = 64, .pairs = pairs}.flops(bwd) / hw.attention_time(pairs, t, 64, bwd);
+  };
+  EXPECT_NEAR(rate(1, 1024, false), slow, 1e-6 * slow);
+  EXPECT_NEAR(rate(64, 1024, true), fast, 1e-6 * fast);
+  EXPECT_NEAR(rate(8, 1024, false), (slow + fast) / 2, 1e-6 * fast);  // log2(8) is halfway to 64 in log FLOPs
+  EXPECT_NEAR(rate(1536, 1024, false), fast, 1e-6 * fast);            // a micro-batch of 128 x 12 heads
+  // The cost model multiplies nothing by pairs: 1536 pairs in one call are 1536x the FLOPs at the fast rate.
+  EXPECT_NEAR(hw.attention_time(1536, 1024, 64, false), 1536 * one.flops(false) / fast, 1e-9);
+  // A second length: at t = 1448 (halfway in log t) the rate at the same total FLOPs is between.
+  const AttentionPoint longer{.t = 2048, .d = 64, .pairs = 16};
+  hw.attention.push_back({.t = 2048, .d = 64, .forward_s = longer.flops(false) / 4e12,
+                          .backward_s = longer.flops(true) / 4e12, .pairs = 16});
+  const double mid = rate(32, 1448, false);
+  EXPECT_GT(mid, 4e12 * 0.999);
+  EXPECT_LT(mid, fast * 1.001);
+  // Files without `pairs` (per-pair times of an older calibration) load as calls of one pair, with
+  // a warning naming the key; their per-pair rate then holds at every size, as before.
+  std::string old = std::string(kHardware) + "[[attention]]\nt = 1024\nd = 64\nforward_s = 1e-4\nbackward_s = 3e-4\n";
+  Hardware o = parse_hardware(old, "old.toml");
+  ASSERT_EQ(o.warnings.size(), 1u);
+  EXPECT_NE(o.warnings[0].find("`pairs`"), std::string::npos) << o.warnings[0];
+  EXPECT_NEAR(o.attention_time(1536, 1024, 64, false), 1536 * 1e-4, 1e-12);
+}
+
+TEST(Hardware, ElementwiseTimesBySize) {
+  // Per-element times interpolated in log(elements) between measured calls, held beyond the
+  // largest (bandwidth), and below the smallest call its time (a launch's latency).
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  hw.elementwise_points = {{Elementwise::Add, 1 << 16, 4e-6, 4e-6}, {Elementwise::Add, 1 << 24, 1e-12 * (1 << 24), 2e-12 * (1 << 24)}};
+  EXPECT_NEAR(hw.elementwise_time(Elementwise::Add, 1 << 24, false), 1e-12 * (1 << 24), 1e-18);
+  EXPECT_NEAR(hw.elementwise_time(Elementwise::Add, 1 << 28, false), 1e-12 * (1 << 28), 1e-15);
+  EXPECT_NEAR(hw.elementwise_time(Elementwise::Add, 1 << 10, false), 4e-6, 1e-18);
+  const double per_small = 4e-6 / (1 << 16), per_large = 1e-12;
+  EXPECT_NEAR(hw.elementwise_time(Elementwise::Add, 1 << 20, false) / (1 << 20), (per_small + per_large) / 2, 1e-15);
+  // Ops without points keep the bandwidth figure.
+  EXPECT_NEAR(hw.elementwise_time(Elementwise::Gelu, 1000, false), 1000 * 2 * 2 / (1000e9 * 0.8), 1e-15);
+  // The file: [[elementwise]] points round-trip; the older [elementwise] table of per-element
+  // times loads with a warning; an unknown op is refused naming it.
+  Hardware back = parse_hardware(hardware_to_toml(hw), "round.toml");
+  ASSERT_EQ(back.elementwise_points.size(), 2u);
+  EXPECT_TRUE(back.warnings.empty());
+  EXPECT_NEAR(back.elementwise_time(Elementwise::Add, 1 << 20, true), hw.elementwise_time(Elementwise::Add, 1 << 20, true),
+              1e-5 * hw.elementwise_time(Elementwise::Add, 1 << 20, true));  // 6 digits in the file
+  Hardware old = parse_hardware(std::string(kHardware) + "[elementwise]\nadd_forward_s = 1e-12\n", "old.toml");
+  EXPECT_NEAR(old.elementwise_time(Elementwise::Add, 1000, false), 1e-9, 1e-21);
+  ASSERT_EQ(old.warnings.size(), 1u);
+  EXPECT_NE(old.warnings[0].find("[elementwise]"), std::string::npos);
+  try {
+    parse_hardware(std::string(kHardware) + "[[elementwise]]\nop = \"softmax\"\nelements = 4\nforward_s = 1\n"
+                   "backward_s = 1\n", "bad.toml");
+    ADD_FAILURE() << "no error";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("op = \"softmax\""), std::string::npos) << e.what();
+  }
+  // The calibration from before sizes were recorded (configs/hardware/h200_calibrated.toml) loads,
+  // and says why it predicts a GPU too slow.
+  Hardware h200 = parse_hardware(test::slurp(TRIPOD_SOURCE_PATH "/configs/hardware/h200_calibrated.toml"), "h200");
+  EXPECT_EQ(h200.warnings.size(), 2u);
+}
+
+// ---- calibration sizing ------------------------------------------------------------------
+
+TEST(Calibrate, DefaultGridFillsTheDevice) {
+  // An 80 GiB GPU with a 50 MiB L2: the largest calls are what real micro-batches make.
+  const Ops::DeviceInfo gpu{.memory_bytes = int64_t{80} << 30, .cache_bytes = int64_t{50} << 20};
+  const CalibrateGrid g = default_grid(Device::CUDA, gpu);
+  int64_t rows = 0, elements = 0;
+  for (const GemmPoint& p : g.gemm) rows = std::max(rows, p.m);
+  EXPECT_GE(rows, 128 * 1024);  // GPT-2 124M at micro-batch 128 (the H200's bench) x seq 1024
+  for (const ElementwiseShape& s : g.elementwise) elements = std::max(elements, s.elements());
+  EXPECT_GE(elements * 2, 8 * (int64_t{50} << 20));  // bf16 tensors 8x the L2
+  // Per (t, d), calls of 1 up to attention_tokens / t pairs: at t = 1024 a micro-batch of 128
+  // sequences x 16 heads, so a call of GPT-2 124M at micro-batch 128 (1536 pairs) is within.
+  std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> range;  // (t, d) -> (fewest, most) pairs
+  for (const AttentionShape& c : g.attention) {
+    auto [it, fresh] = range.try_emplace({c.t, c.d}, c.pairs(), c.pairs());
+    it->second = {std::min(it->second.first, c.pairs()), std::max(it->second.second, c.pairs())};
+    EXPECT_LE(c.heads, 16);
+  }
+  EXPECT_EQ(range.size(), 10u);  // 5 lengths x 2 head dimensions
+  for (const auto& [td, pairs] : range) {
+    EXPECT_EQ(pairs.first, 1);
+    EXPECT_EQ(pairs.second * td.first, attention_tokens(Device::CUDA)) << td.first;
+  }
+  EXPECT_GE((range[{1024, 64}].second), 128 * 12);
+  // A smaller device leaves out what it cannot hold (a quarter of its memory per call).
+  const CalibrateGrid small = default_grid(Device::CUDA, {.memory_bytes = int64_t{8} << 30, .cache_bytes = 0});
+  EXPECT_LT(small.gemm.size(), g.gemm.size());
+  for (const GemmPoint& p : small.gemm) EXPECT_LE(2 * (2 * p.m * p.k + 2 * p.m * p.n + p.n * p.k) + 4 * p.n * p.k, int64_t{2} << 30);
+  // CPUs: 8x this core's last-level cache in f32.
+  const CalibrateGrid cpu = default_grid(Device::CPU, {.memory_bytes = int64_t{16} << 30, .cache_bytes = int64_t{32} << 20});
+  elements = 0;
+  for (const ElementwiseShape& s : cpu.elementwise) elements = std::max(elements, s.elements());
+  EXPECT_GE(elements * 4, 8 * (int64_t{32} << 20));
+  EXPECT_GT(cpu.min_time_s, g.min_time_s);  // shared CPUs loop longer
+}
+
+TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
+  // GPT-2 124M at micro-batches 1 and 16 for tp 1 and 2: every GEMM, attention call and
+  // memory-bound call the cost model times for those layouts is a measured point of the grid
+  // (the attention call's FLOPs and the GEMM rows are the micro-batch's), so a file calibrated
+  // with --model predicts them from their own measurements.
+  Config cfg = load_config(TRIPOD_SOURCE_PATH "/configs/gpt2_124m.toml", {}, {.training = false, .data = false});
+  const CalibrateGrid g = model_grid(Device::CUDA, cfg.model, 2, {1, 16});
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  std::set<std::tuple<int64_t, int64_t, int64_t>> gemms;
+  for (const GemmPoint& p : g.gemm) {
+    gemms.insert({p.m, p.n, p.k});
+    hw.gemm.push_back({p.m, p.n, p.k, 1e-3, 2e-3});
+  }
+  std::set<std::tuple<int64_t, int64_t, int64_t>> calls;
+  for (const AttentionShape& c : g.attention) {
+    calls.insert({c.t, c.d, c.pairs()});
+    EXPECT_TRUE(c.heads == 12 || c.heads == 6) << c.heads;  // a micro-batch of sequences x a TP rank's heads
+    hw.attention.push_back({.t = c.t, .d = c.d, .forward_s = 1e-3, .backward_s = 2e-3, .pairs = c.pairs()});
+  }
+  std::set<std::pair<int, int64_t>> sizes;
+  for (const ElementwiseShape& s : g.elementwise) {
+    sizes.insert({static_cast<int>(s.op), s.elements()});
+    hw.elementwise_points.push_back({s.op, s.elements(), 1e-4, 2e-4});
+  }
+  for (int tp : {1, 2})
+    for (int mbs : {1, 16}) {
+      SCOPED_TRACE(fmt::format("tp {} mbs {}", tp, mbs));
+      const int64_t N = int64_t{mbs} * 1024, C = 768, F = 3072, V = cfg.model.padded_vocab(tp) / tp;
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{3 * C / tp, C}, {C, C / tp}, {F / tp, C}, {C, F / tp}, {V, C}})
+        EXPECT_TRUE(gemms.count({N, n, k})) << n << " " << k;
+      EXPECT_TRUE(calls.count({1024, 64, int64_t{mbs} * 12 / tp}));
+      EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::LayerNorm), N * C}));
+      EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::Gelu), N * F / tp}));
+      EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::CrossEntropy), N * V}));
+      EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::Embedding), N * C}));
+      // The predicted forward of a layer is then the measured points' times exactly: 4 GEMMs,
+      // one attention call, 2 LayerNorms, 2 adds and a GELU (sequence parallelism off).
+      Config c = cfg;
+      c.parallel.tp = tp;
+      c.parallel.pp = 1;
+      c.parallel.dp = 1;
+      c.parallel.sequence_parallel = false;
+      c.parallel.distributed_optimizer = false;
+      c.train.micro_batch_size = mbs;
+      c.train.global_batch_size = mbs;
+      c.train.device = Device::CUDA;
+      validate_layout(c, tp);
+      const StepPrediction p = predict_step(c, hw);
+      const ChunkTimes& t = p.stages[0];
+      EXPECT_NEAR(t.f.gemm, 12 * 4 * 1e-3 + 1e-3, 1e-12);
+      EXPECT_NEAR(t.f.attention, 12 * 1e-3, 1e-12);
+      EXPECT_NEAR(t.f.elementwise, 12 * 5 * 1e-4 + 1e-4 + 2 * 1e-4, 1e-12);  // + the head's norm and loss, the embedding
+    }
+}
+
+TEST(CostModel, BreakdownAddsUpToTheStep) {
+  // On every rank of every layout the families add up to the predicted step, and the mean is
+  // over the pipeline ranks; one device has neither communication nor idle.
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  struct Case {
+    int tp, pp, dp, vp;
+    ScheduleKind kind;
+    bool distopt;
+  };
+  for (const Case& k : {Case{1, 1, 1, 1, ScheduleKind::OneFOneB, false}, Case{2, 1, 1, 1, ScheduleKind::OneFOneB, false},
+                        Case{1, 2, 1, 1, ScheduleKind::OneFOneB, false}, Case{1, 2, 1, 1, ScheduleKind::ZbH1, false},
+                        Case{1, 4, 1, 1, ScheduleKind::OneFOneB, false}, Case{1, 2, 1, 2, ScheduleKind::Interleaved, false},
+                        Case{1, 1, 2, 1, ScheduleKind::OneFOneB, true}, Case{2, 2, 2, 1, ScheduleKind::OneFOneB, true}}) {
+    SCOPED_TRACE(fmt::format("tp {} pp {} dp {} vp {} {}", k.tp, k.pp, k.dp, k.vp, enum_name(k.kind)));
+    Config cfg = small_config();
+    cfg.train.device = Device::CUDA;
+    cfg.train.global_batch_size = 32;
+    cfg.parallel.tp = k.tp;
+    cfg.parallel.pp = k.pp;
+    cfg.parallel.dp = k.dp;
+    cfg.parallel.vp = k.vp;
+    cfg.parallel.schedule = k.kind;
+    cfg.parallel.distributed_optimizer = k.distopt;
+    validate_layout(cfg, k.tp * k.pp * k.dp);
+    const StepPrediction p = predict_step(cfg, hw);
+    ASSERT_EQ(static_cast<int>(p.ranks.size()), k.pp);
+    StepBreakdown mean;
+    for (const StepBreakdown& b : p.ranks) {
+      EXPECT_NEAR(b.parts_sum(), p.step_time_s, 1e-9 * p.step_time_s);
+      EXPECT_EQ(b.step, p.step_time_s);
+      EXPECT_EQ(b.other, 0);
+      EXPECT_GE(b.pipeline_idle, 0);
+      EXPECT_GT(b.gemm, 0);
+      EXPECT_GT(b.attention, 0);
+      for (int i = 0; i < StepBreakdown::kParts; ++i) mean.part(i) += b.part(i) / k.pp;
+    }
+    for (int i = 0; i < StepBreakdown::kParts; ++i) EXPECT_NEAR(p.breakdown.part(i), mean.part(i), 1e-15);
+    EXPECT_NEAR(p.breakdown.parts_sum(), p.step_time_s, 1e-9 * p.step_time_s);
+    EXPECT_EQ(p.breakdown.optimizer, p.optimizer_s);
+    if (k.tp == 1 && k.dp == 1 && k.pp == 1) {
+      EXPECT_EQ(p.breakdown.communication, 0);
+      EXPECT_NEAR(p.breakdown.pipeline_idle, 0, 1e-12 * p.step_time_s);
+    }
+    if (k.tp > 1 || k.dp > 1) {
+      EXPECT_GT(p.breakdown.communication, 0);
+    }
+    if (k.pp > 1) {
+      EXPECT_GT(p.breakdown.pipeline_idle, 0);
+    }
+    // Every rank runs each chunk's forward and backward once per micro-batch.
+    const int M = cfg.train.global_batch_size / (cfg.train.micro_batch_size * k.dp);
+    double gemm0 = 0;
+    for (int c = 0; c < k.vp; ++c) {
+      const ChunkTimes& t = p.stages[make_schedule(cfg).stage(0, c)];
+      gemm0 += M * (t.f.gemm + t.b.gemm);
+      EXPECT_NEAR(t.forward, t.f.total(), 1e-15);
+      EXPECT_NEAR(t.backward, t.b.total(), 1e-15);
+    }
+    EXPECT_NEAR(p.ranks[0].gemm, gemm0, 1e-12);
   }
 }
 
@@ -548,8 +773,11 @@ TEST_F(PlanCli, JsonListsLayoutsBestFirst) {
   for (const auto& l : j["layouts"]) {
     for (const char* k : {"tp", "pp", "vp", "dp", "micro_batch", "recompute", "sequence_parallel",
                           "distributed_optimizer", "step_time_s", "tokens_per_s", "model_tflops_per_gpu", "mfu",
-                          "memory_bytes_per_gpu", "bubble", "exposed_comm", "layers_per_stage"})
+                          "memory_bytes_per_gpu", "bubble", "exposed_comm", "layers_per_stage", "breakdown"})
       EXPECT_TRUE(l.contains(k)) << k;
+    double parts = 0;
+    for (const auto& [family, seconds] : l["breakdown"].items()) parts += seconds.get<double>();
+    EXPECT_NEAR(parts, l["step_time_s"].get<double>(), 1e-9 * parts);
     EXPECT_EQ(l["tp"].get<int>() * l["pp"].get<int>() * l["dp"].get<int>(), 16);
     EXPECT_GE(l["step_time_s"].get<double>(), prev);
     prev = l["step_time_s"].get<double>();
@@ -640,8 +868,18 @@ TEST_F(PlanCli, CalibrateWritesAFilePlanReads) {
   Hardware hw = load_hardware(out);
   EXPECT_EQ(hw.device, Device::CPU);
   EXPECT_EQ(hw.gemm.size(), 10u);  // the layer's four GEMMs and the head's, at 256 and 512 tokens
-  ASSERT_EQ(hw.attention.size(), 1u);
+  ASSERT_EQ(hw.attention.size(), 2u);  // a micro-batch's 8 heads, and two micro-batches' 16, in one call each
   EXPECT_EQ(hw.attention[0].t, 256);
+  EXPECT_EQ(hw.attention[0].pairs, 8);
+  EXPECT_EQ(hw.attention[1].pairs, 16);
+  std::set<Elementwise> ops;
+  for (const ElementwisePoint& p : hw.elementwise_points) {
+    ops.insert(p.op);
+    EXPECT_GT(p.forward_s, 0);
+    EXPECT_GT(p.backward_s, 0);
+  }
+  EXPECT_EQ(ops.size(), static_cast<size_t>(Elementwise::Count));
+  EXPECT_TRUE(hw.warnings.empty());
   EXPECT_GT(hw.peak_flops, 0);
   r = plan("--config " + model + " --hardware " + out + " --gpus 1 --json");
   ASSERT_EQ(r.status, 0) << r.err;

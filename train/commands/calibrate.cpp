@@ -1,6 +1,7 @@
 // `tripod calibrate --out FILE.toml [--device cpu|cuda] [--base H.toml] [--model F.toml] [--repeats R]`:
 // measures this machine's kernels and (under mpirun) its collectives into a hardware file for `tripod plan`.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -74,18 +75,28 @@ int run_calibrate(const CalibrateOptions& o) {
   }
   Ops* ops = rt.ops.get();
   ParallelContext& par = rt.par;
-  CalibrateGrid grid = o.model.empty() ? default_grid(ops->device())
+  const Ops::DeviceInfo info = ops->device_info();
+  CalibrateGrid grid = o.model.empty() ? default_grid(ops->device(), info)
                                        : model_grid(ops->device(), model, mpi.size(), o.micro_batches);
   grid.repeats = o.repeats;
-  spdlog::info("calibrating {} GEMM shapes, {} attention shapes, elementwise ops{}", grid.gemm_shapes.size() +
-               grid.gemm_m.size() * grid.gemm_nk.size() * grid.gemm_nk.size(), grid.attention_t.size() * grid.attention_d.size(),
+  spdlog::info("calibrating {} GEMM shapes, {} attention calls, {} memory-bound calls{}", grid.gemm.size(),
+               grid.attention.size(), grid.elementwise.size(),
                mpi.size() > 1 ? fmt::format(", collectives over {} ranks", mpi.size()) : "");
   calibrate(*ops, par.world.get(), grid, hw);
+  // A GPU's memory is its own, not the --base file's (a base of another model of GPU).
+  if (ops->device() == Device::CUDA && info.memory_bytes > 0) hw.memory_capacity = static_cast<double>(info.memory_bytes);
   if (mpi.rank() == 0) {
     const std::string tmp = o.out + ".tmp";
     {
       std::ofstream f(tmp);
-      f << "# written by tripod calibrate: medians of " << o.repeats << " timings per point\n" << hardware_to_toml(hw);
+      f << fmt::format("# written by tripod calibrate: medians of {} timings per point, each looping the call for at "
+                       "least {:g} ms;\n# {}\n",
+                       o.repeats, 1e3 * grid.min_time_s,
+                       o.model.empty() ? fmt::format("sizes that fill the device (last-level cache {} MiB, memory {:.1f} GiB)",
+                                                     info.cache_bytes >> 20, info.memory_bytes / double(1 << 30))
+                                       : fmt::format("the shapes of {} at micro-batches {}", o.model,
+                                                     fmt::join(o.micro_batches, ",")))
+        << hardware_to_toml(hw);
       TRIPOD_CHECK(f.good(), "cannot write {}", tmp);
     }
     std::filesystem::rename(tmp, o.out);
@@ -106,8 +117,9 @@ CommandFn add_calibrate_command(CLI::App& app) {
   sub->add_option("--device", o->device, "cpu (OpenBLAS, MPI) or cuda (cuBLASLt, cuDNN, NCCL)");
   sub->add_option("--base", o->base, "Hardware file whose unmeasured fields (memory, network) to keep");
   sub->add_option("--name", o->name, "Name written into the file");
-  sub->add_option("--model", o->model, "Measure exactly this config's GEMM and attention shapes (for tp up to the "
-                                       "ranks and each --micro-batches) instead of the default grid");
+  sub->add_option("--model", o->model, "Measure exactly this config's shapes (GEMMs, attention, memory-bound ops, "
+                                       "for tp up to the ranks and each --micro-batches) instead of the sizes that "
+                                       "fill the device");
   sub->add_option("--micro-batches", o->micro_batches, "Micro-batch sizes for --model (default 1 2 4 8)")->delimiter(',');
   sub->add_option("--repeats", o->repeats, "Timings per point (the median is kept; default 5)");
   sub->add_flag("--force", o->force, "Replace --out if it exists");

@@ -1,12 +1,19 @@
 // `tripod plan --config MODEL.toml --hardware H.toml --gpus N [--global-batch B] [--top K]
 // [--layout tp=8,...] [--json]`: the fastest layouts that fit, predicted by the cost model.
+// `tripod plan --check RUN_DIR [--hardware H.toml] [--json]`: a profiled run's measured step
+// beside the prediction, per family.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
+#include <filesystem>
+
 #include "core/error.h"
+#include "core/log.h"
 #include "config/layout.h"
+#include "parallel/pipeline/schedules.h"
+#include "plan/plan_check.h"
 #include "plan/planner.h"
 #include "train/commands/commands.h"
 
@@ -15,14 +22,45 @@ namespace tripod {
 namespace {
 
 struct PlanOptions {
-  std::string config, hardware, layout;
+  std::string config, hardware, layout, check;
   int gpus = 0, global_batch = 0, top = 10;
   bool json = false;
 };
 
 double gib(double b) { return b / (1 << 30); }
 
+// --check RUN_DIR: the run's plan_check.json (train.profile_steps), predicted again on --hardware
+// when given: the run's resolved config.toml and the schedule it ran (schedule.csv).
+int run_check(const PlanOptions& o) {
+  namespace fs = std::filesystem;
+  PlanCheck check = read_plan_check(o.check);
+  if (!o.hardware.empty()) {
+    Config cfg = load_config((fs::path(o.check) / "config.toml").string(), {},
+                             ConfigUse{.training = false, .data = false});
+    const ParallelConfig& p = cfg.parallel;
+    validate_layout(cfg, p.tp * p.pp * p.cp * std::max(1, p.dp));
+    const Hardware hw = load_hardware(o.hardware);
+    balance_stages(cfg, hw);  // (the run's config.toml holds its resolved split)
+    const std::string csv = (fs::path(o.check) / "schedule.csv").string();
+    const Schedule schedule = load_schedule_csv(csv);
+    check_schedule_shape(schedule, p.pp, p.vp, microbatches_per_rank(cfg), csv);
+    predict_plan_check(check, cfg, schedule, hw, o.hardware);
+  }
+  if (o.json) fmt::print("{}\n", plan_check_json(check).dump());
+  else fmt::print("plan check of {}: ", o.check), fmt::print("{}", plan_check_table(check));
+  return 0;
+}
+
 int run_plan(const PlanOptions& o) {
+  init_logging(0, 1);  // (stderr: a hardware file's warnings)
+  if (!o.check.empty()) {
+    TRIPOD_INPUT_CHECK(o.config.empty() && o.gpus == 0 && o.layout.empty() && o.global_batch == 0,
+                       "tripod plan --check RUN_DIR reads the run's own config and layout: give only --hardware and "
+                       "--json with it");
+    return run_check(o);
+  }
+  TRIPOD_INPUT_CHECK(!o.config.empty() && !o.hardware.empty() && o.gpus > 0,
+                     "tripod plan needs --config F.toml, --hardware H.toml and --gpus N (or --check RUN_DIR)");
   Config base = load_config(o.config, {}, ConfigUse{.training = false, .data = false});  // trains and reads nothing
   Hardware hw = load_hardware(o.hardware);
   if (o.global_batch > 0) base.train.global_batch_size = o.global_batch;
@@ -59,6 +97,11 @@ int run_plan(const PlanOptions& o) {
                                   {"reserved", p.reserved_bytes}}},
                       {"bubble", p.bubble}, {"exposed_comm", p.exposed_comm},
                       {"layers_per_stage", stage_layers(c)}});
+      // The step by family (mean over the ranks), as `plan --check` compares it with a run.
+      nlohmann::json families;
+      for (int k = 0; k < StepBreakdown::kParts; ++k)
+        families[std::string(StepBreakdown::part_name(k))] = p.breakdown.part(k);
+      list.back()["breakdown"] = families;
     }
     out["layouts"] = list;
     fmt::print("{}\n", out.dump());
@@ -96,10 +139,11 @@ CommandFn add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* sub = app.add_subcommand("plan", "Rank the (tp, pp, vp, cp, dp, micro-batch, recompute) layouts of a model on "
                                              "a cluster by predicted step time");
-  sub->add_option("--config", o->config, "Model config (TOML): [model] and train.global_batch_size")->required();
-  sub->add_option("--hardware", o->hardware, "Hardware file (configs/hardware/*.toml or tripod calibrate's)")
-      ->required();
-  sub->add_option("--gpus", o->gpus, "Number of GPUs (or CPU ranks)")->required();
+  sub->add_option("--config", o->config, "Model config (TOML): [model] and train.global_batch_size");
+  sub->add_option("--hardware", o->hardware, "Hardware file (configs/hardware/*.toml or tripod calibrate's)");
+  sub->add_option("--gpus", o->gpus, "Number of GPUs (or CPU ranks)");
+  sub->add_option("--check", o->check, "A run directory trained with --profile-steps: its measured step by family "
+                                        "beside the prediction (on --hardware when given, else the run's own)");
   sub->add_option("--global-batch", o->global_batch, "Sequences per step (default: the config's)");
   sub->add_option("--top", o->top, "Layouts to print (default 10)");
   sub->add_option("--layout", o->layout, "Fix knobs: tp=8,pp=4,vp=2,mbs=1,recompute=full,sp=true,distopt=true");

@@ -20,12 +20,14 @@
 #include "parallel/pipeline/zero_bubble.h"
 #include "plan/hardware.h"
 #include "plan/cost_model.h"
+#include "plan/plan_check.h"
 #include "train/commands/commands.h"
 #include "train/evaluator.h"
 #include "train/microbatch.h"
 #include "config/memory_plan.h"
 #include "train/mpi_session.h"
 #include "train/runtime.h"
+#include "train/task_evaluator.h"
 #include "train/trainer.h"
 
 namespace tripod {
@@ -37,6 +39,7 @@ struct TrainOptions {
   std::vector<std::string> sets;
   bool verbose = false;
   bool dry_run = false;
+  std::optional<int> profile_steps;  // --profile-steps N: train.profile_steps = N
 };
 
 // Rank 0 tells the launcher (TRIPOD_LAUNCH_STATUS, see launch/restarts.sh) where the run lives
@@ -130,6 +133,7 @@ int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout
   init_logging(mpi.rank(), mpi.size(), o.verbose);
   Config cfg;
   Runtime rt;
+  std::vector<Task> tasks;
   try {
     if (env.bad) throw *env.bad;
     cfg = load_config(o.config, o.sets);
@@ -145,6 +149,11 @@ int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout
     const std::string split = resolve_layer_split(cfg);
     if (cfg.parallel.pp > 1) spdlog::info("{}", split);
     resolve_eod_token(cfg);  // packed documents (data.reset_*, eod_mask_loss) cut at it
+    // Downstream tasks are read and tokenized now: a bad task file stops the run before step 1.
+    tasks = load_tasks(cfg, cfg.eval.tasks, [](size_t i) { return fmt::format("eval.tasks[{}].path", i); });
+    if (!tasks.empty() && cfg.train.eval_interval == 0)
+      spdlog::warn("[eval] tasks are set but train.eval_interval = 0: they do not run during training (tripod eval "
+                   "--task runs them from a checkpoint)");
     rt = make_runtime(cfg, env.debug, /*flight_recorder=*/true);
   } catch (const InputError& e) {
     rethrow_agreed(e);
@@ -162,6 +171,24 @@ int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout
     valid = make_split_source(cfg, Split::Valid, cfg.train.eval_steps * cfg.train.global_batch_size, par.world.get());
 
   Trainer trainer(cfg, *rt.ops, par, data.get(), valid.get(), rt.debug);
+  trainer.set_tasks(std::move(tasks));
+  // train.profile_steps: the measured breakdown beside the cost model's, on the hardware the
+  // stages are balanced with, into output_dir/plan_check.json (rank 0 holds every rank's).
+  // Rank 0 alone runs it, while the others train on: a failure is a warning, never an exit.
+  trainer.on_profile([&trainer](const std::vector<int64_t>& steps, const std::vector<StepBreakdown>& ranks) {
+    const Config& c = trainer.config();
+    try {
+      const PlanCheck check =
+          make_plan_check(c, trainer.schedule(), balance_hardware(c), c.parallel.hardware, steps, ranks);
+      write_plan_check(c.train.output_dir, check);
+      spdlog::info("plan check of steps {}-{}: step predicted {:.4g} s, measured {:.4g} s ({:+.1f}%) on {}; "
+                   "`tripod plan --check {}` compares every family",
+                   steps.front(), steps.back(), check.predicted.step, check.measured.step,
+                   100 * (check.predicted.step / check.measured.step - 1), check.hardware, c.train.output_dir);
+    } catch (const std::exception& e) {
+      spdlog::warn("train.profile_steps: no plan check written to {}: {}", c.train.output_dir, e.what());
+    }
+  });
   if (mpi.rank() == 0) {
     write_launch_status(rt.debug, cfg, "running", trainer.completed_steps());
     log_restart(rt.debug, cfg, trainer.completed_steps());
@@ -176,7 +203,8 @@ int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout
   return 0;
 }
 
-int run_train(const TrainOptions& o) {
+int run_train(TrainOptions o) {
+  if (o.profile_steps) o.sets.push_back(fmt::format("train.profile_steps={}", *o.profile_steps));
   // parallel.timeout_s bounds MPI's start-up too; a config that does not load is reported after
   // MPI_Init, once.
   double timeout_s = ParallelConfig{}.timeout_s;
@@ -208,6 +236,9 @@ CommandFn add_train_command(CLI::App& app) {
   sub->add_flag("-v,--verbose", opts->verbose, "Debug logging on every rank");
   sub->add_flag("--dry-run", opts->dry_run,
                 "Print the schedule's bubble and every rank's memory estimate for the config's grid, then exit");
+  sub->add_option("--profile-steps", opts->profile_steps,
+                  "Time N steps (after the first) by op family, communication and idle beside the planner's "
+                  "prediction, into output_dir/plan_check.json (train.profile_steps; tripod plan --check reads it)");
   return [opts] { return run_train(*opts); };
 }
 

@@ -1,0 +1,142 @@
+// Every run checks the planner: `tripod train --profile-steps N` (train.profile_steps) writes the
+// profiled steps' measured breakdown beside the cost model's prediction into
+// RUN_DIR/plan_check.json, and `tripod plan --check RUN_DIR [--hardware H] [--json]` prints it,
+// on real short CPU runs of one rank and of a two-stage pipeline; `tripod report` shows it.
+#include "e2e_test.h"
+#include "plan/plan_check.h"
+
+namespace tripod {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test::run_tripod;
+
+constexpr const char* kFamilies[] = {"gemm", "attention", "elementwise", "communication", "pipeline_idle",
+                                     "optimizer", "other"};
+
+class PlanCheckCli : public test::E2eTest {
+ protected:
+  // Trains the tiny config for 4 steps with `args` added; returns the run directory.
+  fs::path train(const std::string& name, const std::string& args, int np = 1) {
+    const fs::path run = dir_ / name;
+    const auto r = run_tripod("train --config " + write_config({{"train.steps", "4"}, {"train.trace", "false"}}).string() +
+                                  " --set train.output_dir=" + run.string() + " " + args,
+                              {.np = np});
+    EXPECT_EQ(r.status, 0) << r.err;
+    return run;
+  }
+  json check_json(const fs::path& run, const std::string& args = "") {
+    const auto r = run_tripod("plan --check " + run.string() + " --json " + args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return json::parse(r.out);  // exactly one object on stdout
+  }
+};
+
+// The parts of a breakdown object add up to its step.
+void expect_adds_up(const json& b, const std::string& what) {
+  double sum = 0;
+  for (const char* f : kFamilies) sum += b.at(f).get<double>();
+  EXPECT_NEAR(sum, b.at("step").get<double>(), 1e-9 * b.at("step").get<double>()) << what << ": " << b.dump();
+}
+
+TEST_F(PlanCheckCli, OneRankRunChecksItsPrediction) {
+  const fs::path run = train("run", "--profile-steps 2");
+  ASSERT_TRUE(fs::exists(run / "plan_check.json"));
+  EXPECT_NE(test::slurp(run / "config.toml").find("profile_steps = 2"), std::string::npos);
+  const json j = check_json(run);
+  EXPECT_EQ(j["steps"], json::array({2, 3}));  // the two after the first
+  EXPECT_EQ(j["hardware"], "CPU (built-in)");  // no parallel.hardware: the built-in figures of train.device
+  EXPECT_EQ(j["layout"]["tp"], 1);
+  EXPECT_EQ(j["layout"]["schedule"], "1f1b");
+  EXPECT_EQ(j["layout"]["microbatches"], 4);
+  double predicted = 0, measured = 0;
+  for (const char* f : kFamilies) {
+    ASSERT_TRUE(j.contains(f)) << f;
+    EXPECT_GE(j[f]["predicted"].get<double>(), 0) << f;
+    EXPECT_GE(j[f]["measured"].get<double>(), 0) << f;
+    predicted += j[f]["predicted"].get<double>();
+    measured += j[f]["measured"].get<double>();
+  }
+  const double step = j["step"]["measured"].get<double>();
+  EXPECT_NEAR(predicted, j["step"]["predicted"].get<double>(), 1e-9 * predicted);
+  EXPECT_NEAR(measured, step, 1e-9 * step);
+  // The real ops were timed: GEMMs and attention ran in every action; one rank neither
+  // communicates nor waits in the prediction.
+  EXPECT_GT(j["gemm"]["measured"].get<double>(), 0);
+  EXPECT_GT(j["attention"]["measured"].get<double>(), 0);
+  EXPECT_GT(j["elementwise"]["measured"].get<double>(), 0);
+  EXPECT_GT(j["optimizer"]["measured"].get<double>(), 0);
+  EXPECT_EQ(j["communication"]["predicted"].get<double>(), 0);
+  EXPECT_EQ(j["other"]["predicted"].get<double>(), 0);
+  EXPECT_GT(j["gemm"]["predicted"].get<double>(), 0);
+  // The step the run logged is about the profiled steps' (its metrics are the same steps).
+  for (const json& m : test::metrics(run))
+    if (m.value("step", 0) == 2 || m.value("step", 0) == 3) EXPECT_GT(m["step_time_s"].get<double>(), 0.5 * step);
+  ASSERT_EQ(j["ranks"].size(), 1u);
+  expect_adds_up(j["ranks"][0]["measured"], "rank 0");
+  ASSERT_EQ(j["pipeline_ranks"].size(), 1u);
+  expect_adds_up(j["pipeline_ranks"][0]["predicted"], "predicted");
+
+  // The table: a row per family and the step, predicted and measured in ms, the error.
+  const auto r = run_tripod("plan --check " + run.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  for (const char* row : {"\ngemm ", "\nattention ", "\nelementwise ", "\ncommunication ", "\npipeline idle ",
+                          "\noptimizer ", "\nother ", "\nstep "})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  EXPECT_NE(r.out.find("predicted on CPU (built-in)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("steps 2-3 profiled"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" ms "), std::string::npos) << r.out;
+
+  // --hardware predicts the same run again on another file; what was measured stays.
+  const json h = check_json(run, "--hardware " TRIPOD_SOURCE_PATH "/configs/hardware/h100_sxm.toml");
+  EXPECT_EQ(h["hardware"], "H100 SXM 80GB (DGX H100)");
+  EXPECT_EQ(h["hardware_file"], TRIPOD_SOURCE_PATH "/configs/hardware/h100_sxm.toml");
+  EXPECT_EQ(h["step"]["measured"], j["step"]["measured"]);
+  EXPECT_LT(h["step"]["predicted"].get<double>(), j["step"]["predicted"].get<double>() / 10);
+  // The file itself is read back by the same reader.
+  const PlanCheck c = read_plan_check(run.string());
+  EXPECT_EQ(c.measured.step, j["step"]["measured"].get<double>());
+
+  // The report shows it: a Planner check panel with a row per family and the step.
+  ASSERT_EQ(run_tripod("report " + run.string()).status, 0);
+  const std::string page = test::slurp(run / "report.html");
+  EXPECT_NE(page.find("<section class=\"panel\" id=\"plan-check\"><h2>Planner check</h2>"), std::string::npos);
+  for (const char* row : {"<tr><td>gemm</td>", "<tr><td>pipeline idle</td>", "<tr><td><b>step</b></td>"})
+    EXPECT_NE(page.find(row), std::string::npos) << row;
+  EXPECT_NE(page.find("on CPU (built-in)"), std::string::npos);
+
+  // Off by default: no profiling, no file, no panel.
+  const fs::path plain = train("plain", "");
+  EXPECT_FALSE(fs::exists(plain / "plan_check.json"));
+  ASSERT_EQ(run_tripod("report " + plain.string()).status, 0);
+  EXPECT_EQ(test::slurp(plain / "report.html").find("Planner check"), std::string::npos);
+  // A run shorter than the profile times what it has after its first step.
+  const fs::path shorter = train("shorter", "--set train.profile_steps=10");
+  EXPECT_EQ(check_json(shorter)["steps"], json::array({2, 3, 4}));
+}
+
+TEST_F(PlanCheckCli, PipelineRanksWaitAndAreCheckedEach) {
+  // Two pipeline stages (1F1B over 4 micro-batches): both ranks idle in the warm-up and drain,
+  // measured and predicted; every rank's measured breakdown adds up to its step.
+  const fs::path run = train("pp2", "--set parallel.pp=2 --profile-steps 2", 2);
+  const json j = check_json(run);
+  EXPECT_EQ(j["layout"]["pp"], 2);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  ASSERT_EQ(j["pipeline_ranks"].size(), 2u);
+  for (int q = 0; q < 2; ++q) {
+    SCOPED_TRACE(q);
+    EXPECT_EQ(j["ranks"][q]["pp"], q);
+    expect_adds_up(j["ranks"][q]["measured"], "rank");
+    expect_adds_up(j["pipeline_ranks"][q]["predicted"], "predicted stage");
+    EXPECT_GT(j["pipeline_ranks"][q]["measured"]["pipeline_idle"].get<double>(), 0);
+    EXPECT_GT(j["pipeline_ranks"][q]["predicted"]["pipeline_idle"].get<double>(), 0);
+    EXPECT_GT(j["pipeline_ranks"][q]["measured"]["gemm"].get<double>(), 0);
+  }
+  const auto r = run_tripod("plan --check " + run.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("mean over 2 ranks"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace tripod
