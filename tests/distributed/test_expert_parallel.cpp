@@ -1,12 +1,13 @@
 // Expert parallelism against the single-process run (4 ranks under mpirun), over 10 steps: the
-// routed experts split over ep ranks taken from DP x CP, tokens carried by the all-to-all
-// dispatcher, expert gradients reduced over the expert-data-parallel group (EDP) and the rest over
-// DP x CP. ep = 2 on 2 ranks (EDP of one rank), ep = 2 of dp = 4 (EDP of two: the experts' own
-// reduction and, with the distributed optimizer, their own shards), ep = 4 of dp = 4; the Mixtral-
+// routed experts split over ep ranks taken from DP x CP, tokens carried by the all-to-all or the
+// all-gather dispatcher, expert gradients reduced over the expert-data-parallel group (EDP) and
+// the rest over DP x CP. ep = 2 on 2 ranks (EDP of one rank), ep = 2 of dp = 4 (EDP of two: the
+// experts' own reduction and, with the distributed optimizer, their own shards), ep = 4 of dp = 4,
+// and ep beside tp (+SP), pp (1F1B, interleaved, ZB-H1), cp and full recomputation; the Mixtral-
 // like model (dropless) and the DeepSeek-like one (capacity 1 dropping pairs, selection biases
 // moved every step); the loss of each step and the final weights within the tolerances every
-// layout meets, the biases and expert loads exactly. A checkpoint saved at ep = 2 resumes
-// bit-exactly on its own grid.
+// layout meets, the biases and expert loads exactly. The memory plan counts each rank's experts;
+// a checkpoint saved at ep = 2 resumes bit-exactly on its own grid.
 #include "config/memory_plan.h"
 #include "moe_util.h"
 
@@ -48,15 +49,46 @@ TEST_F(ExpertParallel, AllToAllDroplessMatchesSerial) {
   check(cfg, ref,
         {{.dp = 2, .ep = 2}, {.dp = 2, .distopt = true, .ep = 2}, {.dp = 4, .ep = 2},
          {.dp = 4, .distopt = true, .ep = 2}, {.dp = 4, .ep = 4}});
+  // Full recomputation replays the router's decision and the dispatch plan: the same run.
+  Config full = cfg;
+  full.recompute.mode = RecomputeMode::Full;
+  check(full, ref, {{.dp = 2, .ep = 2}, {.dp = 2, .pp = 2, .schedule = ScheduleKind::ZbH1, .ep = 2}});
 }
 
-TEST_F(ExpertParallel, AllToAllWithCapacityAndSelectionBiasMatchesSerial) {
+TEST_F(ExpertParallel, AllGatherDroplessMatchesSerial) {
+  const Config cfg = steps10(test::mixtral_config());
+  const MoeRun ref = serial(cfg);
+  constexpr auto AG = MoeDispatcher::AllGather;
+  check(cfg, ref, {{.dp = 2, .ep = 2, .dispatcher = AG}, {.dp = 4, .distopt = true, .ep = 2, .dispatcher = AG},
+                   {.dp = 4, .ep = 4, .dispatcher = AG}});
+}
+
+// Expert parallelism beside the other axes: experts column/row-parallel over tp (+SP) inside each
+// EP rank, every pipeline stage's MoE layers over their own EP groups (1F1B, and ZB-H1 whose W
+// dispatches again), EP groups made of context-parallel ranks, and of DP x CP together.
+TEST_F(ExpertParallel, WithTensorPipelineAndContextParallelismMatchesSerial) {
+  const Config cfg = steps10(test::mixtral_config());
+  const MoeRun ref = serial(cfg);
+  using S = ScheduleKind;
+  constexpr auto AG = MoeDispatcher::AllGather;
+  check(cfg, ref,
+        {{.tp = 2, .dp = 2, .ep = 2}, {.tp = 2, .dp = 2, .sp = true, .distopt = true, .ep = 2, .dispatcher = AG},
+         {.dp = 2, .pp = 2, .schedule = S::OneFOneB, .ep = 2},
+         {.dp = 2, .pp = 2, .schedule = S::ZbH1, .distopt = true, .ep = 2, .dispatcher = AG},
+         {.dp = 2, .pp = 2, .schedule = S::Interleaved, .vp = 2, .ep = 2},
+         {.cp = 2, .ep = 2}, {.dp = 2, .cp = 2, .ep = 2}, {.dp = 2, .cp = 2, .distopt = true, .ep = 4},
+         {.dp = 2, .cp = 2, .ep = 4, .dispatcher = AG}});
+}
+
+TEST_F(ExpertParallel, WithCapacityAndSelectionBiasMatchesSerial) {
   const Config cfg = steps10(test::deepseek_config());
   const MoeRun ref = serial(cfg);
   double dropped = 0;
   for (const MoeLayerMetrics& m : ref.moe) dropped += m.dropped;
   EXPECT_GT(dropped, 0) << "the capacity must drop pairs in this test";
-  check(cfg, ref, {{.dp = 2, .ep = 2}, {.dp = 4, .distopt = true, .ep = 2}});
+  check(cfg, ref,
+        {{.dp = 2, .ep = 2}, {.dp = 4, .distopt = true, .ep = 2}, {.dp = 2, .ep = 2, .dispatcher = MoeDispatcher::AllGather},
+         {.tp = 2, .dp = 2, .sp = true, .ep = 2}, {.dp = 2, .pp = 2, .schedule = ScheduleKind::ZbH1, .ep = 2}});
 }
 
 // The memory plan under expert parallelism: parameters, gradients and optimizer state exact (a
@@ -70,7 +102,8 @@ TEST_F(ExpertParallel, MemoryPlanCountsTheExpertsOfEachRank) {
   const ModelConfig& m = base.model;
   const int64_t all_experts = int64_t{m.n_layers} * m.moe.experts * 3 * m.expert_ffn() * m.d_model;
   for (const Layout& l : {Layout{.dp = 2}, Layout{.dp = 2, .ep = 2}, Layout{.dp = 4, .distopt = true, .ep = 2},
-                          Layout{.dp = 4, .distopt = true, .ep = 4}}) {
+                          Layout{.dp = 4, .distopt = true, .ep = 4},
+                          Layout{.dp = 4, .ep = 4, .dispatcher = MoeDispatcher::AllGather}}) {
     SCOPED_TRACE(l.str());
     auto w = l.subworld(*ops);
     if (!w.par) continue;
