@@ -77,6 +77,8 @@ class MoeLayer final : public FeedForward {
 
   int layer() const { return layer_; }
   const MoeStepStats& stats() const { return stats_; }
+  // Wall time in the token dispatcher since the layer was built (TokenDispatcher::seconds).
+  double dispatcher_seconds() const { return dispatcher_ ? dispatcher_->seconds() : 0.0; }
   void reset_stats();
   // Aux-loss-free balancing (DeepSeek-V3): b_e += rate * sign(mean - routed[e]) from the step's
   // pairs per expert over the whole batch (the same on every rank, so every copy of b stays equal).

@@ -2,6 +2,7 @@
 #include "parallel/expert_parallel/token_dispatcher.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/error.h"
 
@@ -10,6 +11,19 @@ namespace tripod {
 void DispatchPlan::keep_for_weight_gradients() { row_of = dst_of = row_of_all = Tensor{}; }
 
 namespace {
+
+// Adds the wall time of its scope to `seconds` (TokenDispatcher::seconds).
+class Clock {
+ public:
+  explicit Clock(double& seconds) : seconds_(seconds), t0_(std::chrono::steady_clock::now()) {}
+  ~Clock() { seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  Clock(const Clock&) = delete;
+  Clock& operator=(const Clock&) = delete;
+
+ private:
+  double& seconds_;
+  std::chrono::steady_clock::time_point t0_;
+};
 
 // An i32 tensor of `n` (at least 1) elements in `category` holding `host` (n values).
 Tensor upload_i32(Ops& ops, const std::vector<int32_t>& host, MemCategory category) {
@@ -69,12 +83,14 @@ std::vector<int64_t> times(const std::vector<int64_t>& counts, int64_t c) {
 // ---- local -------------------------------------------------------------------------------------------
 
 void LocalDispatcher::plan(const Tensor& idx, const Tensor&, int64_t capacity, DispatchPlan& p, MemCategory category) {
+  Clock clock(seconds_);
   const std::vector<int64_t> kept = plan_token_side(ops_, idx, experts_, capacity, p, category);
   p.offsets.assign(experts_ + 1, 0);
   for (int64_t e = 0; e < experts_; ++e) p.offsets[e + 1] = p.offsets[e] + kept[e];
 }
 
 void LocalDispatcher::dispatch(const Tensor& x, const DispatchPlan& p, const Tensor& weights, Tensor& xp) {
+  Clock clock(seconds_);
   const int64_t R = p.rows();
   if (R == 0) return;
   Tensor rows = xp.slice(0, R);
@@ -82,11 +98,13 @@ void LocalDispatcher::dispatch(const Tensor& x, const DispatchPlan& p, const Ten
 }
 
 void LocalDispatcher::combine(const Tensor& yp, const DispatchPlan& p, const Tensor& weights, Tensor& y) {
+  Clock clock(seconds_);
   ops_.moe_unpermute(yp, p.row_of, weights, y);
 }
 
 void LocalDispatcher::combine_backward(Tensor& g, const Tensor& act, const DispatchPlan& p, const Tensor& weights,
                                        Tensor& dweights) {
+  Clock clock(seconds_);
   ops_.fill(dweights, 0.f);
   const int64_t R = p.rows();
   if (R == 0) return;
@@ -98,6 +116,7 @@ void LocalDispatcher::combine_backward(Tensor& g, const Tensor& act, const Dispa
 
 void AllToAllDispatcher::plan(const Tensor& idx, const Tensor&, int64_t capacity, DispatchPlan& p,
                               MemCategory category) {
+  Clock clock(seconds_);
   const int n = ep_.size(), me = ep_.rank();
   const int64_t E = experts_, El = E / n;
   const std::vector<int64_t> kept = plan_token_side(ops_, idx, E, capacity, p, category);
@@ -145,6 +164,7 @@ void AllToAllDispatcher::plan(const Tensor& idx, const Tensor&, int64_t capacity
 }
 
 void AllToAllDispatcher::dispatch(const Tensor& x, const DispatchPlan& p, const Tensor& weights, Tensor& xp) {
+  Clock clock(seconds_);
   const int64_t C = x.size(1), S = p.sent, R = p.rows();
   // Out: the token side's rows (weighted here, where the weights are), then source after source.
   Tensor send = rows_like(ops_, S, C, x.dtype()), recv = rows_like(ops_, R, C, x.dtype());
@@ -161,6 +181,7 @@ void AllToAllDispatcher::dispatch(const Tensor& x, const DispatchPlan& p, const 
 }
 
 void AllToAllDispatcher::combine(const Tensor& yp, const DispatchPlan& p, const Tensor& weights, Tensor& y) {
+  Clock clock(seconds_);
   const int64_t C = y.size(1), S = p.sent, R = p.rows();
   Tensor back = rows_like(ops_, R, C, yp.dtype()), recv = rows_like(ops_, S, C, yp.dtype());
   if (R > 0) {
@@ -174,6 +195,7 @@ void AllToAllDispatcher::combine(const Tensor& yp, const DispatchPlan& p, const 
 
 void AllToAllDispatcher::combine_backward(Tensor& g, const Tensor& act, const DispatchPlan& p, const Tensor& weights,
                                           Tensor& dweights) {
+  Clock clock(seconds_);
   const int64_t S = p.sent, R = p.rows(), N = p.tokens, k = p.k;
   // Each row's weight travels to its expert: the token side's weights in row order, then source
   // after source (src_of indexes them as it does the rows).
@@ -200,6 +222,7 @@ void AllToAllDispatcher::combine_backward(Tensor& g, const Tensor& act, const Di
 
 void AllGatherDispatcher::plan(const Tensor& idx, const Tensor& weights, int64_t capacity, DispatchPlan& p,
                                MemCategory category) {
+  Clock clock(seconds_);
   const int n = ep_.size(), me = ep_.rank();
   const int64_t N = idx.size(0), k = idx.size(1), E = experts_, El = E / n, P = N * k;
   p.tokens = N;
@@ -242,6 +265,7 @@ void AllGatherDispatcher::plan(const Tensor& idx, const Tensor& weights, int64_t
 }
 
 void AllGatherDispatcher::dispatch(const Tensor& x, const DispatchPlan& p, const Tensor& weights, Tensor& xp) {
+  Clock clock(seconds_);
   const int64_t N = x.size(0), C = x.size(1), R = p.rows();
   Tensor x_all = ops_.empty({ep_.size() * N, C}, x.dtype(), MemCategory::Workspace);
   ep_.all_gather(x, x_all);
@@ -251,6 +275,7 @@ void AllGatherDispatcher::dispatch(const Tensor& x, const DispatchPlan& p, const
 }
 
 void AllGatherDispatcher::combine(const Tensor& yp, const DispatchPlan& p, const Tensor& weights, Tensor& y) {
+  Clock clock(seconds_);
   const int64_t N = y.size(0), C = y.size(1);
   // This rank's experts' share of every token of the group (zeros where it has none), summed over
   // the group and scattered back to the tokens' ranks.
@@ -261,6 +286,7 @@ void AllGatherDispatcher::combine(const Tensor& yp, const DispatchPlan& p, const
 
 void AllGatherDispatcher::combine_backward(Tensor& g, const Tensor& act, const DispatchPlan& p, const Tensor&,
                                            Tensor& dweights) {
+  Clock clock(seconds_);
   const int64_t R = p.rows();
   Tensor d_all = ops_.empty({ep_.size() * p.tokens * p.k}, DType::F32, MemCategory::Workspace);
   ops_.fill(d_all, 0.f);

@@ -66,6 +66,11 @@ struct DispatchPlan {
 class TokenDispatcher {
  public:
   virtual ~TokenDispatcher() = default;
+  // Host wall time spent in this dispatcher's methods since construction (the counts' exchange,
+  // permutes, the all-to-alls or all-gathers and their waits): what bench_moe_cpu reports as the
+  // dispatcher's share of the step. Meaningful on the CPU backend, where every call completes
+  // before it returns; on CUDA it counts launches and host synchronisations only.
+  double seconds() const { return seconds_; }
   // From the choices idx (N, k) i32 and their weights (N, k) f32: the plan `p`, keeping at most
   // `capacity` pairs of this rank's tokens per expert (< 0: all); its tensors charged to `category`.
   // One device-to-host copy (the grouped GEMMs' sizes are host values).
@@ -82,6 +87,9 @@ class TokenDispatcher {
   // pair <act row, g row> (0 when dropped), and each g row *= its pair's weight.
   virtual void combine_backward(Tensor& g, const Tensor& act, const DispatchPlan& p, const Tensor& weights,
                                 Tensor& dweights) = 0;
+
+ protected:
+  double seconds_ = 0;
 };
 
 // Every expert on this rank: plans, permutes and un-permutes locally (phase one's bits).
