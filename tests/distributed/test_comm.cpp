@@ -120,10 +120,15 @@ TEST_F(Comm, SendRecvRingsBothWays) {
 }
 
 // all_to_all_v: rank r sends rank q a block of (r + 2q + scale) % 5 * scale elements (zero for
-// some pairs, the rank's own block included), each naming (r, q, i); every dtype, through the
+// some pairs, the rank's own block included), each naming (r, q, i), and exchanges where nothing
+// or nothing of one rank's travels; every dtype, through the
 // flight recorder's wrapper too (it records one all-to-all and forwards the exchange).
 TEST_F(Comm, AllToAllVariableBlocks) {
-  auto count = [&](int from, int to, int64_t scale) { return static_cast<int64_t>((from + 2 * to + scale) % 5) * scale; };
+  // Scale 0: nothing travels at all; scale 2: rank 0 neither sends nor receives anything.
+  auto count = [&](int from, int to, int64_t scale) -> int64_t {
+    if (scale == 2) return from == 0 || to == 0 ? 0 : from + to;
+    return static_cast<int64_t>((from + 2 * to + scale) % 5) * scale;
+  };
   auto value = [](int from, int to, int64_t i) { return static_cast<float>(from * 100 + to * 10 + i % 7); };
   auto rec = std::make_shared<FlightRecorder>(r, n, 16, "");
   std::vector<int> ranks(n);
@@ -131,7 +136,7 @@ TEST_F(Comm, AllToAllVariableBlocks) {
   RecordingComm recorded(mpi_subgroup(*world, ranks, "recorded"), rec, ranks);
   for (Communicator* c : {static_cast<Communicator*>(world.get()), static_cast<Communicator*>(&recorded)})
     for (DType dt : {DType::F32, DType::I32, DType::BF16})
-      for (int64_t scale : {1, 3, 1001}) {
+      for (int64_t scale : {0, 1, 2, 3, 1001}) {
         SCOPED_TRACE(fmt::format("{} {} scale {}", c->name(), dtype_name(dt), scale));
         std::vector<int64_t> sc(n), rc(n);
         int64_t s_total = 0, r_total = 0;
@@ -162,7 +167,7 @@ TEST_F(Comm, AllToAllVariableBlocks) {
       }
   int recorded_ops = 0;
   for (const FlightEntry& e : rec->entries()) recorded_ops += e.kind == FlightKind::AllToAll;
-  EXPECT_EQ(recorded_ops, 9);
+  EXPECT_EQ(recorded_ops, 15);
   // Counts that do not fit the tensors are refused before anything is sent.
   std::vector<int64_t> too_many(n, 1000);
   Tensor small = make(4);
