@@ -49,6 +49,11 @@ struct TrainRecord {
   double compute_median_s = std::numeric_limits<double>::quiet_NaN(), compute_max_s = compute_median_s;
   int compute_max_rank = -1;
   std::vector<StragglerRecord> stragglers;
+  // A mixture of experts' step ("moe" in metrics.jsonl): per MoE layer its index, the (token,
+  // choice) pairs each expert took over the step, and the pairs the capacity dropped.
+  std::vector<int> moe_layers;
+  std::vector<std::vector<double>> tokens_per_expert;
+  std::vector<double> moe_dropped;
 };
 
 struct EvalRecord {
