@@ -15,12 +15,15 @@
 #                  (the quick-start model: loss, grad norm, every parameter's gradient and update)
 #   train          50 quick-start steps against the CPU curve; a GPU checkpoint evaluated on the CPU
 #   bench-124m     tripod_gpu_bench GPT-2 124M, seq 1024, 20 timed steps (tokens/s, MFU, memory, split)
-#   torch-eager    the PyTorch baseline on the same shape and micro-batch, eager, and the ratio
-#   grid           the (2,2,2) quick-start grid as 8 ranks on one GPU against one rank
-#   torch-compile  the PyTorch baseline with torch.compile (when the budget still allows)
-#   comm           cuda_comm_test (2 ranks), cuda_grid_test (4 ranks), cuda_cli_test
-#   bench-350m     tripod_gpu_bench GPT-2 350M
+#   torch-compile  the PyTorch baseline on the same shape and micro-batch with torch.compile, and the ratio
+#   torch-eager    the same baseline eager
 #   bench-1b       tripod_gpu_bench, a Llama-3.2-1B-shaped model
+#   bench-350m     tripod_gpu_bench GPT-2 350M
+#   hf             tripod's Hugging Face exports of a trained tiny GPT-2, Llama and Mixtral loaded by
+#                  transformers (fp32): the same chapters' log-likelihoods as tripod eval, within
+#                  1e-5 relative (bench/gpu/hf_check.py)
+#   grid           the (2,2,2) quick-start grid as 8 ranks on one GPU against one rank
+#   comm           cuda_comm_test (2 ranks), cuda_grid_test (4 ranks), cuda_cli_test
 #   calibrate      tripod calibrate --device cuda into hardware_cuda.toml (in the results folder)
 #   plan-check     the planner on that file against this window's bench-124m/350m/1b steps
 #                  (bench/gpu/plan_check.py), and a profiled 124M run's plan --check table
@@ -46,20 +49,21 @@ RESERVE=20 GRACE=5
 
 # name  estimate  cap  minimum (seconds). Estimates: the times the stages took on an H200 on
 # 2026-11-27 (rounded up; torch-compile, bench-1b, sanitize and profile did not complete there, so
-# theirs are still guesses from the shapes and step counts; calibrate's grid and plan-check are
-# newer than that run: guesses from their calls' FLOPs and sizes).
+# theirs are still guesses from the shapes and step counts; calibrate's grid, plan-check and hf
+# are newer than that run: guesses from their calls' FLOPs, sizes and start-ups).
 STAGE_TABLE="
 probe          7   30   5
 ops           12  120  10
 step           5  120   5
 train         15  180  10
 bench-124m    30  150  20
-torch-eager   35  120  25
-grid          10  150  10
 torch-compile 90  180  60
-comm           5  120   5
-bench-350m    50  120  40
+torch-eager   35  120  25
 bench-1b      60  150  45
+bench-350m    50  120  40
+hf            45  120  30
+grid          10  150  10
+comm           5  120   5
 calibrate     45  120  25
 plan-check    25   90  15
 sanitize      60  300  30
@@ -75,7 +79,7 @@ while read -r n e c m; do
 done <<< "$STAGE_TABLE"
 DEFAULT=("${ALL[@]:0:${#ALL[@]}-1}")  # all but mpi
 
-usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; }
 bad() { echo "error: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case $1 in
@@ -377,6 +381,15 @@ plan_check() {
     "${run[@]}" --out "$D/plan_check.txt" "${jsons[@]}"
   [ "$DRY" = 0 ] && [ -f "$D/plan_check.txt" ] && note "$(tail -1 "$D/plan_check.txt")"
 }
+# The exports against transformers: three tiny models trained here, exported, scored by both.
+hf() {
+  if [ "$DRY" = 0 ] && ! timeout 60 python3 -c 'import torch, transformers' 2>/dev/null; then
+    skip "no python3 with PyTorch and transformers"; return
+  fi
+  cmd hf_check python3 "$B/src/bench/gpu/hf_check.py" --tripod "$B/bin/tripod" --configs "$B/src/configs" \
+    --corpus "$B/src/build/corpus" --work "$D/hf" --device cuda --out "$D/hf_check.txt"
+  [ "$DRY" = 0 ] && [ -f "$D/hf_check.txt" ] && note "$(tail -1 "$D/hf_check.txt")"
+}
 sanitize() {
   local cs; cs=$(tool compute-sanitizer)
   [ -n "$cs" ] || [ "$DRY" = 1 ] || { skip "no compute-sanitizer"; return; }
@@ -415,6 +428,7 @@ run_stage() {
     torch-compile) torch_baseline compiled ;;
     calibrate) calibrate ;;
     plan-check) plan_check ;;
+    hf) hf ;;
     sanitize) sanitize ;;
     profile) profile ;;
     mpi) cmd tripod env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$B/bin/tripod" train \
@@ -454,6 +468,7 @@ write_summary() {
       echo; python3 "$B/src/bench/gpu/summary.py" "${jsons[@]}" || cat "$D"/bench-*.log
     fi
     [ -f "$D/calibrate.log" ] && { echo; grep -h 'hardware_cuda.toml' "$D/calibrate.log" | tail -1; }
+    [ -f "$D/hf_check.txt" ] && { echo; cat "$D/hf_check.txt"; }
     [ -f "$D/plan_check.txt" ] && { echo; cat "$D/plan_check.txt"; }
     [ -f "$D/sanitize.log" ] && { echo; grep -h -B2 'ERROR SUMMARY' "$D/sanitize.log"; }
     [ -f "$D/profile_top.txt" ] && { echo; cat "$D/profile_top.txt"; }
@@ -467,13 +482,13 @@ pack() {
     [ -f "$f" ] && [ "$(stat -c %s "$f")" -gt 8000000 ] &&
       { head -c 4000000 "$f"; echo; echo "... (cut)"; tail -c 4000000 "$f"; } > "$f.cut" && mv "$f.cut" "$f"
   done
-  tar -C "$(dirname "$D")" -czf "$RESULTS/details.tar.gz.tmp" --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' details
+  tar -C "$(dirname "$D")" -czf "$RESULTS/details.tar.gz.tmp" --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' --exclude='*.safetensors' details
   mv "$RESULTS/details.tar.gz.tmp" "$RESULTS/details.tar.gz"
   # What --quick reads next time (the bundle's folder stays on a warm machine).
   if mkdir -p "$B/last" 2>/dev/null && cp "$RESULTS/summary.txt" "$B/last/summary.txt.tmp" 2>/dev/null; then
     mv "$B/last/summary.txt.tmp" "$B/last/summary.txt"
     rm -rf "$B/last/details"
-    tar -C "$(dirname "$D")" -cf - --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' details | tar -C "$B/last" -xf -
+    tar -C "$(dirname "$D")" -cf - --exclude='ckpt_*' --exclude='*_ckpt' --exclude='*.h5' --exclude='*.safetensors' details | tar -C "$B/last" -xf -
   fi
   true
 }

@@ -58,7 +58,8 @@ for f in tripod tripod_gpu_bench cuda_kernels_test cuda_model_test cuda_train_te
   [ -x "$OUT/bin/$f" ] || fail "bin/$f missing"
 done
 for f in src/configs/quickstart.toml src/configs/tiny.toml src/configs/hardware/h100_sxm.toml \
-         src/configs/hardware/h200_sxm.toml src/bench/gpu/plan_check.py \
+         src/configs/hardware/h200_sxm.toml src/bench/gpu/plan_check.py src/bench/gpu/hf_check.py \
+         src/configs/tiny_kjv.toml src/configs/tiny_llama.toml src/configs/tiny_moe.toml \
          src/build/corpus/kjv_text_document.bin src/build/corpus/kjv_bpe4096.model \
          src/bench/gpu/torch_baseline.py src/bench/gpu/summary.py run.sh GLIBC_REQUIRED; do
   [ -s "$OUT/$f" ] || fail "$f missing"
@@ -73,7 +74,7 @@ for want in "libcudnn.so.9: /" "libnccl.so.2: /" "libcublasLt.so.13: /" "-- ops/
             "--gtest_filter=CudaTrain.GridOnOneGpuMatchesSingleRank" "-- comm/cuda_comm_test: mpirun" \
             "tripod_gpu_bench --model 124M --steps 20 --warmup 3" "torch_baseline.py --model 124M --steps 20 --warmup 3" \
             "--no-compile" "tripod_gpu_bench --model 350M" "calibrate --device cuda" "--profile-steps 4" \
-            "plan_check.py --tripod" "dry run: nothing ran"; do
+            "plan_check.py --tripod" "hf_check.py --tripod" "dry run: nothing ran"; do
   grep -qF -- "$want" <<< "$dry" || fail "run.sh --dry-run does not show '$want':"$'\n'"$dry"
 done
 plan=$(grep '^plan: ' <<< "$dry")
@@ -82,18 +83,19 @@ plan: ops est=12 cap=120 start=7
 plan: step est=5 cap=120 start=19
 plan: train est=15 cap=180 start=24
 plan: bench-124m est=30 cap=150 start=39
-plan: torch-eager est=35 cap=120 start=69
-plan: grid est=10 cap=150 start=104
-plan: torch-compile est=90 cap=180 start=114
-plan: comm est=5 cap=120 start=204
-plan: bench-350m est=50 cap=120 start=209
-plan: bench-1b est=60 cap=150 start=259
-plan: calibrate est=45 cap=120 start=319
-plan: plan-check est=25 cap=90 start=364
-plan: sanitize est=60 cap=126 start=389
-plan: profile est=90 cap=66 start=449"
+plan: torch-compile est=90 cap=180 start=69
+plan: torch-eager est=35 cap=120 start=159
+plan: bench-1b est=60 cap=150 start=194
+plan: bench-350m est=50 cap=120 start=254
+plan: hf est=45 cap=120 start=304
+plan: grid est=10 cap=150 start=349
+plan: comm est=5 cap=120 start=359
+plan: calibrate est=45 cap=120 start=364
+plan: plan-check est=25 cap=90 start=409
+plan: sanitize est=60 cap=81 start=434
+plan: profile no-time left=46 min=60"
 [ "$plan" = "$want_plan" ] || fail "the 540 s plan changed:"$'\n'"$plan"$'\n'"(expected)"$'\n'"$want_plan"
-# Every cap keeps 25 s back, and the issue's first six checks (through grid) end by 540 - 20 s.
+# Every cap keeps 25 s back, and the checks of correctness and the comparisons (through grid) end by 540 - 20 s.
 awk -v budget=540 '
   /est=/ { split($0, f, /[ =]/); est = f[4]; cap = f[6]; start = f[8]
            if (cap > budget - start - 25) { print "cap " cap " beyond what is left at " start ": " $0; bad = 1 }
@@ -106,12 +108,12 @@ plan: ops est=12 cap=120 start=7
 plan: step est=5 cap=120 start=19
 plan: train est=15 cap=151 start=24
 plan: bench-124m est=30 cap=136 start=39
-plan: torch-eager est=35 cap=106 start=69
-plan: grid est=10 cap=71 start=104
-plan: torch-compile est=90 cap=61 start=114
-plan: comm no-time left=25 min=5"
+plan: torch-compile est=90 cap=106 start=69
+plan: torch-eager no-time left=41 min=25
+plan: bench-1b no-time left=41 min=45
+plan: bench-350m no-time left=41 min=40"
 [ "$(head -9 <<< "$plan200")" = "$want200" ] || fail "the 200 s plan:"$'\n'"$plan200"
-[ "$(grep -c 'no-time' <<< "$plan200")" = 7 ] || fail "the 200 s plan should leave 7 stages without time:"$'\n'"$plan200"
+[ "$(grep -c 'no-time' <<< "$plan200")" = 8 ] || fail "the 200 s plan should leave 8 stages without time:"$'\n'"$plan200"
 
 # --quick on a first run's summary: probe, then the stages that failed, timed out, had no time,
 # were pending (the run was cut off) or are absent; not those ok or skipped.
@@ -139,7 +141,7 @@ END
 quick=$("$OUT/run.sh" --quick --previous "$T/first_summary.txt" --dry-run --budget 300 --results "$T/dry") ||
   fail "run.sh --quick --dry-run failed:"$'\n'"$quick"
 got=$(grep '^plan: ' <<< "$quick" | awk '{print $2}' | tr '\n' ' ')
-[ "$got" = "probe step train torch-compile comm bench-350m bench-1b plan-check profile " ] || fail "--quick picked: $got"$'\n'"$quick"
+[ "$got" = "probe step train torch-compile bench-1b bench-350m hf comm plan-check profile " ] || fail "--quick picked: $got"$'\n'"$quick"
 "$OUT/run.sh" --quick --previous "$T/missing.txt" > "$T/bad.out" 2>&1 && fail "--quick with no summary ran"
 [ "$(cat "$T/bad.out")" = "error: --quick: no earlier summary at $T/missing.txt (give the first run's summary.txt with --previous FILE)" ] ||
   fail "--quick with no summary: $(cat "$T/bad.out")"
