@@ -6,10 +6,12 @@
 // and ep beside tp (+SP), pp (1F1B, interleaved, ZB-H1), cp and full recomputation; the Mixtral-
 // like model (dropless) and the DeepSeek-like one (capacity 1 dropping pairs, selection biases
 // moved every step); the loss of each step and the final weights within the tolerances every
-// layout meets, the biases and expert loads exactly. The memory plan counts each rank's experts;
-// a checkpoint saved at ep = 2 resumes bit-exactly on its own grid.
+// layout meets, the biases and expert loads exactly. Evaluation matches; the memory plan counts
+// each rank's experts; a checkpoint saved at ep = 2 resumes bit-exactly on its own grid and
+// checkpoints reshard across ep (2, 4 <-> 1).
 #include "config/memory_plan.h"
 #include "moe_util.h"
+#include "train/evaluator.h"
 
 namespace tripod {
 namespace {
@@ -89,6 +91,30 @@ TEST_F(ExpertParallel, WithCapacityAndSelectionBiasMatchesSerial) {
   check(cfg, ref,
         {{.dp = 2, .ep = 2}, {.dp = 4, .distopt = true, .ep = 2}, {.dp = 2, .ep = 2, .dispatcher = MoeDispatcher::AllGather},
          {.tp = 2, .dp = 2, .sp = true, .ep = 2}, {.dp = 2, .pp = 2, .schedule = ScheduleKind::ZbH1, .ep = 2}});
+}
+
+// Evaluation runs the training forward through the same dispatchers: the loss over 16 samples at
+// the initial weights is the serial run's on every expert-parallel grid.
+TEST_F(ExpertParallel, EvaluationMatchesSerial) {
+  const Config cfg = test::mixtral_config();
+  double serial_loss = 0;
+  {
+    auto self = test::make_selfworld(*ops);
+    Config c = cfg;
+    validate_layout(c, 1);
+    Trainer t(c, *ops, *self.par, &data);
+    serial_loss = t.evaluator().evaluate(&data, 16, 0).loss;
+  }
+  for (const Layout& l : {Layout{.dp = 2, .ep = 2}, Layout{.dp = 4, .ep = 4, .dispatcher = MoeDispatcher::AllGather},
+                          Layout{.dp = 2, .pp = 2, .ep = 2}}) {
+    SCOPED_TRACE(l.str());
+    auto w = l.subworld(*ops);
+    if (!w.par) continue;
+    Config c = l.apply(cfg);
+    validate_layout(c, l.grid().world_size());
+    Trainer t(c, *ops, *w.par, &data);
+    EXPECT_NEAR(t.evaluator().evaluate(&data, 16, 0).loss, serial_loss, 1e-5 * serial_loss);
+  }
 }
 
 // The memory plan under expert parallelism: parameters, gradients and optimizer state exact (a
