@@ -171,7 +171,7 @@ int main(int argc, char** argv) {
       const int64_t sent0 = par.cp ? par.cp->bytes_sent() : 0;
       for (int s = 0; s < steps; ++s) {
         ops->set_timing(true);
-        const StepMetrics m = t.step();
+        const StepRecord m = t.step();
         ops->set_timing(false);
         double att = ops->take_times().seconds_of(OpFamily::Attention);
         MPI_Allreduce(MPI_IN_PLACE, &att, 1, MPI_DOUBLE, MPI_MAX, comm);

@@ -52,9 +52,9 @@ int main(int argc, char** argv) {
     std::vector<double> times;
     int64_t peak = 0;
     for (int i = 0; i < steps; ++i) {
-      StepMetrics m = t.step();
+      StepRecord m = t.step();
       times.push_back(m.step_time_s);
-      peak = std::max<int64_t>(peak, m.memory["activations"].get<int64_t>());
+      peak = std::max<int64_t>(peak, m.memory.at(0).at("activations"));
     }
     std::sort(times.begin(), times.end());
     double time = times[times.size() / 2];

@@ -57,19 +57,19 @@ void run_bench(int rank, int world, const std::string& dir, int rounds, int step
   const int reps = 200;
   double log_plain_us = 0, log_tb_us = 0;
   if (rank == 0) {
-    StepMetrics m;
-    m.steps = reps;
+    StepRecord m;
     m.loss = 4.5, m.lr = 1e-3, m.grad_norm = 0.9, m.step_time_s = 0.4, m.tokens_per_s = 1e4, m.mfu = 0.3;
     m.batch_size = base.train.global_batch_size;
+    auto& peaks = m.memory.emplace_back();
     for (const char* c : {"params", "grads", "optimizer", "activations", "workspace", "comm", "total"})
-      m.memory[c] = 123456789;
+      peaks[c] = 123456789;
     for (bool tb : {false, true}) {
       MetricsLog log(fmt::format("{}/direct_{}", dir, tb), tb ? fmt::format("{}/direct_{}/tb", dir, tb) : "");
       const auto t0 = std::chrono::steady_clock::now();
       for (int i = 1; i <= reps; ++i) {
         m.step = i;
         m.consumed_samples = i * m.batch_size;
-        log.log_step(m);
+        log.log_step(m, reps);
       }
       (tb ? log_tb_us : log_plain_us) =
           1e6 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;

@@ -118,6 +118,7 @@ GradSync make_grad_sync(const Config& cfg, const RankLayout& l, const ParamRegis
     r.size = l.grid.size(axis);
     r.rank = rank;
     r.sharded = pc.distributed_optimizer && r.size > 1;
+    r.bucket_bytes = static_cast<int64_t>(pc.bucket_mb * 1024 * 1024);
     r.buckets = make_grad_buckets(reg, wte, pc.bucket_mb, [&](const Param& p) {
       return g.group_of(p.spec.expert >= 0) == (experts ? g.expert_group : 0);
     });

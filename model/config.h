@@ -91,7 +91,7 @@ struct ModelConfig {
   bool bias = true;          // biases in every linear
   bool tie_embeddings = true;  // the output head is the input embedding table
   bool qk_norm = false;        // per-head RMSNorm of q and k before rope (Qwen3)
-  MoeConfig moe;               // the [moe] section
+  MoeConfig moe{};             // the [moe] section
 
   // Llama's choices (RMSNorm, rope, SwiGLU, no biases, an untied head) when arch is Llama: what
   // model.arch = "llama" sets before the keys given override them.

@@ -417,7 +417,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
   };
   std::vector<Sync> sync(p.pp);
   double gather = 0;
-  int64_t owned = 0;
+  int64_t owned = 0, in_flight = 0;  // the bytes of a bucket being reduced (one more fills meanwhile)
   for (int q : pp_ranks) {
     const RankLayout l = make_rank_layout(cfg, grid.rank({.tp = 0, .dp = 0, .pp = q}), schedule, plan);
     RankMemory m = plan_rank_memory(cfg, l);
@@ -428,6 +428,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
     Sync& y = sync[q];
     for (const ReduceGroup& g : l.grad_sync.groups) {
       if (g.size == 1) continue;
+      in_flight = std::max(in_flight, g.bucket_bytes);
       for (const GradBucket& b : g.buckets) {
         const double t = hw.collective_time(g.sharded ? Collective::ReduceScatter : Collective::AllReduce, g.size,
                                             b.span.size() * 4, pl.dp_intra);
@@ -521,7 +522,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
   // hardware's reserved memory.
   const int64_t Cl = s.C / s.t, Fl = s.F / s.t;
   out.workspace_bytes = (s.N * (3 * Cl + Cl + (s.swiglu ? 3 : 2) * Fl) + 3 * s.Ns * s.C) * s.a;
-  out.comm_bytes = p.dp * p.cp > 1 ? static_cast<int64_t>(2 * std::max(1.0, p.bucket_mb * 1024 * 1024)) : 0;
+  out.comm_bytes = 2 * in_flight;
   out.reserved_bytes = static_cast<int64_t>(hw.reserved_memory);
   return out;
 }

@@ -15,16 +15,18 @@
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
-#include <toml++/toml.h>
 
 #include "core/error.h"
 #include "core/version.h"
-#include "model/config.h"
+#include "config/config.h"
+#include "config/layout.h"
 #include "plan/plan_check.h"
 #include "report/report_assets.h"
+#include "report/line_chart.h"
 #include "report/svg.h"
 #include "report/trace_merge.h"
-#include "train/metrics.h"
+#include "core/format.h"
+#include "train/run_files.h"
 
 namespace tripod {
 
@@ -44,320 +46,6 @@ std::string slurp(const fs::path& p) {
 }
 
 std::string esc(const std::string& s) { return xml_escape(s); }
-
-// ---- metrics.jsonl -------------------------------------------------------------------------
-
-// A number field: absent or null is NaN (JSON has no NaN; a skipped step's loss is logged null).
-double number_field(const json& j, const char* key, const std::string& where) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return kNaN;
-  TRIPOD_INPUT_CHECK(it->is_number(), "{}: \"{}\" must be a number, got {}", where, key, it->dump());
-  return it->get<double>();
-}
-
-int64_t step_field(const json& j, const std::string& where) {
-  auto it = j.find("step");
-  TRIPOD_INPUT_CHECK(it != j.end() && it->is_number_integer() && it->get<int64_t>() >= 0,
-                     "{}: \"step\" must be a non-negative integer, got {}", where,
-                     it == j.end() ? std::string("nothing") : it->dump());
-  return it->get<int64_t>();
-}
-
-// mem_peak_bytes: {"params": B, ...} (one rank), {"params": [B per rank], ...}, or a list of
-// per-rank objects.
-std::vector<std::map<std::string, int64_t>> memory_field(const json& j, const std::string& where) {
-  std::vector<std::map<std::string, int64_t>> ranks;
-  auto it = j.find("mem_peak_bytes");
-  if (it == j.end() || it->is_null()) return ranks;
-  auto bytes = [&](const json& v, const std::string& cat) {
-    TRIPOD_INPUT_CHECK(v.is_number() && v.get<double>() >= 0,
-                       "{}: mem_peak_bytes.{} must be a byte count (or a list of them), got {}", where, cat, v.dump());
-    return static_cast<int64_t>(v.get<double>());
-  };
-  auto one_rank = [&](const json& obj) {
-    TRIPOD_INPUT_CHECK(obj.is_object(), "{}: mem_peak_bytes must be an object of byte counts per category, got {}",
-                       where, obj.dump());
-    std::map<std::string, int64_t> m;
-    for (const auto& [cat, v] : obj.items()) m[cat] = bytes(v, cat);
-    return m;
-  };
-  if (it->is_array()) {
-    for (const auto& r : *it) ranks.push_back(one_rank(r));
-    return ranks;
-  }
-  TRIPOD_INPUT_CHECK(it->is_object(), "{}: mem_peak_bytes must be an object of byte counts per category, got {}",
-                     where, it->dump());
-  size_t n = 1;
-  for (const auto& [cat, v] : it->items())
-    if (v.is_array()) n = std::max(n, v.size());
-  ranks.resize(n);
-  for (const auto& [cat, v] : it->items()) {
-    if (v.is_array()) {
-      TRIPOD_INPUT_CHECK(v.size() == n, "{}: mem_peak_bytes.{} has {} ranks, other categories {}", where, cat,
-                         v.size(), n);
-      for (size_t r = 0; r < n; ++r) ranks[r][cat] = bytes(v[r], cat);
-    } else {
-      TRIPOD_INPUT_CHECK(n == 1, "{}: mem_peak_bytes.{} is one number where other categories list {} ranks", where,
-                         cat, n);
-      ranks[0][cat] = bytes(v, cat);
-    }
-  }
-  return ranks;
-}
-
-// ---- formatting ----------------------------------------------------------------------------
-
-// "1.23 GiB", "512 B".
-std::string format_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (std::fabs(b) >= 1024 && u < 4) {
-    b /= 1024;
-    ++u;
-  }
-  if (u == 0) return fmt::format("{:.0f} B", b);
-  return fmt::format("{:.{}f} {}", b, b >= 100 ? 0 : b >= 10 ? 1 : 2, units[u]);
-}
-
-// "812", "12.3k", "4.56M".
-std::string format_si(double v) {
-  const double a = std::fabs(v);
-  if (a >= 1e9) return fmt::format("{:.3g}G", v / 1e9);
-  if (a >= 1e6) return fmt::format("{:.3g}M", v / 1e6);
-  if (a >= 1e3) return fmt::format("{:.3g}k", v / 1e3);
-  return fmt::format("{:.3g}", v);
-}
-
-std::string format_count(double v) {
-  if (v >= 1e9) return fmt::format("{:.2f}B", v / 1e9);
-  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
-  if (v >= 1e3) return fmt::format("{:.1f}k", v / 1e3);
-  return fmt::format("{:.0f}", v);
-}
-
-enum class ValueFormat { Plain, Si, Percent, Sci };
-
-const char* format_js_name(ValueFormat a) {
-  switch (a) {
-    case ValueFormat::Si: return "si";
-    case ValueFormat::Percent: return "pct";
-    case ValueFormat::Sci: return "sci";
-    default: return "plain";
-  }
-}
-
-// A "nice" step (1, 2 or 5 times a power of ten) giving about `target` intervals over `span`.
-double nice_step(double span, int target) {
-  if (!(span > 0)) return 1;
-  const double raw = span / target;
-  const double p = std::pow(10.0, std::floor(std::log10(raw)));
-  for (double m : {1.0, 2.0, 5.0})
-    if (raw <= m * p * (1 + 1e-9)) return m * p;
-  return 10 * p;
-}
-
-std::string format_tick(double v, ValueFormat axis, double step) {
-  if (std::fabs(v) < step * 1e-6) return "0";
-  auto decimals = [](double s) { return std::max(0, static_cast<int>(-std::floor(std::log10(s) + 1e-9))); };
-  switch (axis) {
-    case ValueFormat::Percent: return fmt::format("{:.{}f}%", 100 * v, decimals(100 * step));
-    case ValueFormat::Sci: return v == 0 ? "0" : fmt::format("{:.1e}", v);
-    case ValueFormat::Si: {
-      double scale = 1;
-      const char* suffix = "";
-      const double a = std::max(std::fabs(v), step);
-      if (a >= 1e9) scale = 1e9, suffix = "G";
-      else if (a >= 1e6) scale = 1e6, suffix = "M";
-      else if (a >= 1e3) scale = 1e3, suffix = "k";
-      return fmt::format("{:.{}f}{}", v / scale, decimals(step / scale), suffix);
-    }
-    default: return fmt::format("{:.{}f}", v, decimals(step));
-  }
-}
-
-// ---- line charts (inline SVG) --------------------------------------------------------------
-
-struct Series {
-  std::string name, color;
-  std::vector<double> x, y;
-  bool markers = false;  // always draw the points (sparse series: validation)
-  bool trend = false;    // a smoothed line: never the points
-  double opacity = 1, width = 1.8;
-  bool hover = true;  // listed in the hover readout
-};
-
-struct LineChart {
-  std::string id;  // unique in the page
-  std::vector<Series> series;
-  ValueFormat format = ValueFormat::Plain;
-  bool from_zero = false;
-  std::string y_label;
-  std::vector<int64_t> flagged;  // steps marked under the plot (skipped updates)
-  int width = 1200, height = 320;
-};
-
-// (lo, hi) of the finite values of every series.
-std::pair<double, double> finite_range(const std::vector<Series>& ss, bool xs) {
-  double lo = INFINITY, hi = -INFINITY;
-  for (const auto& s : ss)
-    for (size_t i = 0; i < s.x.size(); ++i) {
-      const double v = xs ? s.x[i] : s.y[i];
-      if (!std::isfinite(s.y[i]) || !std::isfinite(v)) continue;
-      lo = std::min(lo, v);
-      hi = std::max(hi, v);
-    }
-  return {lo, hi};
-}
-
-// The SVG of a chart, and its data for the hover readout in `js`.
-std::string render_line_chart(const LineChart& c, json& js) {
-  const double left = 70, right = 18, top = 12, bottom = 44;
-  const double pw = c.width - left - right, ph = c.height - top - bottom;
-  auto [x0, x1] = finite_range(c.series, true);
-  auto [y0, y1] = finite_range(c.series, false);
-  if (!std::isfinite(x0)) x0 = 0, x1 = 1;
-  if (x1 <= x0) x0 -= 1, x1 += 1;
-  if (!std::isfinite(y0)) y0 = 0, y1 = 1;
-  if (c.from_zero && y0 >= 0) y0 = 0;
-  if (y1 <= y0) {
-    const double pad = std::fabs(y0) > 0 ? std::fabs(y0) * 0.1 : 1;
-    y0 = c.from_zero && y0 >= 0 ? 0 : y0 - pad;
-    y1 += pad;
-  }
-  const double ystep = nice_step(y1 - y0, 5);
-  y0 = std::floor(y0 / ystep + 1e-9) * ystep;
-  y1 = std::ceil(y1 / ystep - 1e-9) * ystep;
-  const double xstep = std::max(1.0, nice_step(x1 - x0, 8));
-  auto X = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
-  auto Y = [&](double y) { return top + (y1 - y) / (y1 - y0) * ph; };
-
-  std::string s = fmt::format(
-      "<svg class=\"chart\" data-chart=\"{}\" viewBox=\"0 0 {} {}\" role=\"img\" aria-label=\"{}\" "
-      "font-size=\"12\">\n",
-      c.id, c.width, c.height, esc(c.y_label));
-  // Grid and axes.
-  for (double t = y0; t <= y1 + ystep * 1e-6; t += ystep) {
-    const double y = Y(t);
-    s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e6e8ec\"/>"
-                     "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"end\" fill=\"#5b6475\">{}</text>\n",
-                     left, y, left + pw, y, left - 6, y + 4, format_tick(t, c.format, ystep));
-  }
-  for (double t = std::ceil(x0 / xstep - 1e-9) * xstep; t <= x1 + xstep * 1e-6; t += xstep) {
-    const double x = X(t);
-    s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#c9cdd4\"/>"
-                     "<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#5b6475\">{:.0f}</text>\n",
-                     x, top + ph, x, top + ph + 4, x, top + ph + 17, t);
-  }
-  s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{2:.1f}\" y2=\"{1:.1f}\" stroke=\"#8a909c\"/>\n", left,
-                   top + ph, left + pw);
-  s += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"middle\" fill=\"#5b6475\">step</text>\n",
-                   left + pw / 2, top + ph + 35);
-  s += fmt::format("<text transform=\"translate(16 {:.1f}) rotate(-90)\" text-anchor=\"middle\" "
-                   "fill=\"#5b6475\">{}</text>\n",
-                   top + ph / 2, esc(c.y_label));
-
-  json jseries = json::array();
-  for (const auto& se : c.series) {
-    // Long series keep, per pixel column, their first, lowest, highest and last points, so
-    // spikes survive and the path stays a few thousand points.
-    std::vector<size_t> keep;
-    const size_t n = se.x.size();
-    if (n > 3 * static_cast<size_t>(pw)) {
-      std::map<long, std::array<size_t, 4>> cols;
-      for (size_t i = 0; i < n; ++i) {
-        if (!std::isfinite(se.y[i])) {
-          keep.push_back(i);  // a gap stays a gap
-          continue;
-        }
-        const long col = std::lround(X(se.x[i]));
-        auto [it, fresh] = cols.try_emplace(col, std::array<size_t, 4>{i, i, i, i});
-        if (fresh) continue;
-        auto& a = it->second;
-        if (se.y[i] < se.y[a[1]]) a[1] = i;
-        if (se.y[i] > se.y[a[2]]) a[2] = i;
-        a[3] = i;
-      }
-      for (const auto& [col, a] : cols) keep.insert(keep.end(), a.begin(), a.end());
-      std::sort(keep.begin(), keep.end());
-      keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
-    } else {
-      for (size_t i = 0; i < n; ++i) keep.push_back(i);
-    }
-    std::string d;
-    bool pen = false;
-    size_t finite = 0;
-    for (size_t i : keep) {
-      if (!std::isfinite(se.y[i])) {
-        pen = false;
-        continue;
-      }
-      ++finite;
-      d += fmt::format("{}{:.1f},{:.1f}", pen ? "L" : "M", X(se.x[i]), Y(se.y[i]));
-      pen = true;
-    }
-    s += fmt::format("<path class=\"series\" data-series=\"{}\" d=\"{}\" fill=\"none\" stroke=\"{}\" "
-                     "stroke-width=\"{}\" stroke-opacity=\"{}\" stroke-linejoin=\"round\"/>\n",
-                     esc(se.name), d, se.color, se.width, se.opacity);
-    if (se.markers || (finite <= 60 && se.opacity >= 1 && !se.trend)) {
-      for (size_t i = 0; i < n; ++i)
-        if (std::isfinite(se.y[i]))
-          s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3.2\" fill=\"{}\"><title>{} step {:.0f}: {:.6g}"
-                           "</title></circle>\n",
-                           X(se.x[i]), Y(se.y[i]), se.color, esc(se.name), se.x[i], se.y[i]);
-    }
-    if (se.hover) {
-      json xs = json::array(), ys = json::array();
-      for (size_t i = 0; i < n; ++i) {
-        xs.push_back(static_cast<int64_t>(se.x[i]));
-        if (std::isfinite(se.y[i])) ys.push_back(std::stod(fmt::format("{:.6g}", se.y[i])));
-        else ys.push_back(nullptr);
-      }
-      jseries.push_back({{"n", se.name}, {"c", se.color}, {"x", std::move(xs)}, {"y", std::move(ys)}});
-    }
-  }
-  for (int64_t step : c.flagged) {
-    const double x = X(static_cast<double>(step));
-    s += fmt::format("<path d=\"M{:.1f},{:.1f}l-4,7h8z\" fill=\"#d62728\"><title>step {}: update skipped "
-                     "(non-finite loss or grad norm)</title></path>\n",
-                     x, top + ph - 8, step);
-  }
-  s += fmt::format("<line class=\"cursor\" x1=\"0\" x2=\"0\" y1=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#333\" "
-                   "stroke-dasharray=\"3 3\" visibility=\"hidden\"/>\n",
-                   top, top + ph);
-  s += "</svg>\n";
-  js[c.id] = {{"px", {left, left + pw}}, {"dom", {x0, x1}}, {"fmt", format_js_name(c.format)}, {"series", jseries}};
-  return s;
-}
-
-LineChart make_chart(std::string id, ValueFormat format, bool from_zero, std::string y_label, int width, int height) {
-  LineChart c;
-  c.id = std::move(id);
-  c.format = format;
-  c.from_zero = from_zero;
-  c.y_label = std::move(y_label);
-  c.width = width;
-  c.height = height;
-  return c;
-}
-
-std::string legend_html(const std::vector<Series>& ss, bool flagged) {
-  std::string h = "<div class=\"legend\">";
-  for (const auto& s : ss)
-    h += fmt::format("<span><i class=\"sw\" style=\"background:{};opacity:{}\"></i>{}</span>", s.color,
-                     std::max(0.5, s.opacity), esc(s.name));
-  if (flagged) h += "<span><i class=\"tri\"></i>update skipped (non-finite)</span>";
-  return h + "</div>\n";
-}
-
-std::string chart_panel(const std::string& title, const std::string& sub, const LineChart& c, json& js) {
-  std::string h = fmt::format("<section class=\"panel\" id=\"panel-{}\"><h2>{}</h2>", c.id, esc(title));
-  if (!sub.empty()) h += fmt::format("<div class=\"panel-sub\">{}</div>", sub);
-  h += legend_html(c.series, !c.flagged.empty());
-  h += render_line_chart(c, js);
-  h += fmt::format("<div class=\"readout\" id=\"readout-{0}\" data-hint=\"{1}\">{1}</div></section>\n", c.id,
-                   "hover over the chart for values");
-  return h;
-}
 
 // Exponential moving average with bias correction (no lag at the start), skipping non-finite
 // values; the window grows with the series so long runs get a readable trend.
@@ -485,18 +173,13 @@ std::string render_memory_svg(const std::vector<std::map<std::string, int64_t>>&
 
 // ---- config summary ------------------------------------------------------------------------
 
+// RUN_DIR/config.toml read as tripod reads a config (the resolved file of the run), so the page's
+// figures (ranks, micro-batches per pipeline, parameters) are those the run computed.
 struct ConfigView {
-  bool present = false;
+  std::optional<Config> cfg;
   std::string note;  // why it is missing or unreadable
   std::string text;  // the file
-  toml::table t;
-
-  int64_t i(const char* section, const char* key, int64_t dflt = -1) const {
-    return t[section][key].value<int64_t>().value_or(dflt);
-  }
-  double d(const char* section, const char* key) const { return t[section][key].value<double>().value_or(kNaN); }
-  std::string s(const char* section, const char* key) const { return t[section][key].value<std::string>().value_or(""); }
-  bool b(const char* section, const char* key) const { return t[section][key].value<bool>().value_or(false); }
+  bool present() const { return cfg.has_value(); }
 };
 
 ConfigView read_config(const fs::path& path) {
@@ -509,10 +192,11 @@ ConfigView read_config(const fs::path& path) {
   }
   v.text = slurp(path);
   try {
-    v.t = toml::parse(v.text, path.string());
-    v.present = true;
-  } catch (const toml::parse_error& e) {
-    v.note = fmt::format("{} is not valid TOML ({}); the summary leaves it out.", path.string(), e.description());
+    // Its data files and training keys are not needed to draw the page (the run may have moved).
+    v.cfg = parse_config(v.text, path.string(), {}, ConfigUse{.training = false, .data = false});
+  } catch (const std::exception& e) {
+    v.note = fmt::format("{} is not a config this tripod reads ({}); the summary leaves it out.", path.string(),
+                         e.what());
   }
   return v;
 }
@@ -525,13 +209,13 @@ std::string card(const std::string& key, const std::string& value, const std::st
 }
 
 // " · synthetic data", " · data PREFIX (+2 more)" for the page's subtitle.
-std::string data_summary(const ConfigView& cfg) {
-  if (!cfg.present) return "";
-  if (cfg.b("data", "synthetic")) return " &middot; synthetic data";
-  const toml::array* p = cfg.t["data"]["prefixes"].as_array();
-  if (!p || p->empty()) return "";
-  std::string first = (*p)[0].value<std::string>().value_or("?");
-  return " &middot; data " + esc(first) + (p->size() > 1 ? fmt::format(" (+{} more)", p->size() - 1) : "");
+std::string data_summary(const ConfigView& cv) {
+  if (!cv.present()) return "";
+  const DataConfig& d = cv.cfg->data;
+  if (d.synthetic) return " &middot; synthetic data";
+  if (d.prefixes.empty()) return "";
+  return " &middot; data " + esc(d.prefixes[0]) +
+         (d.prefixes.size() > 1 ? fmt::format(" (+{} more)", d.prefixes.size() - 1) : "");
 }
 
 std::string maybe(int64_t v) { return v >= 0 ? std::to_string(v) : "?"; }
@@ -633,60 +317,39 @@ std::string timeline_html(const Timeline& tl) {
 // ---- the page ------------------------------------------------------------------------------
 
 // The header cards: the grid and config, then where the run stands.
-std::string cards_html(const ConfigView& cfg, const RunMetrics& m) {
+std::string cards_html(const ConfigView& cv, const RunMetrics& m) {
   std::string cards;
-  if (cfg.present) {
-    const int64_t tp = cfg.i("parallel", "tp"), pp = cfg.i("parallel", "pp"), dp = cfg.i("parallel", "dp"),
-                  vp = cfg.i("parallel", "vp", 1), cp = cfg.i("parallel", "cp", 1);
+  if (cv.present()) {
+    const Config& cfg = *cv.cfg;
+    const ParallelConfig& p = cfg.parallel;
     // Context parallelism shows as a fourth axis only when the run used it.
-    const std::string cp_axis = cp > 1 ? fmt::format(" \u00d7 cp {}", cp) : std::string();
-    const std::string cp_comm = cp > 1 ? fmt::format("; context parallel over {} ranks ({})", cp,
-                                                     cfg.s("parallel", "cp_comm").empty() ? "ring"
-                                                                                          : cfg.s("parallel", "cp_comm"))
-                                       : std::string();
-    cards += card("Grid", fmt::format("dp {} \u00d7 pp {}{} \u00d7 tp {}", maybe(dp), maybe(pp), cp_axis, maybe(tp)),
+    const std::string cp_axis = p.cp > 1 ? fmt::format(" \u00d7 cp {}", p.cp) : std::string();
+    const std::string cp_comm =
+        p.cp > 1 ? fmt::format("; context parallel over {} ranks ({})", p.cp, enum_name(p.cp_comm)) : std::string();
+    cards += card("Grid", fmt::format("dp {} \u00d7 pp {}{} \u00d7 tp {}", p.dp, p.pp, cp_axis, p.tp),
                   fmt::format("{} ranks; vp {}, {} schedule; sequence parallel {}, distributed optimizer {}{}; "
                               "recompute {}",
-                              tp > 0 && pp > 0 && dp > 0 && cp > 0 ? std::to_string(tp * pp * dp * cp) : "?", maybe(vp), cfg.s("parallel", "schedule_file").empty() ? cfg.s("parallel", "schedule")
-                                                                                     : "custom",
-                              cfg.b("parallel", "sequence_parallel") ? "on" : "off",
-                              cfg.b("parallel", "distributed_optimizer") ? "on" : "off", cp_comm,
-                              cfg.s("recompute", "mode").empty() ? "none" : cfg.s("recompute", "mode")),
+                              p.tp * p.pp * p.dp * p.cp, p.vp, p.schedule_file.empty() ? enum_name(p.schedule) : "custom",
+                              p.sequence_parallel ? "on" : "off", p.distributed_optimizer ? "on" : "off", cp_comm,
+                              enum_name(cfg.recompute.mode)),
                   "card-grid");
-    ModelConfig mc;
-    mc.n_layers = static_cast<int>(cfg.i("model", "n_layers", 0));
-    mc.n_heads = static_cast<int>(cfg.i("model", "n_heads", 0));
-    mc.d_model = static_cast<int>(cfg.i("model", "d_model", 0));
-    mc.ffn_hidden = static_cast<int>(cfg.i("model", "ffn_hidden", 0));
-    mc.seq_len = static_cast<int>(cfg.i("model", "seq_len", 0));
-    mc.max_positions = static_cast<int>(cfg.i("model", "max_positions", 0));
-    mc.vocab_size = static_cast<int>(cfg.i("model", "vocab_size", 0));
-    if (!cfg.s("model", "norm").empty()) {  // the architecture keys (run directories of older versions lack them)
-      mc.norm = parse_enum<NormKind>(cfg.s("model", "norm")).value_or(mc.norm);
-      mc.position = parse_enum<PositionKind>(cfg.s("model", "position")).value_or(mc.position);
-      mc.mlp = parse_enum<MlpKind>(cfg.s("model", "mlp")).value_or(mc.mlp);
-      mc.n_kv_heads = static_cast<int>(cfg.i("model", "n_kv_heads", 0));
-      mc.bias = cfg.b("model", "bias");
-      mc.tie_embeddings = cfg.b("model", "tie_embeddings");
-    }
-    cards += card("Model", mc.d_model > 0 ? format_count(static_cast<double>(mc.num_params(1))) + " parameters" : "?",
+    const ModelConfig& mc = cfg.model;
+    cards += card("Model", format_count(static_cast<double>(mc.num_params(1))) + " parameters",
                   fmt::format("{} layers, d_model {}, {} heads, seq {}, vocab {}", mc.n_layers, mc.d_model, mc.n_heads,
                               mc.seq_len, mc.vocab_size),
                   "card-model");
-    const int64_t micro = cfg.i("train", "micro_batch_size"), global = cfg.i("train", "global_batch_size");
-    const int64_t per_pipe = micro > 0 && dp > 0 && global > 0 ? global / (micro * dp) : -1;
-    cards += card("Batch", fmt::format("{} \u00d7 {} tokens", maybe(global), mc.seq_len),
-                  fmt::format("micro-batch {}, {} micro-batches per pipeline; lr {:g} ({}, warm-up {})", maybe(micro),
-                              maybe(per_pipe), cfg.d("train", "lr"), cfg.s("train", "decay"),
-                              maybe(cfg.i("train", "warmup_steps"))),
+    const TrainConfig& t = cfg.train;
+    cards += card("Batch", fmt::format("{} \u00d7 {} tokens", t.global_batch_size, mc.seq_len),
+                  fmt::format("micro-batch {}, {} micro-batches per pipeline; lr {:g} ({}, warm-up {})",
+                              t.micro_batch_size, microbatches_per_rank(cfg), t.lr, enum_name(t.decay), t.warmup_steps),
                   "card-batch");
   }
   if (!m.train.empty()) {
-    const TrainRecord& last = m.train.back();
+    const StepRecord& last = m.train.back();
     double elapsed = 0;
     for (const auto& r : m.train)
       if (std::isfinite(r.step_time_s)) elapsed += r.step_time_s;
-    const int64_t steps = cfg.present ? cfg.i("train", "steps") : -1;
+    const int64_t steps = cv.present() ? cv.cfg->train.steps : -1;
     cards += card("Progress", fmt::format("step {} / {}", last.step, maybe(steps)),
                   fmt::format("{} logged step(s), {} logged step time{}", m.train.size(),
                               elapsed < 60 ? fmt::format("{:.3g} s", elapsed) : format_duration(elapsed),
@@ -715,7 +378,8 @@ std::string cards_html(const ConfigView& cfg, const RunMetrics& m) {
                               std::isfinite(st_med) ? fmt::format("{:.3g} s", st_med) : "n/a"),
                   "card-throughput");
     cards += card("MFU", std::isfinite(mfu_med) ? fmt::format("{:.2f}%", 100 * mfu_med) : "n/a",
-                  fmt::format("median; device {}", cfg.present ? cfg.s("train", "device") : "?"), "card-mfu");
+                  fmt::format("median; device {}", cv.present() ? std::string(enum_name(cv.cfg->train.device)) : "?"),
+                  "card-mfu");
   }
   if (!m.eval.empty()) {
     const EvalRecord* best = nullptr;
@@ -801,7 +465,9 @@ std::string tasks_panel(const RunMetrics& m, json& charts) {
   std::map<std::string, size_t> color_of;
   for (const TaskRecord& t : m.tasks) {
     const std::string color = colors[color_of.try_emplace(t.task, color_of.size()).first->second % colors.size()];
-    for (const auto& [metric, value] : t.metrics) {
+    for (const TaskMetric& tm : t.metrics) {
+      const std::string& metric = tm.name;
+      const double value = tm.value;
       const bool accuracy = metric == "acc" || metric == "acc_norm";
       if (!accuracy && metric != "bits_per_byte") continue;
       LineChart& c = accuracy ? acc : bpb;
@@ -925,13 +591,14 @@ std::string expert_load_svg(const std::vector<int64_t>& steps, const std::vector
 std::string expert_load_panel(const RunMetrics& m) {
   std::map<int, std::pair<std::vector<int64_t>, std::vector<std::vector<double>>>> by_layer;
   std::map<int, double> dropped;
-  for (const TrainRecord& r : m.train)
-    for (size_t i = 0; i < r.moe_layers.size(); ++i) {
-      auto& [steps, loads] = by_layer[r.moe_layers[i]];
-      if (!loads.empty() && loads.front().size() != r.tokens_per_expert[i].size()) continue;  // another model
+  for (const StepRecord& r : m.train)
+    for (const MoeLayerRecord& l : r.moe) {
+      if (l.tokens_per_expert.empty()) continue;
+      auto& [steps, loads] = by_layer[l.layer];
+      if (!loads.empty() && loads.front().size() != l.tokens_per_expert.size()) continue;  // another model
       steps.push_back(r.step);
-      loads.push_back(r.tokens_per_expert[i]);
-      if (i < r.moe_dropped.size()) dropped[r.moe_layers[i]] += r.moe_dropped[i];
+      loads.push_back(l.tokens_per_expert);
+      dropped[l.layer] += l.dropped;
     }
   if (by_layer.empty()) return "";
   std::string h = "<section class=\"panel\" id=\"expert-load\"><h2>Expert load</h2>\n";
@@ -961,11 +628,13 @@ std::string straggler_panel(const RunMetrics& m, const ConfigView& cfg, json& ch
   };
   std::map<int, Named> named;
   for (const auto& r : m.train) {
-    if (std::isfinite(r.compute_median_s) && r.compute_median_s > 0) {
+    if (!r.stragglers) continue;
+    const StragglerSummary& s = *r.stragglers;
+    if (std::isfinite(s.median_compute_s) && s.median_compute_s > 0) {
       x.push_back(static_cast<double>(r.step));
-      ratio.push_back(r.compute_max_s / r.compute_median_s);
+      ratio.push_back(s.max_compute_s / s.median_compute_s);
     }
-    for (const auto& g : r.stragglers) {
+    for (const auto& g : s.stragglers) {
       auto [it, fresh] = named.try_emplace(g.rank, Named{r.step, r.step, 0, 0});
       it->second.last = r.step;
       ++it->second.records;
@@ -973,7 +642,7 @@ std::string straggler_panel(const RunMetrics& m, const ConfigView& cfg, json& ch
     }
   }
   if (x.empty()) return "";  // one rank, or straggler detection off
-  const double bar = cfg.present ? cfg.d("train", "straggler_factor") : kNaN;
+  const double bar = cfg.present() && cfg.cfg->train.straggler_factor > 0 ? cfg.cfg->train.straggler_factor : kNaN;
   std::string h = "<section class=\"panel\" id=\"stragglers\"><h2>Stragglers</h2>\n";
   h += fmt::format("<div class=\"panel-sub\">compute time per step (forward and backward work) of the slowest rank over "
                    "the median of all ranks, per log interval; a rank over {} for 3 intervals in a row is named</div>\n",
@@ -1000,7 +669,7 @@ std::string straggler_panel(const RunMetrics& m, const ConfigView& cfg, json& ch
 }
 
 std::string config_panel(const ConfigView& cfg) {
-  if (!cfg.present) return "";
+  if (cfg.text.empty()) return "";
   return "<section class=\"panel\" id=\"config\"><details><summary>config.toml (resolved)</summary><pre>" +
          esc(cfg.text) + "</pre></details></section>\n";
 }
@@ -1020,163 +689,6 @@ std::string now_string() {
 }
 
 }  // namespace
-
-RunMetrics read_metrics(const std::string& path) {
-  std::ifstream in(path);
-  TRIPOD_INPUT_CHECK(in.good(), "{}: cannot read ({})", path, std::strerror(errno));
-  std::map<int64_t, TrainRecord> train;
-  std::map<std::pair<std::string, int64_t>, EvalRecord> eval;
-  std::map<std::pair<std::string, int64_t>, TaskRecord> tasks;
-  RunMetrics m;
-  std::string line;
-  int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    // The last line without its newline may be one the trainer is writing right now.
-    const bool unfinished = in.eof();
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, line_no);
-    json j;
-    try {
-      j = json::parse(line);
-    } catch (const json::exception& e) {
-      if (unfinished) {
-        m.unfinished_line = true;
-        break;
-      }
-      throw InputError(fmt::format("{}: not a JSON line ({})", where, e.what()));
-    }
-    TRIPOD_INPUT_CHECK(j.is_object(), "{}: expected a JSON object, got {}", where,
-                       line.size() > 60 ? line.substr(0, 60) + "..." : line);
-    if (j.value("eval", false)) {
-      EvalRecord e;
-      e.step = step_field(j, where);
-      auto sp = j.find("split");
-      TRIPOD_INPUT_CHECK(sp == j.end() || sp->is_string(), "{}: \"split\" must be a string, got {}", where, sp->dump());
-      e.split = sp == j.end() ? "valid" : sp->get<std::string>();
-      e.loss = number_field(j, "loss", where);
-      e.perplexity = number_field(j, "perplexity", where);
-      m.superseded += eval.count({e.split, e.step});
-      eval[{e.split, e.step}] = e;
-      continue;
-    }
-    if (j.value("eval_task", false)) {
-      TaskRecord t;
-      t.step = step_field(j, where);
-      for (const char* key : {"task", "kind"}) {
-        auto it = j.find(key);
-        TRIPOD_INPUT_CHECK(it != j.end() && it->is_string(), "{}: a task record's \"{}\" must be a string", where, key);
-        (std::string(key) == "task" ? t.task : t.kind) = it->get<std::string>();
-      }
-      const double ex = number_field(j, "examples", where);
-      t.examples = std::isfinite(ex) ? static_cast<int64_t>(ex) : 0;
-      for (const char* key : {"acc", "acc_norm", "bits_per_byte", "byte_perplexity", "word_perplexity"})
-        if (j.contains(key)) t.metrics[key] = number_field(j, key, where);
-      m.superseded += tasks.count({t.task, t.step});
-      tasks[{t.task, t.step}] = std::move(t);
-      continue;
-    }
-    if (!j.contains("step") || !j.contains("loss")) {
-      ++m.other_records;
-      continue;
-    }
-    TrainRecord r;
-    r.step = step_field(j, where);
-    r.loss = number_field(j, "loss", where);
-    r.lr = number_field(j, "lr", where);
-    r.grad_norm = number_field(j, "grad_norm", where);
-    r.step_time_s = number_field(j, "step_time_s", where);
-    r.tokens_per_s = number_field(j, "tokens_per_s", where);
-    r.mfu = number_field(j, "mfu", where);
-    const double cs = number_field(j, "consumed_samples", where);
-    r.consumed_samples = std::isfinite(cs) ? static_cast<int64_t>(cs) : -1;
-    auto sk = j.find("skipped");
-    TRIPOD_INPUT_CHECK(sk == j.end() || sk->is_boolean(), "{}: \"skipped\" must be true or false, got {}", where,
-                       sk->dump());
-    r.skipped = (sk != j.end() && sk->get<bool>()) || !std::isfinite(r.loss);
-    r.memory = memory_field(j, where);
-    if (auto rc = j.find("rank_compute_s"); rc != j.end()) {
-      TRIPOD_INPUT_CHECK(rc->is_object(), "{}: \"rank_compute_s\" must be an object {{median, max, max_rank}}, got {}",
-                         where, rc->dump());
-      r.compute_median_s = number_field(*rc, "median", where);
-      r.compute_max_s = number_field(*rc, "max", where);
-      const double mr = number_field(*rc, "max_rank", where);
-      r.compute_max_rank = std::isfinite(mr) ? static_cast<int>(mr) : -1;
-    }
-    if (auto sg = j.find("stragglers"); sg != j.end()) {
-      TRIPOD_INPUT_CHECK(sg->is_array(), "{}: \"stragglers\" must be a list, got {}", where, sg->dump());
-      for (const json& g : *sg) {
-        TRIPOD_INPUT_CHECK(g.is_object() && g.contains("rank") && g["rank"].is_number_integer() &&
-                               g["rank"].get<int64_t>() >= 0,
-                           "{}: a straggler must be an object with a rank >= 0, got {}", where, g.dump());
-        r.stragglers.push_back({g["rank"].get<int>(), number_field(g, "compute_s", where),
-                                number_field(g, "ratio", where),
-                                static_cast<int>(std::isfinite(number_field(g, "intervals", where))
-                                                     ? number_field(g, "intervals", where)
-                                                     : 0)});
-      }
-    }
-    if (auto mo = j.find("moe"); mo != j.end()) {
-      // {"layers": [L...], "tokens_per_expert": [[counts of layer L]...], "dropped_tokens": [...]}
-      TRIPOD_INPUT_CHECK(mo->is_object(), "{}: \"moe\" must be an object, got {}", where, mo->dump());
-      const json& layers = (*mo)["layers"];
-      const json& tokens = (*mo)["tokens_per_expert"];
-      TRIPOD_INPUT_CHECK(layers.is_array() && tokens.is_array() && layers.size() == tokens.size(),
-                         "{}: \"moe\" needs \"layers\" and \"tokens_per_expert\" lists of one length", where);
-      for (size_t i = 0; i < layers.size(); ++i) {
-        TRIPOD_INPUT_CHECK(layers[i].is_number_integer() && tokens[i].is_array() && !tokens[i].empty(),
-                           "{}: \"moe\" layer {} must be an integer with a list of counts per expert", where, i);
-        r.moe_layers.push_back(layers[i].get<int>());
-        std::vector<double> row;
-        for (const json& c : tokens[i]) {
-          TRIPOD_INPUT_CHECK(c.is_number() && c.get<double>() >= 0, "{}: \"moe\" tokens_per_expert holds {}",
-                             where, c.dump());
-          row.push_back(c.get<double>());
-        }
-        r.tokens_per_expert.push_back(std::move(row));
-      }
-      if (auto d = mo->find("dropped_tokens"); d != mo->end() && d->is_array())
-        for (const json& c : *d) r.moe_dropped.push_back(c.is_number() ? c.get<double>() : 0.0);
-    }
-    m.superseded += train.count(r.step);
-    train[r.step] = std::move(r);
-  }
-  for (auto& [s, r] : train) m.train.push_back(std::move(r));
-  for (auto& [k, e] : eval) m.eval.push_back(std::move(e));
-  for (auto& [k, t] : tasks) m.tasks.push_back(std::move(t));
-  return m;
-}
-
-std::vector<RestartRecord> read_restarts(const std::string& path) {
-  std::vector<RestartRecord> out;
-  const std::string text = slurp(path);
-  size_t pos = 0;
-  for (int line_no = 1; pos < text.size(); ++line_no) {
-    size_t end = text.find('\n', pos);
-    const bool last_unfinished = end == std::string::npos;
-    const std::string line = text.substr(pos, last_unfinished ? std::string::npos : end - pos);
-    pos = last_unfinished ? text.size() : end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, line_no);
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() && last_unfinished) break;  // being written
-    TRIPOD_INPUT_CHECK(j.is_object(), "{}: not a JSON object", where);
-    RestartRecord r;
-    try {
-      r.attempt = j.value("attempt", int64_t{0});
-      r.resumed_from_step = j.value("resumed_from_step", int64_t{0});
-      r.exit_status = j.value("exit_status", int64_t{0});
-      r.cause = j.value("cause", "");
-      r.failed_at = j.value("failed_at", 0.0);
-      r.time_lost_s = j.value("time_lost_s", 0.0);
-      r.downtime_s = j.value("downtime_s", 0.0);
-    } catch (const json::exception& e) {
-      throw InputError(fmt::format("{}: a field has the wrong type: {}", where, e.what()));
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
-}
 
 namespace {
 
@@ -1245,7 +757,7 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
                      run_dir_arg);
   ReportInfo info;
   const ConfigView cfg = read_config(run_dir / "config.toml");
-  info.has_config = cfg.present;
+  info.has_config = cfg.present();
   if (!cfg.note.empty()) info.notes.push_back(cfg.note);
 
   RunMetrics m;

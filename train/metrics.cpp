@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/format.h"
 
 namespace tripod {
 
@@ -32,13 +33,7 @@ void MetricsLog::log_json(const nlohmann::json& j) {
   std::fflush(file_);
 }
 
-double MoeLayerMetrics::max_over_mean() const {
-  double sum = 0, top = 0;
-  for (double c : tokens_per_expert) sum += c, top = std::max(top, c);
-  return sum > 0 ? top * static_cast<double>(tokens_per_expert.size()) / sum : 0.0;
-}
-
-std::vector<Scalar> tensorboard_scalars(const StepMetrics& m) {
+std::vector<Scalar> tensorboard_scalars(const StepRecord& m) {
   std::vector<Scalar> s = {{"lm loss", m.loss},
                            {"learning-rate", m.lr},
                            {"grad-norm", m.grad_norm},
@@ -48,15 +43,14 @@ std::vector<Scalar> tensorboard_scalars(const StepMetrics& m) {
                            {"tflops", m.tflops},
                            {"mfu", m.mfu},
                            {"skipped-iterations", static_cast<double>(m.skipped_total)}};
-  if (m.memory.is_object())
-    for (const auto& [category, bytes] : m.memory.items())
-      if (bytes.is_number()) s.push_back({"mem-peak-bytes/" + category, bytes.get<double>()});
+  if (!m.memory.empty())
+    for (const auto& [category, bytes] : m.memory[0]) s.push_back({"mem-peak-bytes/" + category, static_cast<double>(bytes)});
   if (!m.moe.empty()) {
     double aux = 0, z = 0;
-    for (const MoeLayerMetrics& l : m.moe) aux += l.load_balancing_loss, z += l.z_loss;
+    for (const MoeLayerRecord& l : m.moe) aux += l.load_balancing_loss, z += l.z_loss;
     s.push_back({"load_balancing_loss", aux / static_cast<double>(m.moe.size())});
     s.push_back({"z_loss", z / static_cast<double>(m.moe.size())});
-    for (const MoeLayerMetrics& l : m.moe) {
+    for (const MoeLayerRecord& l : m.moe) {
       s.push_back({fmt::format("moe/load_balancing_loss_layer_{}", l.layer), l.load_balancing_loss});
       s.push_back({fmt::format("moe/z_loss_layer_{}", l.layer), l.z_loss});
       s.push_back({fmt::format("moe/dropped_tokens_layer_{}", l.layer), l.dropped});
@@ -68,11 +62,11 @@ std::vector<Scalar> tensorboard_scalars(const StepMetrics& m) {
   return s;
 }
 
-std::vector<Scalar> tensorboard_scalars(const EvalMetrics& e) {
+std::vector<Scalar> tensorboard_scalars(const EvalRecord& e) {
   return {{"lm loss validation", e.loss}, {"lm loss validation ppl", e.perplexity}};
 }
 
-std::vector<Scalar> tensorboard_scalars(const TaskResult& r) {
+std::vector<Scalar> tensorboard_scalars(const TaskRecord& r) {
   std::vector<Scalar> s;
   for (const TaskMetric& m : r.metrics) s.push_back({r.task + "/" + m.name, m.value});
   return s;
@@ -88,61 +82,26 @@ void MetricsLog::write_scalars(int64_t step, int64_t samples, const std::vector<
   tensorboard_->flush();
 }
 
-void MetricsLog::log_step(const StepMetrics& m) {
-  nlohmann::json j = {{"step", m.step},
-                      {"loss", m.loss},
-                      {"lr", m.lr},
-                      {"grad_norm", m.grad_norm},
-                      {"step_time_s", m.step_time_s},
-                      {"tokens_per_s", m.tokens_per_s},
-                      {"mfu", m.mfu},
-                      {"tflops", m.tflops},
-                      {"batch_size", m.batch_size},
-                      {"consumed_samples", m.consumed_samples},
-                      {"skipped", m.skipped},
-                      {"skipped_total", m.skipped_total}};
-  if (!m.memory.is_null()) j["mem_peak_bytes"] = m.memory;
+void MetricsLog::log_step(const StepRecord& m, int64_t steps) {
   std::string moe_note;
   if (!m.moe.empty()) {
-    // Per MoE layer, in layer order: the expert load table over the step and its losses.
-    nlohmann::json layers = nlohmann::json::array(), tokens = nlohmann::json::array(),
-                   dropped = nlohmann::json::array(), aux = nlohmann::json::array(), z = nlohmann::json::array(),
-                   ratio = nlohmann::json::array();
     double worst = 0, aux_mean = 0;
-    for (const MoeLayerMetrics& l : m.moe) {
-      layers.push_back(l.layer);
-      nlohmann::json row = nlohmann::json::array();
-      for (double c : l.tokens_per_expert) row.push_back(static_cast<int64_t>(std::llround(c)));
-      tokens.push_back(std::move(row));
-      dropped.push_back(static_cast<int64_t>(std::llround(l.dropped)));
-      aux.push_back(l.load_balancing_loss);
-      z.push_back(l.z_loss);
-      ratio.push_back(l.max_over_mean());
+    for (const MoeLayerRecord& l : m.moe) {
       worst = std::max(worst, l.max_over_mean());
       aux_mean += l.load_balancing_loss / static_cast<double>(m.moe.size());
     }
-    j["moe"] = {{"layers", layers}, {"tokens_per_expert", tokens}, {"dropped_tokens", dropped},
-                {"load_balancing_loss", aux}, {"z_loss", z}, {"max_over_mean_load", ratio}};
     moe_note = fmt::format(" | moe balance loss {:.3f}, max/mean load {:.2f}", aux_mean, worst);
   }
   std::string straggler_note;
-  if (m.stragglers) {
-    const StragglerSummary& s = *m.stragglers;
-    j["rank_compute_s"] = {{"median", s.median_compute_s}, {"max", s.max_compute_s}, {"max_rank", s.max_rank}};
-    j["rank_step_s_median"] = s.median_step_s;
-    nlohmann::json list = nlohmann::json::array();
-    for (const Straggler& g : s.stragglers) {
-      list.push_back({{"rank", g.rank}, {"compute_s", g.compute_s}, {"ratio", g.ratio}, {"intervals", g.intervals}});
+  if (m.stragglers)
+    for (const Straggler& g : m.stragglers->stragglers)
       straggler_note += fmt::format("{}{} ({:.2f}x)", straggler_note.empty() ? " | stragglers: rank " : ", ", g.rank,
                                     g.ratio);
-    }
-    j["stragglers"] = std::move(list);
-  }
-  log_json(j);
+  log_json(to_json(m));
   write_scalars(m.step, m.consumed_samples, tensorboard_scalars(m));
-  double eta = m.step_time_s * static_cast<double>(m.steps - m.step);
+  double eta = m.step_time_s * static_cast<double>(steps - m.step);
   spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | {:.0f} tok/s | MFU {:.1f}% | ETA {}{}{}{}",
-               m.step, m.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, format_duration(eta),
+               m.step, steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, 100.0 * m.mfu, format_duration(eta),
                moe_note, m.skipped ? " | SKIPPED (non-finite)" : "", straggler_note);
   if (m.stragglers) {
     const StragglerSummary& s = *m.stragglers;
@@ -155,30 +114,14 @@ void MetricsLog::log_step(const StepMetrics& m) {
   }
 }
 
-void MetricsLog::log_eval(const EvalMetrics& e) {
-  // The report (train/report.cpp) reads eval records by "eval", "split", "loss", "perplexity";
-  // val_loss and val_ppl name the same numbers for readers of the step records.
-  log_json({{"eval", true}, {"step", e.step}, {"split", "valid"}, {"loss", e.loss}, {"perplexity", e.perplexity},
-            {"val_loss", e.loss}, {"val_ppl", e.perplexity}, {"tokens", e.tokens}, {"eval_time_s", e.seconds},
-            {"consumed_samples", e.consumed_samples}});
+void MetricsLog::log_eval(const EvalRecord& e) {
+  log_json(to_json(e));
   write_scalars(e.step, e.consumed_samples, tensorboard_scalars(e));
 }
 
-void MetricsLog::log_task(int64_t step, int64_t consumed_samples, const TaskResult& r) {
-  nlohmann::json j = task_result_json(r);
-  j.erase("seconds");
-  j.erase("path");
-  j.update({{"eval_task", true}, {"step", step}, {"consumed_samples", consumed_samples}, {"eval_time_s", r.seconds}});
-  log_json(j);
-  write_scalars(step, consumed_samples, tensorboard_scalars(r));
-}
-
-std::string format_duration(double s) {
-  if (!(s >= 0)) return "?";
-  int64_t t = static_cast<int64_t>(s + 0.5);
-  if (t >= 3600) return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
-  if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, t % 60);
-  return fmt::format("{}s", t);
+void MetricsLog::log_task(const TaskRecord& t) {
+  log_json(to_json(t));
+  write_scalars(t.step, t.consumed_samples, tensorboard_scalars(t));
 }
 
 }  // namespace tripod

@@ -10,7 +10,7 @@
 #include "data/tokenizer.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
-#include "train/metrics.h"
+#include "core/format.h"
 #include "train/microbatch.h"
 
 namespace tripod {

@@ -108,7 +108,7 @@ ChoiceScore score_choices(std::span<const double> lls, const std::vector<std::st
 // Mean and the standard error of the mean (none for fewer than two values).
 struct MeanStderr {
   double mean = 0;
-  std::optional<double> stderr_of_mean;
+  std::optional<double> stderr_of_mean{};
 };
 MeanStderr mean_stderr(std::span<const double> x);
 
@@ -131,7 +131,7 @@ Task load_task(const EvalTaskConfig& cfg, const EncodeFn& encode, int eot, int64
 struct TaskMetric {
   std::string name;  // acc, acc_norm; bits_per_byte, byte_perplexity, word_perplexity
   double value = 0;
-  std::optional<double> stderr_of_mean;
+  std::optional<double> stderr_of_mean{};
 };
 
 struct TaskResult {

@@ -259,7 +259,7 @@ void Trainer::finish_gradients() {
   for (auto& r : reducers_) r->finish();
 }
 
-StepMetrics Trainer::step() {
+StepRecord Trainer::step() {
   const TrainConfig& tc = cfg_.train;
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
@@ -351,9 +351,8 @@ StepMetrics Trainer::step() {
                     ? sums[1] / static_cast<double>(std::max<int64_t>(1, batch_docs_.counted))
                     : sums[1] / (static_cast<double>(tc.global_batch_size) * cfg_.model.seq_len);
 
-  StepMetrics m;
+  StepRecord m;
   m.step = step_ + 1;
-  m.steps = tc.steps;
   m.lr = lr_.at(step_);
   m.loss = loss;
   m.grad_norm = grad_norm;
@@ -411,9 +410,10 @@ StepMetrics Trainer::step() {
   m.batch_size = tc.global_batch_size;
   if (stragglers_) stragglers_->add_step(m.step_time_s, compute_s);
   const MemoryStats& ms = ops_.allocator().stats();
+  auto& peaks = m.memory.emplace_back();
   for (int c = 0; c < kNumMemCategories; ++c)
-    m.memory[std::string(mem_category_name(static_cast<MemCategory>(c)))] = ms.peak(static_cast<MemCategory>(c));
-  m.memory["total"] = ms.total_peak();
+    peaks[std::string(mem_category_name(static_cast<MemCategory>(c)))] = ms.peak(static_cast<MemCategory>(c));
+  peaks["total"] = ms.total_peak();
   if (profiling) {
     auto secs = [](clock::time_point a, clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
     StepBreakdown b;
@@ -470,10 +470,10 @@ void Trainer::run() {
   while (step_ < last) {
     // TRIPOD_TEST_STEP_SLEEP_MS: a tiny run's steps take a fixed minimum time (test hook).
     if (step_sleep_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(step_sleep_ms_));
-    StepMetrics m = step();
+    StepRecord m = step();
     if (stragglers_ && (m.step % tc.log_interval == 0 || m.step == last))  // collective, as is the condition
       m.stragglers = stragglers_->gather(*par_.world, m.step);
-    if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m);
+    if (metrics_ && (m.step % tc.log_interval == 0 || m.step == last || m.skipped)) metrics_->log_step(m, tc.steps);
     if (tc.eval_interval > 0 && m.step % tc.eval_interval == 0) {
       evaluate();
       evaluate_tasks();
@@ -664,8 +664,8 @@ EvalResult Trainer::evaluate() {
   EvalResult r = evaluator_->evaluate(eval_data_, tc.eval_steps * tc.global_batch_size);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (metrics_)
-    metrics_->log_eval({.step = step_, .consumed_samples = step_ * tc.global_batch_size, .loss = r.loss,
-                        .perplexity = r.perplexity, .tokens = r.tokens, .seconds = seconds});
+    metrics_->log_eval({.step = step_, .consumed_samples = step_ * tc.global_batch_size, .split = "valid",
+                        .loss = r.loss, .perplexity = r.perplexity, .tokens = r.tokens, .seconds = seconds});
   spdlog::info("eval  {:>6}/{} | val loss {:.4f} | val ppl {:.2f} | {} tokens in {:.2f} s", step_, tc.steps, r.loss,
                r.perplexity, r.tokens, seconds);
   return r;
@@ -684,7 +684,7 @@ void Trainer::evaluate_tasks() {
   task_figures_ = {{"step", step_}, {"tasks", nlohmann::json::object()}};
   for (const Task& task : tasks_) {
     const TaskResult r = task_evaluator_->evaluate(task);
-    if (metrics_) metrics_->log_task(step_, samples, r);
+    if (metrics_) metrics_->log_task(task_record(step_, samples, r));
     nlohmann::json figures = nlohmann::json::object();
     std::string line;
     for (const TaskMetric& m : r.metrics) {

@@ -66,7 +66,7 @@ class Trainer {
   // Whether run() returned because of a stop signal.
   bool stopped_by_signal() const { return stopped_by_signal_; }
   // One optimizer step over the global batch; metrics are valid on every rank.
-  StepMetrics step();
+  StepRecord step();
 
   int64_t completed_steps() const { return step_; }
   ParamRegistry& registry() { return reg_; }

@@ -100,10 +100,10 @@ std::optional<Result> run(cuda::CudaOps& ops, ParallelContext& par, const Shape&
     for (int i = 0; i < warmup; ++i) trainer.step();
     double time_s = 0;
     for (int i = 0; i < steps; ++i) {
-      StepMetrics m = trainer.step();
+      StepRecord m = trainer.step();
       time_s += m.step_time_s;
       r.mfu += m.mfu / steps;
-      r.peak_bytes = std::max<int64_t>(r.peak_bytes, m.memory["total"].get<int64_t>());
+      r.peak_bytes = std::max<int64_t>(r.peak_bytes, m.memory.at(0).at("total"));
     }
     r.step_ms = 1e3 * time_s / steps;
     r.tokens_per_s = static_cast<double>(B) * cfg.model.seq_len * steps / time_s;

@@ -52,6 +52,7 @@ struct ReduceGroup {
   int size = 1, rank = 0;           // the group's size and this rank's index in it
   bool sharded = false;             // distributed optimizer (size > 1): reduce-scatter, owned slices, all-gather
   std::vector<GradBucket> buckets;  // in flat order; filled back to front by the backward
+  int64_t bucket_bytes = 0;         // the f32 bytes a bucket is filled to (parallel.bucket_mb)
   std::vector<FlatSpan> owned;      // per bucket, the range this rank's optimizer updates
   int64_t owned_elements() const;
 };

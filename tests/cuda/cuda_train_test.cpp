@@ -30,7 +30,7 @@
 #include "kernels/op.h"
 #include "test_util.h"
 #include "config/config.h"
-#include "report/report.h"
+#include "train/run_files.h"
 
 namespace tripod {
 namespace {
@@ -201,7 +201,7 @@ double rel_diff(const std::vector<float>& got, const std::vector<float>& want) {
 // rate, bias correction, weight decay or a parameter left out of the update shows up.
 TEST_F(CudaTrain, OneStepMatchesCpu) {
   // (`name` keeps the runs apart when the device is the CPU too.)
-  auto one_step = [&](const std::string& device, const std::string& name) -> std::pair<TrainRecord, fs::path> {
+  auto one_step = [&](const std::string& device, const std::string& name) -> std::pair<StepRecord, fs::path> {
     const fs::path run = dir_ / name, ckpt = dir_ / (name + "_ckpt");
     auto r = tripod(train_args(device, false, run, 1) +
                     fmt::format(" --set checkpoint.dir='{}' --set checkpoint.interval=1", ckpt.string()));

@@ -216,7 +216,7 @@ TEST_F(ContextParallel, EvaluationMatchesSerial) {
     EXPECT_NEAR(v.loss, serial_valid.loss, 1e-6 * serial_valid.loss);
     EXPECT_EQ(v.tokens, serial_valid.tokens);
     EvalResult first = t.evaluator().evaluate(&data, c.train.global_batch_size, 0);
-    StepMetrics m = t.step();
+    StepRecord m = t.step();
     EXPECT_NEAR(first.loss, m.loss, 1e-6 * m.loss);
   }
 }
@@ -277,11 +277,11 @@ TEST_F(ContextParallel, MemoryPlanMatchesMeasuredPeaks) {
     RankMemory plan = plan_rank_memory(cfg, w.par->rank);
     Trainer t(cfg, *ops, *w.par, &data);
     t.step();
-    StepMetrics m = t.step();
-    EXPECT_EQ(m.memory["params"].get<int64_t>(), plan.params);
-    EXPECT_EQ(m.memory["grads"].get<int64_t>(), plan.grads);
-    EXPECT_EQ(m.memory["optimizer"].get<int64_t>(), plan.optimizer);
-    const int64_t act = m.memory["activations"].get<int64_t>();
+    StepRecord m = t.step();
+    EXPECT_EQ(m.memory.at(0).at("params"), plan.params);
+    EXPECT_EQ(m.memory.at(0).at("grads"), plan.grads);
+    EXPECT_EQ(m.memory.at(0).at("optimizer"), plan.optimizer);
+    const int64_t act = m.memory.at(0).at("activations");
     EXPECT_LE(std::abs(static_cast<double>(act - plan.activations)) / plan.activations, 0.01)
         << "rank " << w.par->rank << ": measured " << act << " planned " << plan.activations;
   }

@@ -54,7 +54,7 @@ TEST(Evaluator, MatchesTrainingForwardAndAgreesAcrossGrids) {
     weights = test::gather_global_params(t.registry(), *self.par, *ops);
     serial_valid = t.evaluator().evaluate(valid.get(), kValidSamples);
     EvalResult next = t.evaluator().evaluate(&train_data, gb, 3 * gb);
-    StepMetrics m = t.step();
+    StepRecord m = t.step();
     EXPECT_EQ(next.tokens, gb * 16);
     EXPECT_NEAR(next.loss, m.loss, 1e-6 * m.loss) << "evaluation of step 4's samples vs step 4's loss";
     EXPECT_NEAR(next.perplexity, std::exp(next.loss), 1e-9 * next.perplexity);
@@ -96,7 +96,7 @@ TEST(Evaluator, MatchesTrainingForwardAndAgreesAcrossGrids) {
     EXPECT_EQ(v.tokens, serial_valid.tokens);
     // (i) on this grid too: step 1's samples evaluated, then step 1 run at the same weights.
     EvalResult first = t.evaluator().evaluate(&train_data, gb, 0);
-    StepMetrics m = t.step();
+    StepRecord m = t.step();
     EXPECT_NEAR(first.loss, m.loss, 1e-6 * m.loss);
     if (w.par->rank == 0)
       fmt::print("{:<36} valid loss rel. diff {:.1e}; evaluated vs step loss {:.1e}\n", l.str(),

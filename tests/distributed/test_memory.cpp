@@ -107,12 +107,12 @@ TEST_F(Memory, MeasuredPeaksMatchThePlan) {
       RankMemory plan = plan_rank_memory(cfg, w.par->rank);
       Trainer t(cfg, *ops, *w.par, &data);
       t.step();
-      StepMetrics m = t.step();
+      StepRecord m = t.step();
       const auto& mem = m.memory;
-      EXPECT_EQ(mem["params"].get<int64_t>(), plan.params);
-      EXPECT_EQ(mem["grads"].get<int64_t>(), plan.grads);
-      EXPECT_EQ(mem["optimizer"].get<int64_t>(), plan.optimizer);
-      int64_t act = mem["activations"].get<int64_t>();
+      EXPECT_EQ(mem.at(0).at("params"), plan.params);
+      EXPECT_EQ(mem.at(0).at("grads"), plan.grads);
+      EXPECT_EQ(mem.at(0).at("optimizer"), plan.optimizer);
+      int64_t act = mem.at(0).at("activations");
       double err = std::abs(static_cast<double>(act - plan.activations)) / plan.activations;
       // The plan walks the same tensors the layers keep, so it is exact; 1% leaves room for
       // nothing but a change in what a layer keeps (the bar is 5%).

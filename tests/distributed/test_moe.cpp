@@ -59,7 +59,7 @@ TEST_F(MoeParallel, DeepSeekLikeWithCapacityAndSelectionBiasMatchesSerial) {
   const MoeRun ref = serial(cfg);
   ASSERT_EQ(ref.moe.size(), 3u);  // layer 0 dense
   double dropped = 0;
-  for (const MoeLayerMetrics& m : ref.moe) dropped += m.dropped;
+  for (const MoeLayerRecord& m : ref.moe) dropped += m.dropped;
   EXPECT_GT(dropped, 0) << "the capacity must drop pairs in this test";
   ASSERT_EQ(ref.biases.size(), 3u);
   bool moved = false;

@@ -212,7 +212,7 @@ TEST_P(Documents8, PackedEqualsEachDocumentAlone) {
     Config c = l.apply(cfg);
     validate_layout(c, l.grid().world_size());
     Trainer t(c, *ops, *w.par, &data);
-    const StepMetrics m = t.step();
+    const StepRecord m = t.step();
     EXPECT_NEAR(m.loss, mean, 1e-5 * mean);
     const auto grads = test::gather_global_params(t.registry(), *w.par, *ops, /*grads=*/true);
     std::string worst;
@@ -299,10 +299,10 @@ TEST_P(Documents8, MemoryPlanMatchesMeasuredPeaks) {
     const RankMemory plan = plan_rank_memory(cfg, w.par->rank);
     Trainer t(cfg, *ops, *w.par, &data);
     t.step();
-    const StepMetrics m = t.step();
-    EXPECT_EQ(m.memory["params"].get<int64_t>(), plan.params);
-    EXPECT_EQ(m.memory["grads"].get<int64_t>(), plan.grads);
-    const int64_t act = m.memory["activations"].get<int64_t>();
+    const StepRecord m = t.step();
+    EXPECT_EQ(m.memory.at(0).at("params"), plan.params);
+    EXPECT_EQ(m.memory.at(0).at("grads"), plan.grads);
+    const int64_t act = m.memory.at(0).at("activations");
     if (l.cp == 1) {
       EXPECT_EQ(act, plan.activations) << "rank " << w.par->rank;
     } else {
@@ -325,7 +325,7 @@ TEST_P(Documents8, EvaluationAveragesOverCountedTokens) {
   const BatchDocuments counts = summarize_documents(data, masked, 0, masked.train.global_batch_size);
   EXPECT_EQ(e.tokens, counts.counted);
   EXPECT_LT(e.tokens, masked.train.global_batch_size * masked.model.seq_len);
-  const StepMetrics m = t.step();
+  const StepRecord m = t.step();
   EXPECT_NEAR(e.loss, m.loss, 1e-6 * m.loss) << "the step's loss is the evaluated mean over counted tokens";
 }
 

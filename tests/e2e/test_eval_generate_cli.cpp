@@ -7,6 +7,7 @@
 #include "e2e_test.h"
 #include "report/report.h"
 #include "train/metrics.h"
+#include "train/run_files.h"
 
 namespace tripod {
 namespace {
@@ -254,7 +255,8 @@ TEST_F(EvalGenerateCli, TrainingScoresItsTasksAsEvalDoesFromTheCheckpoint) {
   ASSERT_EQ(rm.tasks.size(), 4u);
   EXPECT_EQ(rm.other_records, 0);
   EXPECT_EQ(rm.tasks.back().task, "mc");
-  EXPECT_EQ(rm.tasks.back().metrics.at("acc_norm"), mc["acc_norm"].get<double>());
+  ASSERT_TRUE(rm.tasks.back().find("acc_norm"));
+  EXPECT_EQ(rm.tasks.back().find("acc_norm")->value, mc["acc_norm"].get<double>());
   const std::string page = render_report(run.string());
   for (const char* panel : {"panel-tasks-acc", "panel-tasks-bpb", "mc acc_norm"})
     EXPECT_NE(page.find(panel), std::string::npos) << panel;
@@ -398,7 +400,7 @@ TEST_F(EvalGenerateCli, AMixtureOfExpertsTrainsEvaluatesAndGeneratesOnEveryGrid)
     EXPECT_GT(m["z_loss"][0].get<double>(), 0.0);
     EXPECT_GE(m["max_over_mean_load"][0].get<double>(), 1.0);
     // The TensorBoard scalars of the same record.
-    StepMetrics sm;
+    StepRecord sm;
     sm.moe.push_back({.layer = 1, .tokens_per_expert = m["tokens_per_expert"][0].get<std::vector<double>>(),
                       .dropped = m["dropped_tokens"][0].get<double>(),
                       .load_balancing_loss = m["load_balancing_loss"][0].get<double>(),

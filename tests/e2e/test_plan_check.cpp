@@ -71,8 +71,11 @@ TEST_F(PlanCheckCli, OneRankRunChecksItsPrediction) {
   EXPECT_EQ(j["other"]["predicted"].get<double>(), 0);
   EXPECT_GT(j["gemm"]["predicted"].get<double>(), 0);
   // The step the run logged is about the profiled steps' (its metrics are the same steps).
-  for (const json& m : test::metrics(run))
-    if (m.value("step", 0) == 2 || m.value("step", 0) == 3) EXPECT_GT(m["step_time_s"].get<double>(), 0.5 * step);
+  for (const json& m : test::metrics(run)) {
+    if (m.value("step", 0) == 2 || m.value("step", 0) == 3) {
+      EXPECT_GT(m["step_time_s"].get<double>(), 0.5 * step);
+    }
+  }
   ASSERT_EQ(j["ranks"].size(), 1u);
   expect_adds_up(j["ranks"][0]["measured"], "rank 0");
   ASSERT_EQ(j["pipeline_ranks"].size(), 1u);

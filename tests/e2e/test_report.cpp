@@ -11,6 +11,7 @@
 
 #include "e2e_test.h"
 #include "report/report.h"
+#include "train/run_files.h"
 
 namespace tripod {
 namespace {

@@ -12,6 +12,7 @@
 #include "checkpoint/reader.h"
 #include "e2e_test.h"
 #include "report/report.h"
+#include "train/run_files.h"
 
 namespace tripod {
 namespace {

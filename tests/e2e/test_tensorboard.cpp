@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "e2e/e2e_test.h"
-#include "report/report.h"
+#include "train/run_files.h"
 
 namespace tripod {
 namespace {
@@ -245,7 +245,7 @@ TEST_F(TensorBoard, EveryScalarMatchesMetricsAcrossSigtermAndResume) {
   // And the report reads the same numbers from metrics.jsonl.
   const RunMetrics m = read_metrics((run / "metrics.jsonl").string());
   ASSERT_EQ(m.train.size(), 200u + 1u);  // every other step, and the skipped step 3
-  for (const TrainRecord& t : m.train) {
+  for (const StepRecord& t : m.train) {
     SCOPED_TRACE(t.step);
     EXPECT_TRUE(same(tb_scalars.at({"lm loss", t.step}), t.loss));
     EXPECT_TRUE(same(tb_scalars.at({"learning-rate", t.step}), t.lr));

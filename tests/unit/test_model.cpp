@@ -350,7 +350,7 @@ TEST(GptModel, HuggingFaceMoeFoldersImportAndExportWithTheReferenceLoss) {
         c.moe.first_dense > 0 ? fmt::format("{{first_dense = {}}}", c.moe.first_dense) : "\"all\"");
     std::ofstream(dir / "c.toml") << toml;
     const std::string src = test::source_dir() + "/tests/fixtures/" + folder;
-    for (const std::string with : {std::string(" --config ") + (dir / "c.toml").string(), std::string()}) {
+    for (const std::string& with : {std::string(" --config ") + (dir / "c.toml").string(), std::string()}) {
       fs::remove_all(dir / "ck");
       auto r = test::run_cmd(test::tripod_bin() + " ckpt convert " + src + " --from safetensors " +
                              (dir / "ck").string() + with);
@@ -480,7 +480,7 @@ TEST(Trainer, SelectionBiasBalancesASkewedRouter) {
   std::vector<double> ratio;
   std::string figure;
   for (int s = 0; s < kSteps; ++s) {
-    const StepMetrics m = t.step();
+    const StepRecord m = t.step();
     ASSERT_EQ(m.moe.size(), 1u);
     ratio.push_back(m.moe[0].max_over_mean());
     if (s % 20 == 0 || s == kSteps - 1) figure += fmt::format(" {}:{:.2f}", s + 1, ratio.back());
@@ -537,7 +537,7 @@ TEST(Trainer, NonFiniteLossOrGradNormSkipsTheUpdateAndIsCounted) {
 
   EXPECT_FALSE(t.step().skipped);
   std::vector<float> before = flat_values(t);
-  StepMetrics m = t.step();  // grad@2
+  StepRecord m = t.step();  // grad@2
   EXPECT_TRUE(m.skipped);
   EXPECT_TRUE(std::isnan(m.grad_norm));
   EXPECT_EQ(m.skipped_total, 1);
@@ -619,7 +619,7 @@ TEST(Trainer, TenStepsMatchPyTorch) {
   int clipped = 0;
   for (int64_t s = 0; s < cfg.train.steps; ++s) {
     SCOPED_TRACE("step " + std::to_string(s + 1));
-    StepMetrics m = t.step();
+    StepRecord m = t.step();
     const double loss = g["losses"][s], lr = g["lrs"][s], norm = g["grad_norms"][s];
     EXPECT_FALSE(m.skipped);
     EXPECT_NEAR(m.loss, loss, 1e-5 * loss);
@@ -671,7 +671,7 @@ TEST(Trainer, PackedDocumentsMatchPyTorchWithMegatronMasks) {
         std::fill(dst, dst + p.numel(), 0.f);
         for (size_t i = 0; i < v.size(); ++i) dst[i] = v[i].get<float>();
       }
-      const StepMetrics m = t.step();
+      const StepRecord m = t.step();
       const double loss = c["loss"];
       EXPECT_NEAR(m.loss, loss, 1e-5 * loss);
       for (Param& p : t.registry().params()) {

@@ -26,6 +26,7 @@
 #include "train/microbatch.h"
 #include "config/memory_plan.h"
 #include "train/mpi_session.h"
+#include "train/run_files.h"
 #include "train/runtime.h"
 #include "train/task_evaluator.h"
 #include "train/trainer.h"
@@ -43,23 +44,15 @@ struct TrainOptions {
 };
 
 // Rank 0 tells the launcher (TRIPOD_LAUNCH_STATUS, see launch/restarts.sh) where the run lives
-// and how far it got: state "running" at the start, "finished" or "stopped" (by a signal, before
-// its last step) at the end. Written whole and renamed, so the launcher never reads half a file.
-void write_launch_status(const DebugOptions& debug, const Config& cfg, const std::string& state, int64_t step) {
+// and how far it got.
+void launch_status(const DebugOptions& debug, const Config& cfg, const std::string& state, int64_t step) {
   if (debug.launch_status.empty()) return;
-  namespace fs = std::filesystem;
-  const nlohmann::json j = {{"output_dir", cfg.train.output_dir}, {"checkpoint_dir", cfg.checkpoint.dir},
-                            {"state", state}, {"step", step}, {"steps", cfg.train.steps}};
-  const std::string tmp = debug.launch_status + ".tmp";
-  std::ofstream(tmp) << j.dump() << '\n';
-  std::error_code ec;
-  fs::rename(tmp, debug.launch_status, ec);
+  write_launch_status(debug.launch_status, {.output_dir = cfg.train.output_dir, .checkpoint_dir = cfg.checkpoint.dir,
+                                            .state = state, .step = step, .steps = cfg.train.steps});
 }
 
-// After a restart (launch/restarts.sh): one line in output_dir/restarts.jsonl with the cause, the
-// step this attempt resumed from, and the time lost: from the end of the work kept (the loaded
-// checkpoint's commit, or the failed attempt's start when it saved none) to now, when training
-// goes on.
+// After a restart (launch/restarts.sh): its line in output_dir/restarts.jsonl. The work kept ends
+// at the loaded checkpoint's commit, or at the failed attempt's start when it saved none.
 void log_restart(const DebugOptions& debug, const Config& cfg, int64_t resumed_from) {
   const RestartInfo& r = debug.restart;
   if (r.attempt <= 0 || cfg.train.output_dir.empty()) return;
@@ -76,19 +69,18 @@ void log_restart(const DebugOptions& debug, const Config& cfg, int64_t resumed_f
     }
   }
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  nlohmann::json j = {{"attempt", r.attempt},
-                      {"cause", r.cause},
-                      {"exit_status", r.exit_status},
-                      {"failed_at", r.failed_at},
-                      {"resumed_at", now},
-                      {"resumed_from_step", resumed_from},
-                      {"checkpoint", checkpoint},
-                      {"downtime_s", r.failed_at > 0 ? now - r.failed_at : 0.0},
-                      {"time_lost_s", kept_until > 0 ? now - kept_until : 0.0}};
-  fs::create_directories(cfg.train.output_dir);
-  std::ofstream(fs::path(cfg.train.output_dir) / "restarts.jsonl", std::ios::app) << j.dump() << '\n';
+  const RestartRecord rec{.attempt = r.attempt,
+                          .resumed_from_step = resumed_from,
+                          .exit_status = r.exit_status,
+                          .cause = r.cause,
+                          .checkpoint = checkpoint,
+                          .failed_at = r.failed_at,
+                          .resumed_at = now,
+                          .downtime_s = r.failed_at > 0 ? now - r.failed_at : 0.0,
+                          .time_lost_s = kept_until > 0 ? now - kept_until : 0.0};
+  append_restart(cfg.train.output_dir, rec);
   spdlog::info("restart {} after {} (exit status {}): resumed from step {}, {:.1f} s lost", r.attempt, r.cause,
-               r.exit_status, resumed_from, j["time_lost_s"].get<double>());
+               r.exit_status, resumed_from, rec.time_lost_s);
 }
 
 // --dry-run: the schedule's simulated bubble and every rank's memory plan, before any allocation.
@@ -160,7 +152,7 @@ int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout
   }
   ParallelContext& par = rt.par;
   linger_ms = rt.debug.exit_linger_ms;
-  if (mpi.rank() == 0) write_launch_status(rt.debug, cfg, "starting", 0);
+  if (mpi.rank() == 0) launch_status(rt.debug, cfg, "starting", 0);
 
   std::unique_ptr<SampleSource> data = make_split_source(
       cfg, Split::Train, std::max<int64_t>(1, cfg.train.steps * cfg.train.global_batch_size), par.world.get());
@@ -190,13 +182,13 @@ int train_under_mpi(const TrainOptions& o, const EnvOptions& env, double timeout
     }
   });
   if (mpi.rank() == 0) {
-    write_launch_status(rt.debug, cfg, "running", trainer.completed_steps());
+    launch_status(rt.debug, cfg, "running", trainer.completed_steps());
     log_restart(rt.debug, cfg, trainer.completed_steps());
   }
   trainer.run();
   if (mpi.rank() == 0) {
     const int64_t last = cfg.train.exit_interval > 0 ? std::min(cfg.train.exit_interval, cfg.train.steps) : cfg.train.steps;
-    write_launch_status(rt.debug, cfg, trainer.completed_steps() < last ? "stopped" : "finished",
+    launch_status(rt.debug, cfg, trainer.completed_steps() < last ? "stopped" : "finished",
                         trainer.completed_steps());
   }
   spdlog::info("done: {} steps; metrics in {}/metrics.jsonl", trainer.completed_steps(), cfg.train.output_dir);
