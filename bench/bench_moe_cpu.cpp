@@ -85,9 +85,9 @@ int expert_parallel(Ops& ops, MpiComm& world, int steps) {
         std::vector<double> times;
         int64_t peak = 0;
         for (int i = 0; i < steps; ++i) {
-          const StepMetrics m = t.step();
+          const StepRecord m = t.step();
           times.push_back(m.step_time_s);
-          peak = std::max<int64_t>(peak, m.memory["total"].get<int64_t>());
+          peak = std::max<int64_t>(peak, m.memory.at(0).at("total"));
         }
         const double timed = std::accumulate(times.begin(), times.end(), 0.0);
         std::sort(times.begin(), times.end());

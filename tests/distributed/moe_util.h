@@ -84,7 +84,7 @@ inline Config deepseek_config() {
 struct MoeRun {
   RunResult r;
   std::map<std::string, std::vector<float>> biases;
-  std::vector<MoeLayerMetrics> moe;
+  std::vector<MoeLayerRecord> moe;
 };
 
 // Every rank's biases are the same bits as every other's holding the same layer: gathered to
@@ -118,7 +118,7 @@ inline MoeRun run_moe(Config cfg, Ops& ops, ParallelContext& par, const SampleSo
   Trainer t(cfg, ops, par, &data);
   MoeRun out;
   for (int64_t s = 0; s < cfg.train.steps; ++s) {
-    StepMetrics m = t.step();
+    StepRecord m = t.step();
     out.r.losses.push_back(m.loss);
     out.moe = m.moe;
   }
