@@ -137,6 +137,7 @@ void validate_metadata(const json& meta, const std::string& path) {
   for (const char* k : {"dp", "pp", "tp"}) grid.integer(k, 1, 1 << 20);
   grid.integer("vp", 1, 1 << 20, false);
   grid.integer("cp", 1, 1 << 20, false);
+  grid.integer("ep", 1, 1 << 20, false);
   grid.integer("world_size", 1, 1 << 30, false);
   grid.boolean("distributed_optimizer");
   grid.string("schedule");

@@ -41,8 +41,8 @@ Coords checkpoint_coords(const RankGrid& grid, const Coords& c) {
   return out;
 }
 
-bool rank_writes_file(const Coords& c, bool distributed_optimizer, bool with_optimizer) {
-  return c.dp == 0 || (distributed_optimizer && with_optimizer);
+bool rank_writes_file(const Coords& c, bool distributed_optimizer, bool with_optimizer, int ep) {
+  return c.dp < ep || (distributed_optimizer && with_optimizer);
 }
 
 namespace {
@@ -59,25 +59,28 @@ HostFloats to_host(Ops& ops, const Tensor& t, int64_t begin, int64_t n) {
 }  // namespace
 
 Snapshot take_snapshot(ParamRegistry& reg, Ops& ops, const std::vector<OptimizerShardRef>& opt, const Coords& c,
-                       bool distributed_optimizer) {
+                       bool distributed_optimizer, int ep) {
   Snapshot s;
   const bool with_opt = !opt.empty();
-  if (!rank_writes_file(c, distributed_optimizer, with_opt)) return s;
+  if (!rank_writes_file(c, distributed_optimizer, with_opt, ep)) return s;
   s.file = shard_file_name(c);
   auto saves = [&](const ParamSpec& p) { return !p.tied_copy && (p.shard_dim >= 0 || c.tp == 0); };
-  if (c.dp == 0)
+  // Rank 0 of the tensor's reduce group: DP x CP, or EDP for a routed expert's under ep > 1 (the
+  // DP x CP indices [0, ep), EP rank q holding EP rank q's experts).
+  auto writes_values = [&](const ParamSpec& p) { return ep > 1 && p.expert >= 0 ? c.dp < ep : c.dp == 0; };
+  if (c.dp < ep)
     for (Param* pp : reg.tensors()) {  // parameters and buffers
       Param& p = *pp;
-      if (!saves(p.spec)) continue;
+      if (!saves(p.spec) || !writes_values(p.spec)) continue;
       PieceGeom g = saved_geometry(p.spec);
       if (g.numel() == 0) continue;  // a TP shard made only of vocabulary padding
       s.specs.push_back({.name = p.spec.name, .kind = StateKind::Value, .geom = g});
       s.data.push_back(to_host(ops, p.value.flat(0, p.numel()), 0, g.numel()));
     }
-  if (with_opt && (distributed_optimizer || c.dp == 0))
+  if (with_opt && (distributed_optimizer || c.dp < ep))
     for (const OptimizerShardRef& sh : opt)
       for (Param& p : reg.params()) {
-        if (!saves(p.spec)) continue;
+        if (!saves(p.spec) || !(distributed_optimizer || writes_values(p.spec))) continue;
         const int64_t b = std::max(sh.span.begin, p.offset), e = std::min(sh.span.end, p.offset + p.numel());
         if (b >= e) continue;
         PieceGeom g = saved_geometry(p.spec);

@@ -7,9 +7,12 @@
 //
 // Who writes what (file pp{PP}_tp{TP}_dp{DP}.h5 of the rank at those coordinates):
 // - values: DP rank 0 of each (pp, tp); replicated (non-TP-sharded) parameters from TP rank 0
-//   only; tied copies (the embedding on the last stage) never: the owner saves them;
+//   only; tied copies (the embedding on the last stage) never: the owner saves them; under expert
+//   parallelism a routed expert's tensors from EDP rank 0 (the DP x CP indices [0, ep), each
+//   holding its own experts), the rule of the reduce groups (grad_sync.h);
 // - optimizer state (master when separate from the values, m, v): with the distributed optimizer
-//   every DP rank its own pieces (flat ranges of the TP-local tensors), else DP rank 0.
+//   every DP rank its own pieces (flat ranges of the TP-local tensors), else the rank that writes
+//   the values.
 // So every element of every global tensor and state is stored exactly once.
 //
 // Asynchronous saves: the snapshot is taken on the calling thread, the file is written on a
@@ -57,13 +60,13 @@ std::string shard_file_name(const Coords& c);
 // DP x CP group hold the same parameters, and the distributed optimizer shards over that group),
 // so the files and pieces do not depend on how the sequence was split.
 Coords checkpoint_coords(const RankGrid& grid, const Coords& c);
-// Whether the rank at `c` writes a file.
-bool rank_writes_file(const Coords& c, bool distributed_optimizer, bool with_optimizer);
+// Whether the rank at `c` (checkpoint_coords) writes a file, under expert parallelism over `ep`.
+bool rank_writes_file(const Coords& c, bool distributed_optimizer, bool with_optimizer, int ep = 1);
 
 // Copies this rank's share (see above) of values and optimizer state to host memory.
-// `opt` empty: a params-only snapshot.
+// `opt` empty: a params-only snapshot. `c`: checkpoint_coords; `ep`: the grid's expert parallelism.
 Snapshot take_snapshot(ParamRegistry& reg, Ops& ops, const std::vector<OptimizerShardRef>& opt, const Coords& c,
-                       bool distributed_optimizer);
+                       bool distributed_optimizer, int ep = 1);
 // Appends FP8 scaling state (model/fp8.h, Fp8Registry::state(): per linear its name and
 // (3, 1 + history) floats) to a snapshot, as whole replicated pieces of kind Fp8.
 void add_fp8_state(Snapshot& snap, const std::vector<std::pair<std::string, std::vector<float>>>& state);

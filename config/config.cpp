@@ -294,6 +294,8 @@ std::vector<Field> fields(ParallelConfig& p) {
           {"vp", &p.vp},
           {"cp", &p.cp},
           {"cp_comm", EnumRef(&p.cp_comm)},
+          {"ep", &p.ep},
+          {"moe_dispatcher", EnumRef(&p.moe_dispatcher)},
           {"schedule", EnumRef(&p.schedule)},
           {"schedule_file", &p.schedule_file},
           {"placement", EnumRef(&p.placement)},
@@ -457,6 +459,7 @@ void ParallelConfig::validate(const std::string& origin) const {
   require(dp >= 0, origin, "parallel.dp", fmt::format("must be >= 1 (or absent to derive it), got {}", dp));
   require(vp >= 1, origin, "parallel.vp", fmt::format("must be >= 1, got {}", vp));
   require(cp >= 1 && cp <= 4096, origin, "parallel.cp", fmt::format("must be in [1, 4096], got {}", cp));
+  require(ep >= 1 && ep <= 65536, origin, "parallel.ep", fmt::format("must be in [1, 65536], got {}", ep));
   require(bucket_mb > 0 && bucket_mb <= 1e6, origin, "parallel.bucket_mb",
           fmt::format("must be in (0, 1e6] (MB), got {}", bucket_mb));
   require(timeout_s > 0 && timeout_s <= 1e8, origin, "parallel.timeout_s",
@@ -656,6 +659,20 @@ void validate_layout(Config& cfg, int world_size) {
     TRIPOD_INPUT_CHECK(m.expert_ffn() % p.tp == 0,
                        "parallel.tp = {} must divide an expert's width (moe.ffn_hidden) = {}: every TP rank holds a "
                        "slice of every expert", p.tp, m.expert_ffn());
+  // Expert parallelism: ep ranks of each DP x CP group split the routed experts.
+  if (p.ep > 1) {
+    TRIPOD_INPUT_CHECK(m.moe.enabled(), "parallel.ep = {} splits the routed experts of a mixture of experts, and this "
+                       "model has none ([moe] experts = 0): use parallel.ep = 1", p.ep);
+    TRIPOD_INPUT_CHECK(m.moe.experts % p.ep == 0,
+                       "parallel.ep = {} must divide moe.experts = {}: every EP rank holds the same number of experts "
+                       "(valid: a divisor of {} that divides parallel.dp * parallel.cp = {})", p.ep, m.moe.experts,
+                       m.moe.experts, p.dp * p.cp);
+    TRIPOD_INPUT_CHECK((p.dp * p.cp) % p.ep == 0,
+                       "parallel.ep = {} must divide parallel.dp * parallel.cp = {} * {} = {}: expert-parallel ranks "
+                       "are taken from the data- and context-parallel ones, so the world size does not change (valid: "
+                       "a divisor of {} that divides moe.experts = {})", p.ep, p.dp, p.cp, p.dp * p.cp, p.dp * p.cp,
+                       m.moe.experts);
+  }
   TrainConfig& t = cfg.train;
   if (t.global_batch_size == 0) t.global_batch_size = t.micro_batch_size * p.dp;
   TRIPOD_INPUT_CHECK(t.global_batch_size % (t.micro_batch_size * p.dp) == 0,

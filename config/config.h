@@ -33,6 +33,10 @@ struct ParallelConfig {
   int vp = 1;  // model chunks (virtual stages) per pipeline rank
   int cp = 1;  // context parallelism: ranks splitting every sequence (2 load-balanced chunks each)
   CpComm cp_comm = CpComm::Ring;  // how attention reaches the other chunks' keys and values
+  // Expert parallelism: the routed experts split over ep ranks taken from the DP x CP group
+  // (parallel/grid.h); and how tokens travel to them.
+  int ep = 1;
+  MoeDispatcher moe_dispatcher = MoeDispatcher::AllToAll;
   ScheduleKind schedule = ScheduleKind::OneFOneB;
   std::string schedule_file;      // a custom schedule (CSV), overriding `schedule`
   // Where virtual stages live (parallel/pipeline/placement.h): loop, or v (vp = 2; the zbv and
@@ -50,6 +54,8 @@ struct ParallelConfig {
   int flight_recorder_size = 2000;  // communication operations each rank's flight recorder keeps; 0: off
 
   void validate(const std::string& origin) const;
+  // The rank grid of these sizes (dp resolved: validate_layout).
+  RankGrid grid() const { return RankGrid(tp, dp, pp, cp, ep); }
 };
 
 enum class Decay { Cosine, Linear, Constant };  // of the learning rate after the warmup

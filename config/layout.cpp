@@ -62,15 +62,23 @@ std::vector<ChunkLayout> chunks_of(const Config& cfg, int pp_rank) {
   return rank_chunks(stage_layers(cfg), pc.pp, pc.vp, pp_rank, pc.placement);
 }
 
-std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb) {
+std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb,
+                                          const std::function<bool(const Param&)>& in_group) {
   std::vector<FlatSpan> spans;
-  std::vector<int> boundaries;  // no bucket holds parameters i and i+1
+  std::vector<int> boundaries;  // no bucket holds spans j and j+1
   const auto& ps = reg.params();
-  for (int i = 0; i < static_cast<int>(ps.size()); ++i) {
-    spans.push_back({ps[i].offset, ps[i].offset + ps[i].numel()});
-    bool last = i + 1 == static_cast<int>(ps.size());
-    if (!last && (&ps[i] == wte || &ps[i + 1] == wte || ps[i + 1].spec.chunk != ps[i].spec.chunk))
-      boundaries.push_back(i);
+  const Param* prev = nullptr;  // the group's previous parameter
+  bool gap = false;             // a parameter of another group since then
+  for (const Param& p : ps) {
+    if (in_group && !in_group(p)) {
+      gap = true;
+      continue;
+    }
+    if (prev && (gap || prev == wte || &p == wte || p.spec.chunk != prev->spec.chunk))
+      boundaries.push_back(static_cast<int>(spans.size()) - 1);
+    spans.push_back({p.offset, p.offset + p.numel()});
+    prev = &p;
+    gap = false;
   }
   return make_buckets(spans, static_cast<int64_t>(bucket_mb * 1024 * 1024 / 4), boundaries);
 }
@@ -97,20 +105,27 @@ RankLayout make_eval_layout(const Config& cfg, int rank) {
 namespace {
 
 // The rank's gradient synchronisation (grad_sync.h): every gradient reduces over DP x CP (every
-// rank of it holds the same parameters), sharded there under the distributed optimizer; the tied
-// table's copies meet first where the loop placement puts the pipeline's ends on two ranks.
+// rank of it holds the same parameters), sharded there under the distributed optimizer, except,
+// with expert parallelism, the routed experts' over EDP (the ranks holding the same experts); the
+// tied table's copies meet first where the loop placement puts the pipeline's ends on two ranks.
 GradSync make_grad_sync(const Config& cfg, const RankLayout& l, const ParamRegistry& reg, const Param* wte) {
   const ParallelConfig& pc = cfg.parallel;
   GradSync g;
-  ReduceGroup& dpcp = g.groups.emplace_back();
-  dpcp.axis = Axis::DPCP;
-  dpcp.size = l.grid.size(Axis::DPCP);
-  dpcp.rank = l.grid.dpcp_rank(l.coords);
-  dpcp.sharded = pc.distributed_optimizer && dpcp.size > 1;
-  dpcp.buckets = make_grad_buckets(reg, wte, pc.bucket_mb);
-  dpcp.bucket_bytes = static_cast<int64_t>(pc.bucket_mb * 1024 * 1024);
-  for (const GradBucket& b : dpcp.buckets)
-    dpcp.owned.push_back(dpcp.sharded ? dp_shard(b.span, dpcp.size, dpcp.rank) : b.span);
+  if (l.grid.ep() > 1) g.expert_group = 1;
+  auto add_group = [&](Axis axis, int rank, bool experts) {
+    ReduceGroup& r = g.groups.emplace_back();
+    r.axis = axis;
+    r.size = l.grid.size(axis);
+    r.rank = rank;
+    r.sharded = pc.distributed_optimizer && r.size > 1;
+    r.bucket_bytes = static_cast<int64_t>(pc.bucket_mb * 1024 * 1024);
+    r.buckets = make_grad_buckets(reg, wte, pc.bucket_mb, [&](const Param& p) {
+      return g.group_of(p.spec.expert >= 0) == (experts ? g.expert_group : 0);
+    });
+    for (const GradBucket& b : r.buckets) r.owned.push_back(r.sharded ? dp_shard(b.span, r.size, r.rank) : b.span);
+  };
+  add_group(Axis::DPCP, l.grid.dpcp_rank(l.coords), false);
+  if (g.expert_group >= 0) add_group(Axis::EDP, l.grid.edp_rank(l.coords), true);
   // One chunk holding both ends (pp = 1) uses the table as any parameter.
   if (wte && !(l.chunks.size() == 1 && l.has_embedding && l.has_head)) {
     g.tied_table = {wte->offset, wte->offset + wte->numel()};
@@ -124,7 +139,7 @@ GradSync make_grad_sync(const Config& cfg, const RankLayout& l, const ParamRegis
 RankLayout make_rank_layout(const Config& cfg, int rank, const Schedule& schedule, const PipePlan& plan) {
   const ParallelConfig& pc = cfg.parallel;
   RankLayout l;
-  l.grid = RankGrid(pc.tp, pc.dp, pc.pp, pc.cp);
+  l.grid = pc.grid();
   l.rank = rank;
   l.coords = l.grid.coords(rank);
   l.sequence_parallel = pc.sequence_parallel;

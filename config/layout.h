@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,7 +91,9 @@ std::vector<ChunkLayout> chunks_of(const Config& cfg, int pp_rank);
 
 // Gradient buckets over a rank's parameters in registration order, about parallel.bucket_mb
 // each; chunks never share a bucket and the tied table `wte` (synchronised between the
-// pipeline's ends first) gets one of its own.
-std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb);
+// pipeline's ends first) gets one of its own. With `in_group`, only the parameters it accepts,
+// and no bucket spans one it refuses (each bucket is a run of the group's parameters).
+std::vector<GradBucket> make_grad_buckets(const ParamRegistry& reg, const Param* wte, double bucket_mb,
+                                          const std::function<bool(const Param&)>& in_group = {});
 
 }  // namespace tripod

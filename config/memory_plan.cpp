@@ -35,7 +35,8 @@ RankMemory plan_rank_memory(const Config& cfg, const RankLayout& l) {
   const DataConfig& d = cfg.data;
   ActivationShape shape{.B = l.micro_batch_size, .T = cfg.model.seq_len / cp, .tp = l.grid.tp(),
                         .sequence_parallel = l.sequence_parallel, .act_bytes = act_bytes,
-                        .keeps_probs = !cuda && cp == 1 && !d.reset_attention_mask};
+                        .keeps_probs = !cuda && cp == 1 && !d.reset_attention_mask, .ep = l.grid.ep(),
+                        .dispatcher = cfg.parallel.moe_dispatcher};
   std::vector<ChunkActivationBytes> bytes;
   for (const ChunkLayout& c : l.chunks) bytes.push_back(chunk_activation_bytes(cfg.model, c, cfg.recompute, shape));
   // A micro-batch's i32 tensors, held from its first forward here to its last backward: tokens,
@@ -53,7 +54,7 @@ std::vector<RankMemory> plan_memory(const Config& cfg) { return plan_memory(cfg,
 std::vector<RankMemory> plan_memory(const Config& cfg, const Schedule& schedule) {
   PipePlan plan = plan_pipeline(schedule);
   std::vector<RankMemory> out;
-  RankGrid grid(cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.pp, cfg.parallel.cp);
+  const RankGrid grid = cfg.parallel.grid();
   for (int r = 0; r < grid.world_size(); ++r) out.push_back(plan_rank_memory(cfg, make_rank_layout(cfg, r, schedule, plan)));
   return out;
 }
@@ -75,19 +76,26 @@ std::string memory_table(const Config& cfg, const std::vector<RankMemory>& ranks
       cfg.train.device == Device::CUDA ? "bf16" : "f32");
   const ModelConfig& mc = cfg.model;
   if (mc.moe.enabled()) {
-    // A mixture of experts holds every expert but computes with top_k of them; its expert rows are
-    // planned at their bound, every (token, choice) pair when dropless (whatever the routing).
+    // A mixture of experts holds every expert (E/ep of them per rank under expert parallelism) but
+    // computes with top_k of them; its expert rows are planned at their bound, every (token,
+    // choice) pair when dropless (whatever the routing), under ep the most an EP rank can receive.
     const MoeConfig& e = mc.moe;
+    const int ep = cfg.parallel.ep;
     const int64_t tokens = static_cast<int64_t>(cfg.train.micro_batch_size) * mc.seq_len / cfg.parallel.cp;
     out += fmt::format(
         "mixture of experts: {:.2f}M parameters, {:.2f}M active per token ({} experts of width {}, top {}{}, layers "
-        "{}-{}); per MoE layer and micro-batch {} expert rows ({}){}\n",
+        "{}-{}){}; per MoE layer and micro-batch {} expert rows{} ({}){}\n",
         mc.num_params(cfg.parallel.tp) / 1e6, mc.num_params(cfg.parallel.tp, /*active=*/true) / 1e6, e.experts,
         mc.expert_ffn(), e.top_k, e.shared_experts > 0 ? fmt::format(", {} shared", e.shared_experts) : "",
-        e.first_dense, mc.n_layers - 1, e.routed_rows(tokens),
-        e.capacity_factor > 0 ? fmt::format("at most {} per expert, capacity factor {}", e.capacity(tokens),
-                                            e.capacity_factor)
-                              : "dropless: every token's top_k choices, the most any routing sends",
+        e.first_dense, mc.n_layers - 1,
+        ep > 1 ? fmt::format("; expert parallelism over {} ranks, {} experts each, {} dispatcher", ep, e.experts / ep,
+                             enum_name(cfg.parallel.moe_dispatcher))
+               : std::string(),
+        e.routed_rows(tokens, ep), ep > 1 ? " per EP rank at most" : "",
+        e.capacity_factor > 0 ? fmt::format("at most {} per expert and source rank, capacity factor {}",
+                                            e.capacity(tokens), e.capacity_factor)
+        : ep > 1 ? "dropless: every EP rank's tokens choosing min(top_k, experts per rank) of its experts"
+                 : "dropless: every token's top_k choices, the most any routing sends",
         e.selection_bias() ? "; selection biases f32 among the parameters" : "");
   }
   if (cfg.train.fp8())

@@ -102,6 +102,10 @@ class Ops {
   virtual double sum_squares(const Tensor& t, std::span<const FlatRange> ranges) = 0;
   // Sum of all elements of an f32 tensor, on the host.
   virtual double sum(const Tensor& t) = 0;
+  // out (R, W) row r = x (., W) row index[r], or zeros where index[r] < 0: a row gather (and, with
+  // the inverse map as index, a scatter). index (>= R) i32; x and out of one dtype (f32, bf16 or
+  // i32), W = out.numel() / R. Expert parallelism reorders rows and per-row weights with it.
+  virtual void gather_rows(const Tensor& x, const Tensor& index, Tensor& out) = 0;
 
   // ---- embedding (vocabulary-parallel) ---------------------------------------------------
   // tokens (N) i32, wte (Vl, C) holds rows [vocab_start, vocab_start + Vl) of the table.

@@ -62,10 +62,13 @@ struct MoeConfig {
     const double c = std::ceil(capacity_factor * static_cast<double>(tokens) * top_k / experts);
     return static_cast<int64_t>(c);
   }
-  // Rows of the expert-sorted token copies a layer holds for `tokens` tokens: every (token,
-  // choice) pair when dropless, else at most `capacity` per expert.
-  int64_t routed_rows(int64_t tokens) const {
-    const int64_t all = tokens * top_k, cap = capacity(tokens);
+  // Rows of the expert-sorted token copies a layer holds for `tokens` tokens per rank: every
+  // (token, choice) pair when dropless, else at most `capacity` per expert. Under expert
+  // parallelism over `ep` ranks, the most one EP rank's E/ep experts can receive: every token of
+  // the ep ranks choosing min(top_k, E/ep) of them, or each of them full from every rank (E
+  // capacities). Example: 512 tokens, top 2 of 8, ep = 2: 1024 rows at ep = 1, 2048 at ep = 2.
+  int64_t routed_rows(int64_t tokens, int ep = 1) const {
+    const int64_t all = ep * tokens * std::min<int64_t>(top_k, experts / ep), cap = capacity(tokens);
     return cap < 0 ? all : std::min(all, cap * experts);
   }
 };

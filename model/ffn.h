@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/attention.h"
+#include "parallel/expert_parallel/token_dispatcher.h"
 
 namespace tripod {
 
@@ -20,25 +21,22 @@ struct MlpActs {
 };
 
 // A mixture-of-experts router's decision for one micro-batch: data, so that a full recomputation
-// replays it (never recomputes it) and a token dispatcher can move rows by it. Per token its
-// experts and weights; per expert its rows, in the expert-sorted order the grouped GEMMs run in.
+// replays it (never recomputes it) and a token dispatcher moves rows by it. Per token its experts
+// and weights; the dispatcher's plan of where each (token, choice) pair's row is computed.
 struct MoeRouting {
   Tensor logits;   // (N, E) f32, the router's output (its backward recomputes the scores from them)
   Tensor idx;      // (N, k) i32, the chosen experts of every token, best first
   Tensor weights;  // (N, k) f32, their weights
-  Tensor row_of;   // (N k) i32, each (token, choice) pair's row in expert order; -1: dropped (capacity)
-  Tensor slot_of;  // (R_max) i32, each row's pair t k + j (rows [rows(), R_max) unused)
-  std::vector<int64_t> offsets;  // (E + 1) host: expert e's rows are [offsets[e], offsets[e + 1])
+  DispatchPlan plan;  // the pairs' rows: parallel/expert_parallel/token_dispatcher.h
   std::vector<int64_t> routed;   // (E) host: pairs choosing each expert over the micro-batch (all its
                                  // context-parallel slices), before the capacity
   int64_t tokens = 0;            // the micro-batch's tokens over its context-parallel slices
   bool defined() const { return idx.defined(); }
-  int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
 };
 
 struct MoeActs {
   MoeRouting routing;
-  MlpActs experts;  // fc and act of every kept row (R_max rows allocated, rows() used)
+  MlpActs experts;  // fc and act of the rows this rank's experts compute (at least plan.rows())
   MlpActs shared;   // the shared experts (N rows)
 };
 
@@ -52,7 +50,7 @@ struct FfnActs {
 // What the layer's weight gradients need after a split backward's I (besides the layer's input
 // and output gradient, which the block keeps): charged to the category backward_input is given.
 struct FfnPending {
-  Tensor dfc, act;       // dense: (N, .); MoE: the routed experts' (R_max rows)
+  Tensor dfc, act;       // dense: (N, .); MoE: the routed experts' (at least plan.rows() rows)
   Tensor dlogits;        // MoE: the router's output gradient (N, E)
   MoeRouting routing;    // MoE: the rows' order and weights
   Tensor shared_dfc, shared_act;  // MoE: the shared experts' (N, .)

@@ -27,22 +27,36 @@ FfnBytes ffn_bytes(const ModelConfig& cfg, const ActivationShape& s, int layer) 
     return f;
   }
   const MoeConfig& m = cfg.moe;
-  const int64_t E = m.experts, k = m.top_k, rows = m.routed_rows(N), Fl = cfg.expert_ffn() / s.tp;
+  const int64_t E = m.experts, k = m.top_k, rows = m.routed_rows(N, s.ep), Fl = cfg.expert_ffn() / s.tp;
   const int64_t Fs = int64_t{m.shared_experts} * cfg.expert_ffn() / s.tp;
-  // The router's decision: logits (f32), experts and weights of every pair, their rows, each row's pair.
-  const int64_t logits = N * E * 4, idx = N * k * 4, weights = N * k * 4, row_of = N * k * 4;
-  const int64_t slot_of = std::max<int64_t>(rows, 1) * 4;
+  // The router's decision: logits (f32), experts and weights of every pair.
+  const int64_t logits = N * E * 4, idx = N * k * 4, weights = N * k * 4;
+  // The dispatcher's plan (parallel/expert_parallel/token_dispatcher.h, i32 tensors of at least
+  // one element): what a split backward's W still reads (kept) and what its I frees (dropped).
+  // Token side: each pair's row, each row's pair; all-to-all: each expert row's arrival position
+  // and its inverse; all-gather: the EP group's pairs' weights and rows, each expert row's pair.
+  const int64_t row_of = N * k * 4, slot_of = std::max<int64_t>(m.routed_rows(N), 1) * 4;
+  const int64_t expert_side = std::max<int64_t>(rows, 1) * 4;
+  int64_t plan_kept = slot_of, plan_dropped = row_of;
+  if (s.ep > 1 && s.dispatcher == MoeDispatcher::AllToAll) {
+    plan_kept += expert_side;     // src_of
+    plan_dropped += expert_side;  // dst_of
+  } else if (s.ep > 1) {
+    plan_kept = expert_side + s.ep * N * k * 4;  // pair_of, weights_all
+    plan_dropped = s.ep * N * k * 4;             // row_of_all
+  }
   const int64_t expert_fc = rows * sw * Fl * b, expert_act = rows * Fl * b;
   const int64_t shared_fc = N * sw * Fs * b, shared_act = N * Fs * b;
-  f.replay = logits + idx + weights + row_of + slot_of;
+  f.replay = logits + idx + weights + plan_kept + plan_dropped;
   f.saved = f.replay + expert_fc + expert_act + shared_fc + shared_act;
   // I allocates the experts' dfc (then frees their fc), the router's output gradient and the
-  // shared experts' dfc; at its end it frees the shared fc and the router's logits, experts and rows.
+  // shared experts' dfc; at its end it frees the shared fc and the router's logits, experts and
+  // what of the plan only the forward's combine reads.
   const int64_t dlogits = N * E * b;
   f.grads = expert_fc + dlogits + shared_fc;
-  f.fc = expert_fc + shared_fc + logits + idx + row_of;
+  f.fc = expert_fc + shared_fc + logits + idx + plan_dropped;
   f.input_peak = std::max(expert_fc, dlogits + shared_fc);
-  f.pending = f.grads + expert_act + shared_act + weights + slot_of;
+  f.pending = f.grads + expert_act + shared_act + weights + plan_kept;
   return f;
 }
 

@@ -19,6 +19,10 @@ struct ActivationShape {
   bool sequence_parallel = false;
   int64_t act_bytes = 4;  // bytes per element in the compute dtype
   bool keeps_probs = true;  // the backend keeps attention probabilities when not recomputing
+  // Expert parallelism (parallel.ep, parallel.moe_dispatcher): a rank's expert rows are counted at
+  // the most its experts can receive (MoeConfig::routed_rows), the dispatcher's plan as it keeps it.
+  int ep = 1;
+  MoeDispatcher dispatcher = MoeDispatcher::AllToAll;
 };
 
 // Bytes one micro-batch of one chunk occupies (MemCategory::Activations).
@@ -47,7 +51,8 @@ int64_t layer_pending_bytes(const ModelConfig& cfg, const ActivationShape& s, in
 
 // The feed-forward half of layer `layer` (model/ffn.h): the dense MLP's tensors or an MoE layer's,
 // whose routed rows are counted at their most (every (token, choice) pair, or the capacity's
-// bound: MoeConfig::routed_rows), what the layers allocate.
+// bound: MoeConfig::routed_rows), what the layers allocate at ep = 1; under expert parallelism the
+// layers allocate the rows that arrive, and this is their bound.
 struct FfnBytes {
   int64_t saved = 0;      // kept from the forward to the backward
   int64_t replay = 0;     // of which kept under full recomputation (the router's decision)

@@ -1,5 +1,5 @@
-// The mixture-of-experts layer: router, local dispatch, grouped experts, shared experts, the
-// auxiliary losses' gradients and the selection bias's update.
+// The mixture-of-experts layer: router, dispatch (by a token dispatcher), grouped experts, shared
+// experts, the auxiliary losses' gradients and the selection bias's update.
 #include "model/moe.h"
 
 #include <fmt/format.h>
@@ -14,45 +14,42 @@ std::vector<const char*> fc_parts(const ModelConfig& cfg) {
   return cfg.swiglu() ? std::vector<const char*>{"gate", "up"} : std::vector<const char*>{"fc"};
 }
 
-// The routed experts over the kept rows of `r`: fc and act (rows() of them used) and their
-// combined, weighted output `out` (N, C), overwritten.
+// The routed experts over the rows of `r`'s plan: fc and act (plan.rows() of them used) and their
+// combined, weighted output `out` (N, C), overwritten. Collective over the dispatcher's group.
 void run_experts(Ops& ops, TokenDispatcher& d, const MoeParams& p, bool swiglu, const Tensor& h_full,
                  const MoeRouting& r, Tensor& fc, Tensor& act, Tensor& out) {
-  const int64_t R = r.rows(), C = h_full.size(1);
+  const int64_t R = r.plan.rows(), C = h_full.size(1), rows = std::max<int64_t>(R, 1);
   const DType dt = ops.compute_dtype();
-  Tensor yp;
+  Tensor xp = ops.empty({rows, C}, dt, MemCategory::Workspace);
+  d.dispatch(h_full, r.plan, Tensor{}, xp);
+  Tensor fc_rows = fc.slice(0, R), act_rows = act.slice(0, R);
+  if (R > 0) ops.grouped_linear_forward(xp.slice(0, R), p.fc_weights(), r.plan.offsets, fc_rows);
+  xp = Tensor{};
+  Tensor yp = ops.empty({rows, C}, dt, MemCategory::Workspace);  // (no rows: every pair dropped or elsewhere)
   if (R > 0) {
-    Tensor xp = ops.empty({R, C}, dt, MemCategory::Workspace);
-    d.dispatch(h_full, r, /*weighted=*/false, xp);
-    Tensor fc_rows = fc.slice(0, R), act_rows = act.slice(0, R);
-    ops.grouped_linear_forward(xp, p.fc_weights(), r.offsets, fc_rows);
-    xp = Tensor{};
     if (swiglu)
       ops.swiglu_forward(fc_rows, act_rows);
     else
       ops.gelu_forward(fc_rows, act_rows);
-    yp = ops.empty({R, C}, dt, MemCategory::Workspace);
-    ops.grouped_linear_forward(act_rows, p.proj_weights(), r.offsets, yp);
-  } else {
-    yp = ops.empty({1, C}, dt, MemCategory::Workspace);  // no rows: every pair dropped
+    Tensor yp_rows = yp.slice(0, R);
+    ops.grouped_linear_forward(act_rows, p.proj_weights(), r.plan.offsets, yp_rows);
   }
-  d.combine(yp, r, /*weighted=*/true, out);
+  d.combine(yp, r.plan, r.weights, out);
 }
 
-// Allocates the routing tensors of N tokens (N k pairs, `rows` rows) in `category`.
-void allocate_routing(Ops& ops, int64_t N, int64_t E, int64_t k, int64_t rows, MemCategory category, MoeRouting& r) {
+// Allocates the router's tensors of N tokens in `category` (the dispatcher's plan allocates its own).
+void allocate_routing(Ops& ops, int64_t N, int64_t E, int64_t k, MemCategory category, MoeRouting& r) {
   r.logits = ops.empty({N, E}, DType::F32, category);
   r.idx = ops.empty({N, k}, DType::I32, category);
   r.weights = ops.empty({N, k}, DType::F32, category);
-  r.row_of = ops.empty({N * k}, DType::I32, category);
-  r.slot_of = ops.empty({std::max<int64_t>(rows, 1)}, DType::I32, category);
 }
 
 }  // namespace
 
 // ---- parameters ----------------------------------------------------------------------------------
 
-MoeParams MoeParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix) {
+MoeParams MoeParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix, int first,
+                          int count) {
   auto need = [&](const std::string& name) {
     Param* p = reg.find(prefix + "." + name);
     TRIPOD_CHECK(p, "parameter {}.{} is not on this rank", prefix, name);
@@ -61,7 +58,8 @@ MoeParams MoeParams::find(ParamRegistry& reg, const ModelConfig& cfg, const std:
   MoeParams m;
   m.router = need("router.weight");
   if (cfg.moe.selection_bias()) m.bias = need("expert_bias");
-  for (int e = 0; e < cfg.moe.experts; ++e) {
+  if (count < 0) count = cfg.moe.experts - first;
+  for (int e = first; e < first + count; ++e) {
     LinearParams fc, proj;
     fc.reg = proj.reg = &reg;
     for (const char* part : fc_parts(cfg)) fc.w.push_back(need(fmt::format("experts.{}.{}.weight", e, part)));
@@ -85,28 +83,6 @@ std::vector<Tensor> MoeParams::proj_weights() const {
   return out;
 }
 
-// ---- the local dispatcher --------------------------------------------------------------------------
-
-void LocalDispatcher::plan(MoeRouting& r, int64_t experts, int64_t capacity) {
-  Tensor routed = ops_.empty({experts}, DType::I32, MemCategory::Workspace);
-  ops_.moe_dispatch(r.idx, experts, capacity, routed, r.row_of, r.slot_of);
-  std::vector<int32_t> host(experts);
-  Tensor h = Tensor::wrap(host.data(), {experts}, DType::I32);
-  ops_.copy(routed, h);  // the grouped GEMMs' sizes are needed on the host
-  r.routed.assign(host.begin(), host.end());
-  r.offsets.assign(experts + 1, 0);
-  for (int64_t e = 0; e < experts; ++e)
-    r.offsets[e + 1] = r.offsets[e] + (capacity < 0 ? host[e] : std::min<int64_t>(host[e], capacity));
-}
-
-void LocalDispatcher::dispatch(const Tensor& x, const MoeRouting& r, bool weighted, Tensor& xp) {
-  ops_.moe_permute(x, r.slot_of, r.weights.size(1), weighted ? r.weights : Tensor{}, xp);
-}
-
-void LocalDispatcher::combine(const Tensor& yp, const MoeRouting& r, bool weighted, Tensor& y) {
-  ops_.moe_unpermute(yp, r.row_of, weighted ? r.weights : Tensor{}, y);
-}
-
 // ---- the layer ---------------------------------------------------------------------------------------
 
 std::unique_ptr<FeedForward> make_feed_forward(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
@@ -124,7 +100,7 @@ MoeLayer::MoeLayer(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
       layer_(layer),
       C_(cfg.d_model),
       F_local_(cfg.expert_ffn() / par.grid.tp()),
-      dispatcher_(ops) {
+      first_expert_(par.grid.ep_rank(par.coords) * (cfg.moe.experts / par.grid.ep())) {
   const std::string prefix = fmt::format("h.{}.mlp", layer);
   const int r = par.coords.tp;
   const int64_t C = C_, E = moe_.experts, F = cfg.expert_ffn(), Fl = F_local_;
@@ -134,10 +110,11 @@ MoeLayer::MoeLayer(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
   if (moe_.selection_bias())
     reg.add({.name = prefix + ".expert_bias", .global_shape = {E}, .init = Init::Zeros, .chunk = chunk,
              .buffer = true});
-  // Expert by expert, each like the dense MLP's TP split: gate and up (or fc) column-parallel and
-  // packed into one GEMM weight, proj row-parallel.
+  // This rank's experts (all of them without expert parallelism), each like the dense MLP's TP
+  // split: gate and up (or fc) column-parallel and packed into one GEMM weight, proj row-parallel.
   const std::vector<const char*> parts = fc_parts(cfg);
-  for (int e = 0; e < E; ++e) {
+  const int local = static_cast<int>(E / par.grid.ep());
+  for (int e = first_expert_; e < first_expert_ + local; ++e) {
     for (size_t i = 0; i < parts.size(); ++i)
       reg.add({.name = fmt::format("{}.experts.{}.{}.weight", prefix, e, parts[i]), .global_shape = {F, C},
                .shard_dim = 0, .shard_offset = r * Fl, .shard_size = Fl, .decay = true, .init = Init::Normal,
@@ -148,8 +125,13 @@ MoeLayer::MoeLayer(Ops& ops, const ParallelContext& par, const ModelConfig& cfg,
   }
   if (moe_.shared_experts > 0)
     shared_.emplace(ops, par, cfg, reg, prefix + ".shared", chunk, int64_t{moe_.shared_experts} * F, /*bias=*/false);
-  p_ = MoeParams::find(reg, cfg, prefix);
+  p_ = MoeParams::find(reg, cfg, prefix, first_expert_, local);
   reset_stats();
+}
+
+TokenDispatcher& MoeLayer::dispatcher() {
+  if (!dispatcher_) dispatcher_ = make_token_dispatcher(ops_, par_, moe_.experts);
+  return *dispatcher_;
 }
 
 void MoeLayer::reset_stats() {
@@ -159,7 +141,7 @@ void MoeLayer::reset_stats() {
 
 void MoeLayer::route(const Tensor& h_full, const MicroShape& ms, MoeRouting& r) {
   const int64_t N = h_full.size(0), E = moe_.experts, k = moe_.top_k;
-  allocate_routing(ops_, N, E, k, moe_.routed_rows(N), MemCategory::Activations, r);
+  allocate_routing(ops_, N, E, k, MemCategory::Activations, r);
   if (ops_.compute_dtype() == DType::F32) {
     ops_.linear_forward(h_full, p_.router->value, Tensor{}, r.logits);
   } else {
@@ -170,16 +152,15 @@ void MoeLayer::route(const Tensor& h_full, const MicroShape& ms, MoeRouting& r) 
   Tensor stats = ops_.empty({E + 1}, DType::F32, MemCategory::Workspace);
   ops_.moe_route(r.logits, p_.bias ? p_.bias->value : Tensor{}, moe_.router == MoeRouter::Sigmoid,
                  moe_.normalize_top_k, r.idx, r.weights, stats);
-  dispatcher_.plan(r, E, moe_.capacity(N));
+  dispatcher().plan(r.idx, r.weights, moe_.capacity(N), r.plan, MemCategory::Activations);
   std::vector<float> s(E + 1);
   Tensor sh = Tensor::wrap(s.data(), {E + 1}, DType::F32);
   ops_.copy(stats, sh);
-  // This rank's counts, then the micro-batch's over its context-parallel slices (the balancing
-  // loss is the whole sequences').
-  for (int64_t e = 0; e < E; ++e) {
-    stats_.routed[e] += static_cast<double>(r.routed[e]);
-    stats_.dropped += static_cast<double>(r.routed[e] - (r.offsets[e + 1] - r.offsets[e]));
-  }
+  // This rank's counts (its tokens', wherever their experts are), then the micro-batch's over its
+  // context-parallel slices (the balancing loss is the whole sequences').
+  r.routed = r.plan.routed;
+  for (int64_t e = 0; e < E; ++e) stats_.routed[e] += static_cast<double>(r.routed[e]);
+  stats_.dropped += static_cast<double>(N * k - r.plan.sent);
   r.tokens = N * ms.cp;
   if (ms.cp > 1) {
     std::vector<float> counts(r.routed.begin(), r.routed.end());  // exact: fewer than 2^24 per micro-batch
@@ -201,15 +182,19 @@ void MoeLayer::route(const Tensor& h_full, const MicroShape& ms, MoeRouting& r) 
 
 void MoeLayer::forward(const Tensor& h_full, const MicroShape& ms, bool replay, FfnActs& fa, Tensor& out_partial) {
   MoeActs& a = fa.moe;
-  const int64_t N = h_full.size(0), rows = moe_.routed_rows(N);
+  const int64_t N = h_full.size(0);
   if (replay)
     TRIPOD_CHECK(a.routing.defined(), "layer {}: a replayed forward without the router's decision", layer_);
   else
     route(h_full, ms, a.routing);
+  // Without expert parallelism the rows are held at their bound (the memory plan's, exact); with
+  // it, at what arrived (the plan counts the most that can).
+  const int64_t rows =
+      par_.grid.ep() > 1 ? std::max<int64_t>(a.routing.plan.rows(), 1) : moe_.routed_rows(N);
   const DType dt = ops_.compute_dtype();
   a.experts.fc = ops_.empty({rows, (swiglu_ ? 2 : 1) * F_local_}, dt, MemCategory::Activations);
   a.experts.act = ops_.empty({rows, F_local_}, dt, MemCategory::Activations);
-  run_experts(ops_, dispatcher_, p_, swiglu_, h_full, a.routing, a.experts.fc, a.experts.act, out_partial);
+  run_experts(ops_, dispatcher(), p_, swiglu_, h_full, a.routing, a.experts.fc, a.experts.act, out_partial);
   if (shared_) {
     Tensor s = ops_.empty({N, C_}, dt, MemCategory::Workspace);
     shared_->forward(h_full, a.shared, s);
@@ -227,32 +212,41 @@ void MoeLayer::backward_input(const Tensor& dout_full, const MicroShape& ms, Ffn
                               FfnPending& p, MemCategory category) {
   MoeActs& a = fa.moe;
   MoeRouting& r = a.routing;
-  const int64_t N = dout_full.size(0), E = moe_.experts, k = moe_.top_k, R = r.rows();
+  const int64_t N = dout_full.size(0), E = moe_.experts, k = moe_.top_k, R = r.plan.rows();
+  const int64_t rows = std::max<int64_t>(R, 1);
   const DType dt = ops_.compute_dtype();
+  TokenDispatcher& d = dispatcher();
   // Through the experts: u = the output gradient in expert order; g = u proj^T, whose row dot with
-  // act is the gradient of the row's weight and which times the weight is act's gradient.
+  // act is the gradient of the row's weight and which times the weight is act's gradient. Every
+  // dispatcher call is made even without rows here (under expert parallelism the others' tokens
+  // still travel).
   Tensor dweights = ops_.empty({N, k}, DType::F32, MemCategory::Workspace);
-  ops_.fill(dweights, 0.f);
   Tensor dfc = ops_.empty({a.experts.fc.size(0), a.experts.fc.size(1)}, dt, category);
+  Tensor u = ops_.empty({rows, C_}, dt, MemCategory::Workspace);
+  d.dispatch(dout_full, r.plan, Tensor{}, u);
+  Tensor g = ops_.empty({rows, F_local_}, dt, MemCategory::Workspace);
   if (R > 0) {
-    Tensor u = ops_.empty({R, C_}, dt, MemCategory::Workspace);
-    dispatcher_.dispatch(dout_full, r, /*weighted=*/false, u);
-    Tensor g = ops_.empty({R, F_local_}, dt, MemCategory::Workspace);
-    ops_.grouped_linear_backward_input(u, p_.proj_weights(), r.offsets, g);
-    u = Tensor{};
-    ops_.moe_combine_backward(g, a.experts.act.slice(0, R), r.slot_of, r.weights, dweights);
-    Tensor dfc_rows = dfc.slice(0, R), fc_rows = a.experts.fc.slice(0, R);
-    if (swiglu_)
-      ops_.swiglu_backward(fc_rows, g, dfc_rows);
-    else
-      ops_.gelu_backward(fc_rows, g, dfc_rows);
-    g = Tensor{};
-    Tensor dxp = ops_.empty({R, C_}, dt, MemCategory::Workspace);
-    ops_.grouped_linear_backward_input(dfc_rows, p_.fc_weights(), r.offsets, dxp);
-    dispatcher_.combine(dxp, r, /*weighted=*/false, dh_full);
-  } else {
-    ops_.fill(dh_full, 0.f);
+    Tensor g_rows = g.slice(0, R);
+    ops_.grouped_linear_backward_input(u.slice(0, R), p_.proj_weights(), r.plan.offsets, g_rows);
   }
+  u = Tensor{};
+  d.combine_backward(g, a.experts.act, r.plan, r.weights, dweights);
+  Tensor dfc_rows = dfc.slice(0, R);
+  if (R > 0) {
+    Tensor fc_rows = a.experts.fc.slice(0, R), g_rows = g.slice(0, R);
+    if (swiglu_)
+      ops_.swiglu_backward(fc_rows, g_rows, dfc_rows);
+    else
+      ops_.gelu_backward(fc_rows, g_rows, dfc_rows);
+  }
+  g = Tensor{};
+  Tensor dxp = ops_.empty({rows, C_}, dt, MemCategory::Workspace);
+  if (R > 0) {
+    Tensor dxp_rows = dxp.slice(0, R);
+    ops_.grouped_linear_backward_input(dfc_rows, p_.fc_weights(), r.plan.offsets, dxp_rows);
+  }
+  d.combine(dxp, r.plan, Tensor{}, dh_full);
+  dxp = Tensor{};
   a.experts.fc = Tensor{};
   // Each TP rank holds a slice of every expert: the weights' gradients are partial sums.
   if (par_.grid.tp() > 1) par_.tp->all_reduce(dweights);
@@ -289,28 +283,31 @@ void MoeLayer::backward_input(const Tensor& dout_full, const MicroShape& ms, Ffn
   p.dfc = dfc;
   p.act = a.experts.act;
   // The weight gradients need the rows' order and weights, not the router's other tensors.
-  r.logits = r.idx = r.row_of = Tensor{};
+  r.logits = r.idx = Tensor{};
+  r.plan.keep_for_weight_gradients();
   p.routing = std::move(r);
   fa = FfnActs{};
 }
 
 void MoeLayer::backward_weight(const Tensor& dout_full, const Tensor& h_full, const MicroShape&, FfnPending& p) {
   const MoeRouting& r = p.routing;
-  const int64_t R = r.rows();
+  const int64_t R = r.plan.rows(), rows = std::max<int64_t>(R, 1);
   const DType dt = ops_.compute_dtype();
-  if (R > 0) {
-    std::vector<Tensor> dproj, dfc;
-    for (const LinearParams& l : p_.proj) dproj.push_back(l.weight_grad());
-    for (const LinearParams& l : p_.fc) dfc.push_back(l.weight_grad());
-    // proj: dW += (w u)^T act over each expert's rows; fc: dW += dfc^T x.
-    Tensor uw = ops_.empty({R, C_}, dt, MemCategory::Workspace);
-    dispatcher_.dispatch(dout_full, r, /*weighted=*/true, uw);
-    ops_.grouped_linear_backward_weight(uw, p.act.slice(0, R), r.offsets, dproj);
-    uw = Tensor{};
-    Tensor xp = ops_.empty({R, C_}, dt, MemCategory::Workspace);
-    dispatcher_.dispatch(h_full, r, /*weighted=*/false, xp);
-    ops_.grouped_linear_backward_weight(p.dfc.slice(0, R), xp, r.offsets, dfc);
-  }
+  TokenDispatcher& d = dispatcher();
+  std::vector<Tensor> dproj, dfc;
+  for (const LinearParams& l : p_.proj) dproj.push_back(l.weight_grad());
+  for (const LinearParams& l : p_.fc) dfc.push_back(l.weight_grad());
+  // proj: dW += (w u)^T act over each expert's rows; fc: dW += dfc^T x. Both inputs are dispatched
+  // again rather than kept from I (under expert parallelism: exchanged again, as sequence
+  // parallelism gathers its inputs again in W).
+  Tensor uw = ops_.empty({rows, C_}, dt, MemCategory::Workspace);
+  d.dispatch(dout_full, r.plan, r.weights, uw);
+  if (R > 0) ops_.grouped_linear_backward_weight(uw.slice(0, R), p.act.slice(0, R), r.plan.offsets, dproj);
+  uw = Tensor{};
+  Tensor xp = ops_.empty({rows, C_}, dt, MemCategory::Workspace);
+  d.dispatch(h_full, r.plan, Tensor{}, xp);
+  if (R > 0) ops_.grouped_linear_backward_weight(p.dfc.slice(0, R), xp.slice(0, R), r.plan.offsets, dfc);
+  xp = Tensor{};
   Tensor router_grad = p_.router->grad, none;
   ops_.linear_backward_weight(p.dlogits, h_full, router_grad, none);
   if (shared_) shared_->backward_weight(dout_full, p.shared_act, p.shared_dfc, h_full);
@@ -340,15 +337,15 @@ void MoeLayer::infer(Ops& ops, const ParallelContext& par, const ModelConfig& cf
   const int64_t Fl = cfg.expert_ffn() / par.grid.tp();
   const DType dt = ops.compute_dtype();
   MoeRouting r;
-  allocate_routing(ops, N, E, k, N * k, MemCategory::Workspace, r);  // dropless
+  allocate_routing(ops, N, E, k, MemCategory::Workspace, r);
   Tensor logits = ops.empty({N, E}, dt, MemCategory::Workspace);
   ops.linear_forward(h, p.router->value, Tensor{}, logits);
   ops.copy(logits, r.logits);
   Tensor stats = ops.empty({E + 1}, DType::F32, MemCategory::Workspace);
   ops.moe_route(r.logits, p.bias ? p.bias->value : Tensor{}, moe.router == MoeRouter::Sigmoid, moe.normalize_top_k,
                 r.idx, r.weights, stats);
-  LocalDispatcher d(ops);
-  d.plan(r, E, -1);
+  LocalDispatcher d(ops, E);  // inference runs without expert parallelism
+  d.plan(r.idx, r.weights, /*capacity=*/-1, r.plan, MemCategory::Workspace);  // dropless
   Tensor fc = ops.empty({N * k, (cfg.swiglu() ? 2 : 1) * Fl}, dt, MemCategory::Workspace);
   Tensor act = ops.empty({N * k, Fl}, dt, MemCategory::Workspace);
   run_experts(ops, d, p, cfg.swiglu(), h, r, fc, act, out_partial);

@@ -16,7 +16,10 @@
 // replicated), and the gradient of the combine weights, partial per TP rank, is summed over TP.
 //
 // Routed tokens are copied into expert-sorted rows (dispatch), the experts run as grouped GEMMs
-// over their rows, and the outputs are combined back weighted (combine). With
+// over their rows, and the outputs are combined back weighted (combine), by a token dispatcher
+// (parallel/expert_parallel/token_dispatcher.h): locally, or under expert parallelism
+// (parallel.ep > 1) between the EP ranks, each of which registers and computes E/ep of the experts
+// (its own, by ParamSpec::expert) over the rows every EP rank's tokens send them. With
 // moe.capacity_factor > 0 an expert takes at most ceil(factor * N * top_k / E) of the N tokens of
 // this rank's micro-batch, first come first served in token order; the pairs past it are dropped
 // (the token keeps its residual and its other experts) and counted.
@@ -44,41 +47,14 @@ namespace tripod {
 struct MoeParams {
   Param* router = nullptr;          // (E, C), replicated over TP
   Param* bias = nullptr;            // (E) f32 selection bias (a buffer), or null
-  std::vector<LinearParams> fc;     // per expert: [gate; up] (SwiGLU) or fc, (F/tp or 2F/tp, C)
-  std::vector<LinearParams> proj;   // per expert: (C, F/tp)
+  std::vector<LinearParams> fc;     // per expert here: [gate; up] (SwiGLU) or fc, (F/tp or 2F/tp, C)
+  std::vector<LinearParams> proj;   // per expert here: (C, F/tp)
   std::optional<MlpParams> shared;  // the shared experts, when moe.shared_experts > 0
-  static MoeParams find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix);
+  // The experts [first, first + count) (count < 0: all of them).
+  static MoeParams find(ParamRegistry& reg, const ModelConfig& cfg, const std::string& prefix, int first = 0,
+                        int count = -1);
   std::vector<Tensor> fc_weights() const;
   std::vector<Tensor> proj_weights() const;
-};
-
-// Moves routed tokens' rows to where their experts compute and back (Megatron's token dispatcher).
-// The routing decision is data (MoeRouting): plan() fills the per-expert rows from the chosen
-// experts, dispatch() copies token rows into that order, combine() sums them back. Every method
-// is collective over the group the dispatcher spans (none for LocalDispatcher).
-class TokenDispatcher {
- public:
-  virtual ~TokenDispatcher() = default;
-  // From r.idx (N, k): r.routed (pairs per expert), r.row_of, r.slot_of (R_max rows allocated by the
-  // caller) and r.offsets (rows of this rank's experts), keeping at most `capacity` pairs per
-  // expert (< 0: all).
-  virtual void plan(MoeRouting& r, int64_t experts, int64_t capacity) = 0;
-  // xp (rows, C) = x (N, C) rows in expert order, each times its pair's weight when `weighted`.
-  virtual void dispatch(const Tensor& x, const MoeRouting& r, bool weighted, Tensor& xp) = 0;
-  // y (N, C) = per token the sum over its kept pairs of yp's rows, weighted when `weighted`.
-  virtual void combine(const Tensor& yp, const MoeRouting& r, bool weighted, Tensor& y) = 0;
-};
-
-// Every expert on this rank (no expert parallelism): plans, permutes and un-permutes locally.
-class LocalDispatcher final : public TokenDispatcher {
- public:
-  explicit LocalDispatcher(Ops& ops) : ops_(ops) {}
-  void plan(MoeRouting& r, int64_t experts, int64_t capacity) override;
-  void dispatch(const Tensor& x, const MoeRouting& r, bool weighted, Tensor& xp) override;
-  void combine(const Tensor& yp, const MoeRouting& r, bool weighted, Tensor& y) override;
-
- private:
-  Ops& ops_;
 };
 
 // What an MoE layer's forwards counted since reset_stats(), on this rank (the trainer sums them
@@ -101,6 +77,8 @@ class MoeLayer final : public FeedForward {
 
   int layer() const { return layer_; }
   const MoeStepStats& stats() const { return stats_; }
+  // Wall time in the token dispatcher since the layer was built (TokenDispatcher::seconds).
+  double dispatcher_seconds() const { return dispatcher_ ? dispatcher_->seconds() : 0.0; }
   void reset_stats();
   // Aux-loss-free balancing (DeepSeek-V3): b_e += rate * sign(mean - routed[e]) from the step's
   // pairs per expert over the whole batch (the same on every rank, so every copy of b stays equal).
@@ -118,10 +96,15 @@ class MoeLayer final : public FeedForward {
   MoeConfig moe_;
   bool swiglu_;
   int layer_;
+  // The token dispatcher, made at its first use (a model built only to register its parameters, as
+  // the rank layout builds one, has no communicators).
+  TokenDispatcher& dispatcher();
+
   int64_t C_, F_local_;
+  int first_expert_ = 0;  // this rank's experts: [first_expert_, first_expert_ + E / ep)
   MoeParams p_;
   std::optional<Mlp> shared_;
-  LocalDispatcher dispatcher_;
+  std::unique_ptr<TokenDispatcher> dispatcher_;
   MoeStepStats stats_;
 };
 

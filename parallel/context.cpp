@@ -46,6 +46,7 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
   ctx.coords = grid.coords(ctx.rank);
   ctx.sequence_parallel = options.sequence_parallel;
   ctx.cp_comm = options.cp_comm;
+  ctx.moe_dispatcher = options.moe_dispatcher;
   const DeviceCommFactory device = device_comm_factory(world, options.force_mpi);
   std::vector<int> all(world.size());
   for (int i = 0; i < world.size(); ++i) all[i] = i;
@@ -63,6 +64,13 @@ ParallelContext make_parallel_context(const MpiComm& world, const RankGrid& grid
     ctx.dpcp = ctx.dpcp_owned.get();
   } else {
     ctx.dpcp = ctx.dp.get();
+  }
+  if (grid.ep() > 1) {
+    ctx.ep = axis(grid.group(Axis::EP, ctx.rank), "ep");
+    ctx.edp_owned = axis(grid.group(Axis::EDP, ctx.rank), "edp");
+    ctx.edp = ctx.edp_owned.get();
+  } else {
+    ctx.edp = ctx.dpcp;
   }
   // Embedding group: first and last stage; the middle stages split with MPI_UNDEFINED.
   auto emb = grid.embedding_group(ctx.rank);

@@ -20,10 +20,14 @@ struct ParallelContext {
   Coords coords;
   bool sequence_parallel = false;
   CpComm cp_comm = CpComm::Ring;
+  MoeDispatcher moe_dispatcher = MoeDispatcher::AllToAll;
   // cp: the ranks holding the other chunks of this rank's sequences (null when cp == 1);
   // dpcp: DP x CP, the ranks that reduce gradients together (the dp communicator when cp == 1).
-  std::unique_ptr<Communicator> world, tp, dp, pp, cp, dpcp_owned;
+  // ep: the ranks splitting the experts with this one (null when ep == 1); edp: those holding the
+  // same experts, over which expert gradients are reduced (dpcp when ep == 1).
+  std::unique_ptr<Communicator> world, tp, dp, pp, cp, dpcp_owned, ep, edp_owned;
   Communicator* dpcp = nullptr;
+  Communicator* edp = nullptr;
   // First and last pipeline stage of this (tp, dp), which both hold the tied embedding; null on
   // the stages in between and when pp == 1.
   std::unique_ptr<Communicator> embedding;
@@ -42,6 +46,7 @@ struct ContextOptions {
   // Activations between the TP regions sharded along the sequence (parallel.sequence_parallel).
   bool sequence_parallel = false;
   CpComm cp_comm = CpComm::Ring;  // parallel.cp_comm (read when the grid has cp > 1)
+  MoeDispatcher moe_dispatcher = MoeDispatcher::AllToAll;  // parallel.moe_dispatcher (read when ep > 1)
   // Device tensors travel through MPI, staged in host memory, even where NCCL could carry them
   // (DebugOptions::force_mpi, TRIPOD_COMM=mpi).
   bool force_mpi = false;

@@ -7,9 +7,10 @@
 
 namespace tripod {
 
-RankGrid::RankGrid(int tp, int dp, int pp, int cp) : tp_(tp), dp_(dp), pp_(pp), cp_(cp) {
-  TRIPOD_CHECK(tp >= 1 && dp >= 1 && pp >= 1 && cp >= 1, "grid sizes must be positive, got tp={} dp={} pp={} cp={}",
-               tp, dp, pp, cp);
+RankGrid::RankGrid(int tp, int dp, int pp, int cp, int ep) : tp_(tp), dp_(dp), pp_(pp), cp_(cp), ep_(ep) {
+  TRIPOD_CHECK(tp >= 1 && dp >= 1 && pp >= 1 && cp >= 1 && ep >= 1,
+               "grid sizes must be positive, got tp={} dp={} pp={} cp={} ep={}", tp, dp, pp, cp, ep);
+  TRIPOD_CHECK((dp * cp) % ep == 0, "ep={} must divide dp x cp = {} x {}", ep, dp, cp);
 }
 
 int RankGrid::size(Axis a) const {
@@ -19,6 +20,8 @@ int RankGrid::size(Axis a) const {
     case Axis::PP: return pp_;
     case Axis::CP: return cp_;
     case Axis::DPCP: return dp_ * cp_;
+    case Axis::EP: return ep_;
+    case Axis::EDP: return dp_ * cp_ / ep_;
   }
   return 1;
 }
@@ -35,6 +38,12 @@ Coords RankGrid::coords(int rank) const {
 
 std::vector<int> RankGrid::group(Axis axis, int rank) const {
   Coords c = coords(rank);
+  // The members' DP x CP index j as coordinates (cp fastest).
+  auto at_dpcp = [&](Coords o, int j) {
+    o.cp = j % cp_;
+    o.dp = j / cp_;
+    return o;
+  };
   std::vector<int> ranks;
   for (int i = 0; i < size(axis); ++i) {
     Coords o = c;
@@ -43,7 +52,9 @@ std::vector<int> RankGrid::group(Axis axis, int rank) const {
       case Axis::DP: o.dp = i; break;
       case Axis::PP: o.pp = i; break;
       case Axis::CP: o.cp = i; break;
-      case Axis::DPCP: o.cp = i % cp_, o.dp = i / cp_; break;
+      case Axis::DPCP: o = at_dpcp(c, i); break;
+      case Axis::EP: o = at_dpcp(c, edp_rank(c) * ep_ + i); break;
+      case Axis::EDP: o = at_dpcp(c, i * ep_ + ep_rank(c)); break;
     }
     ranks.push_back(this->rank(o));
   }
@@ -69,8 +80,8 @@ std::vector<int> RankGrid::embedding_group(int rank) const {
 }
 
 std::string RankGrid::str() const {
-  return cp_ > 1 ? fmt::format("(dp={}, pp={}, cp={}, tp={})", dp_, pp_, cp_, tp_)
-                 : fmt::format("(dp={}, pp={}, tp={})", dp_, pp_, tp_);
+  return fmt::format("(dp={}, pp={}{}, tp={}{})", dp_, pp_, cp_ > 1 ? fmt::format(", cp={}", cp_) : "", tp_,
+                     ep_ > 1 ? fmt::format(", ep={}", ep_) : "");
 }
 
 }  // namespace tripod

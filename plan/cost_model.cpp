@@ -2,7 +2,9 @@
 #include "plan/cost_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -17,18 +19,24 @@ namespace tripod {
 namespace {
 
 // Where the ranks of each axis sit: tp fastest, then cp, then dp, then pp; nodes of g consecutive
-// ranks. The gradients reduce over DP x CP (dp_intra: that group within a node).
+// ranks. The gradients reduce over DP x CP (dp_intra: that group within a node); an EP group is
+// ep consecutive DP x CP indices, tp * ep consecutive ranks (ep_intra).
 struct GpuPlacement {
-  bool tp_intra, cp_intra, dp_intra, pp_intra;
+  bool tp_intra, cp_intra, dp_intra, pp_intra, ep_intra;
 };
 GpuPlacement place(const ParallelConfig& p, int g) {
-  return {p.tp <= g, p.tp * p.cp <= g, p.tp * p.cp * p.dp <= g, p.tp * p.cp * p.dp * p.pp <= g};
+  return {p.tp <= g, p.tp * p.cp <= g, p.tp * p.cp * p.dp <= g, p.tp * p.cp * p.dp * p.pp <= g, p.tp * p.ep <= g};
 }
 
-// T and N are this rank's tokens (seq_len / cp per sequence under context parallelism).
+// T and N are this rank's tokens (seq_len / cp per sequence under context parallelism). A mixture
+// of experts' sparse layers: E experts of width Fe, top k, shared experts of total width Fs, rows
+// R = the pairs an EP rank's experts compute per micro-batch (N k when balanced and dropless; the
+// capacity's bound when less), split over ep ranks with `dispatcher`.
 struct LayerShape {
   int64_t B, T, N, Ns, C, F, H, KV, D, t, V, a, cp;
   bool sp, swiglu;
+  int64_t E = 0, k = 0, Fe = 0, Fs = 0, R = 0, ep = 1;
+  MoeDispatcher dispatcher = MoeDispatcher::AllToAll;
 };
 
 LayerShape shape_of(const Config& cfg, const Hardware& hw) {
@@ -51,6 +59,15 @@ LayerShape shape_of(const Config& cfg, const Hardware& hw) {
   s.V = m.padded_vocab(t);
   s.a = hw.act_bytes();
   s.sp = sp;
+  if (m.moe.enabled()) {
+    s.E = m.moe.experts;
+    s.k = m.moe.top_k;
+    s.Fe = m.expert_ffn();
+    s.Fs = int64_t{m.moe.shared_experts} * s.Fe;
+    s.R = m.moe.routed_rows(s.N);
+    s.ep = cfg.parallel.ep;
+    s.dispatcher = cfg.parallel.moe_dispatcher;
+  }
   return s;
 }
 
@@ -79,16 +96,61 @@ struct LayerTimes {
   double weight = 0;           // the GEMMs' weight gradients: W's share of bwd
 };
 
-LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool cp_intra, CpComm cp_comm) {
+// A layer's times; `sparse`: its MLP is a mixture of experts (s.E > 0), whose EP group sits
+// within a node when `ep_intra`.
+LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool cp_intra, CpComm cp_comm,
+                       bool sparse = false, bool ep_intra = true) {
   LayerTimes l;
   // Per TP rank: query and key/value heads (grouped-query attention for Llama), the MLP's first
-  // GEMM (fc, or the packed gate and up of SwiGLU) and its second.
-  const int64_t Cl = s.C / s.t, Fl = s.F / s.t, qkv = (s.H + 2 * s.KV) * s.D / s.t;
-  const int64_t gemms[4][3] = {{s.N, qkv, s.C}, {s.N, s.C, Cl}, {s.N, (s.swiglu ? 2 : 1) * Fl, s.C}, {s.N, s.C, Fl}};
+  // GEMM (fc, or the packed gate and up of SwiGLU) and its second; or, for a mixture of experts,
+  // the router (every TP rank routes every token), the experts' grouped GEMMs over their R rows
+  // (timed as one GEMM of R rows: balanced experts) and the shared experts' over every token.
+  const int64_t Cl = s.C / s.t, Fl = s.F / s.t, qkv = (s.H + 2 * s.KV) * s.D / s.t, sw = s.swiglu ? 2 : 1;
+  std::vector<std::array<int64_t, 3>> gemms = {{s.N, qkv, s.C}, {s.N, s.C, Cl}};
+  int64_t act = s.N * Fl;  // elements through the MLP's activation
+  if (sparse) {
+    const int64_t Fel = s.Fe / s.t, Fsl = s.Fs / s.t;
+    gemms.push_back({s.N, s.E, s.C});
+    gemms.push_back({s.R, sw * Fel, s.C});
+    gemms.push_back({s.R, s.C, Fel});
+    if (Fsl > 0) {
+      gemms.push_back({s.N, sw * Fsl, s.C});
+      gemms.push_back({s.N, s.C, Fsl});
+    }
+    act = s.R * Fel + s.N * Fsl;
+  } else {
+    gemms.push_back({s.N, sw * Fl, s.C});
+    gemms.push_back({s.N, s.C, Fl});
+  }
   for (const auto& g : gemms) {
     l.fwd.gemm += hw.gemm_time(g[0], g[1], g[2], false);
     l.bwd.gemm += hw.gemm_time(g[0], g[1], g[2], true);
     l.weight += weight_grad_time(hw, g[0], g[1], g[2]);
+  }
+  if (sparse) {
+    // The dispatch and combine copies of the R rows (forward: one each; backward: I's dispatch and
+    // combine, W's two dispatches), as elementwise passes over R C elements.
+    const double copy = hw.elementwise_time(Elementwise::Add, s.R * s.C, false);
+    l.fwd.elementwise += 2 * copy;
+    l.bwd.elementwise += 4 * copy;
+    l.weight += 2 * copy;
+    if (s.ep > 1) {
+      // Rows between EP ranks: all-to-all, each rank's R rows out and back (an all-to-all of b bytes
+      // per rank moves what an all-gather into b bytes moves: (ep - 1) / ep of them), twice forward
+      // and four times backward (I's two, W's two dispatches again); all-gather: every EP rank's N
+      // tokens gathered, the per-token sums reduce-scattered back. Exposed: nothing overlaps them.
+      const int ep = static_cast<int>(s.ep);
+      double out, back;
+      if (s.dispatcher == MoeDispatcher::AllToAll) {
+        out = back = hw.collective_time(Collective::AllGather, ep, s.R * s.C * s.a, ep_intra);
+      } else {
+        out = hw.collective_time(Collective::AllGather, ep, s.ep * s.N * s.C * s.a, ep_intra);
+        back = hw.collective_time(Collective::ReduceScatter, ep, s.ep * s.N * s.C * s.a, ep_intra);
+      }
+      l.fwd.comm += out + back;
+      l.bwd.comm += 3 * out + back;
+      l.weight += 2 * out;
+    }
   }
   // Under context parallelism a rank computes 1/cp of a sequence's causal (query, key) pairs: as
   // many as cp causal sequences of its T = seq_len / cp tokens.
@@ -113,9 +175,9 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
     }
   }
   for (bool b : {false, true})
-    (b ? l.bwd : l.fwd).elementwise = 2 * hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
+    (b ? l.bwd : l.fwd).elementwise += 2 * hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
                                       2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b) +
-                                      hw.elementwise_time(Elementwise::Gelu, s.N * Fl, b);
+                                      hw.elementwise_time(Elementwise::Gelu, act, b);
   // Two regions (attention, MLP) per layer, in each direction.
   const double tp = 2 * tp_region(s, hw, intra);
   l.fwd.comm += tp;
@@ -127,15 +189,20 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
 // and what the first and the last stage add.
 struct StageParts {
   ChunkTimes layer[3];  // indexed by RecomputeMode (None, Selective, Full)
+  ChunkTimes dense[3];  // a mixture of experts' dense layers (model layers [0, first_dense)), likewise
+  int first_dense = 0;
   ChunkTimes first, last;
   const RecomputeConfig* recompute = nullptr;
 
-  const ChunkTimes& layer_at(int i) const {
+  // Layer i of a chunk (recomputation applies by it), model layer `global` (dense or sparse by it).
+  const ChunkTimes& layer_at(int i, int global) const {
     const RecomputeMode mode =
         recompute->mode != RecomputeMode::None && recompute->applies_to(i) ? recompute->mode : RecomputeMode::None;
-    return layer[static_cast<int>(mode)];
+    return (global < first_dense ? dense : layer)[static_cast<int>(mode)];
   }
-  ChunkTimes chunk(int v, int stages, int n_layers) const {
+  const ChunkTimes& layer_at(int i) const { return layer_at(i, i); }
+  // Stage v of `stages` holding `n_layers` layers from model layer `first_layer`.
+  ChunkTimes chunk(int v, int stages, int n_layers, int first_layer = 0) const {
     ChunkTimes c;
     auto add = [&c](const ChunkTimes& x) {
       c.forward += x.forward;
@@ -144,7 +211,7 @@ struct StageParts {
       c.f += x.f;
       c.b += x.b;
     };
-    for (int i = 0; i < n_layers; ++i) add(layer_at(i));
+    for (int i = 0; i < n_layers; ++i) add(layer_at(i, first_layer + i));
     if (v == 0) add(first);
     if (v == stages - 1) add(last);
     return c;
@@ -155,17 +222,22 @@ StageParts stage_parts(const Config& cfg, const Hardware& hw) {
   const ParallelConfig& p = cfg.parallel;
   const LayerShape s = shape_of(cfg, hw);
   const GpuPlacement pl = place(p, hw.gpus_per_node);
-  const LayerTimes layer = layer_times(s, hw, pl.tp_intra, pl.cp_intra, p.cp_comm);
+  const bool moe = cfg.model.moe.enabled();
+  const LayerTimes layer = layer_times(s, hw, pl.tp_intra, pl.cp_intra, p.cp_comm, moe, pl.ep_intra);
+  const LayerTimes dense = moe ? layer_times(s, hw, pl.tp_intra, pl.cp_intra, p.cp_comm) : layer;
   StageParts parts;
   parts.recompute = &cfg.recompute;
-  for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
-    ChunkTimes& c = parts.layer[static_cast<int>(mode)];
-    c.f = layer.fwd;
-    c.b = layer.bwd;
-    c.weight = layer.weight;
-    if (mode == RecomputeMode::Full) c.b += layer.fwd;  // the layer's whole forward again, collectives included
-    else if (mode == RecomputeMode::Selective) c.b.attention += layer.attn_fwd;
-  }
+  parts.first_dense = moe ? cfg.model.moe.first_dense : 0;
+  for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full})
+    for (bool sparse : {true, false}) {
+      const LayerTimes& t = sparse ? layer : dense;
+      ChunkTimes& c = (sparse ? parts.layer : parts.dense)[static_cast<int>(mode)];
+      c.f = t.fwd;
+      c.b = t.bwd;
+      c.weight = t.weight;
+      if (mode == RecomputeMode::Full) c.b += t.fwd;  // the layer's whole forward again, collectives included
+      else if (mode == RecomputeMode::Selective) c.b.attention += t.attn_fwd;
+    }
   const int64_t bytes = s.N * s.C * s.a;
   {  // embedding: the vocabulary-parallel lookup, summed (or scattered) over TP; its backward is
      // the table's gradient alone (W)
@@ -197,7 +269,8 @@ StageParts stage_parts(const Config& cfg, const Hardware& hw) {
       c.b.comm = hw.collective_time(s.sp ? Collective::ReduceScatter : Collective::AllReduce, s.t, bytes, pl.tp_intra);
     }
   }
-  for (ChunkTimes* c : {&parts.layer[0], &parts.layer[1], &parts.layer[2], &parts.first, &parts.last}) {
+  for (ChunkTimes* c : {&parts.layer[0], &parts.layer[1], &parts.layer[2], &parts.dense[0], &parts.dense[1],
+                        &parts.dense[2], &parts.first, &parts.last}) {
     c->forward = c->f.total();
     c->backward = c->b.total();
   }
@@ -210,7 +283,11 @@ std::vector<ChunkTimes> stage_times(const Config& cfg, const Hardware& hw, const
   const StageParts parts = stage_parts(cfg, hw);
   const int stages = static_cast<int>(layers.size());
   std::vector<ChunkTimes> out;
-  for (int v = 0; v < stages; ++v) out.push_back(parts.chunk(v, stages, layers[v]));
+  int first_layer = 0;
+  for (int v = 0; v < stages; ++v) {
+    out.push_back(parts.chunk(v, stages, layers[v], first_layer));
+    first_layer += layers[v];
+  }
   return out;
 }
 
@@ -330,7 +407,7 @@ StepPrediction predict_step(const Config& cfg, const Hardware& hw, const Schedul
   // Memory and gradient synchronisation of the first, second and last pipeline rank (tp, dp and cp
   // coordinate 0): their layouts say what each reduces and whether a tied table's copies meet.
   // The pipeline ranks between the second and the last reduce as the second does.
-  RankGrid grid(p.tp, p.dp, p.pp, p.cp);
+  const RankGrid grid = p.grid();
   std::vector<int> pp_ranks = {0};
   if (p.pp > 1) pp_ranks.push_back(p.pp - 1);
   if (p.pp > 2) pp_ranks.push_back(1);

@@ -52,11 +52,12 @@ LayoutFilter parse_layout_filter(const std::string& text) {
   };
   while (std::getline(ss, item, ',')) {
     auto eq = item.find('=');
-    TRIPOD_INPUT_CHECK(eq != std::string::npos, "--layout '{}': expected key=value (keys: tp, pp, vp, cp, mbs, "
+    TRIPOD_INPUT_CHECK(eq != std::string::npos, "--layout '{}': expected key=value (keys: tp, pp, vp, cp, ep, mbs, "
                        "recompute, sp, distopt, split)", item);
     std::string k = item.substr(0, eq), v = item.substr(eq + 1);
     if (k == "tp") f.tp = integer(k, v);
     else if (k == "cp") f.cp = integer(k, v);
+    else if (k == "ep") f.ep = integer(k, v);
     else if (k == "pp") f.pp = integer(k, v);
     else if (k == "vp") f.vp = integer(k, v);
     else if (k == "mbs") f.micro_batch = integer(k, v);
@@ -71,7 +72,7 @@ LayoutFilter parse_layout_filter(const std::string& text) {
       TRIPOD_INPUT_CHECK(f.recompute, "--layout recompute={}: must be none, selective or full", v);
     } else {
       throw InputError(
-          fmt::format("--layout: unknown knob '{}' (valid: tp, pp, vp, cp, mbs, recompute, sp, distopt, split)", k));
+          fmt::format("--layout: unknown knob '{}' (valid: tp, pp, vp, cp, ep, mbs, recompute, sp, distopt, split)", k));
     }
   }
   return f;
@@ -88,6 +89,20 @@ std::vector<ScheduleKind> schedule_candidates(int pp, int vp) {
   if (pp == 1) return {ScheduleKind::OneFOneB};
   return {ScheduleKind::OneFOneB, ScheduleKind::ZbH1};
 }
+
+namespace {
+
+// Expert parallelism the search tries: 1 for a dense model; for a mixture of experts every ep
+// dividing both the experts and dp x cp (the ranks it is taken from).
+std::vector<int> expert_parallel_sizes(const ModelConfig& m, int dpcp) {
+  std::vector<int> out = {1};
+  if (!m.moe.enabled()) return out;
+  for (int ep = 2; ep <= dpcp; ++ep)
+    if (dpcp % ep == 0 && m.moe.experts % ep == 0) out.push_back(ep);
+  return out;
+}
+
+}  // namespace
 
 PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const LayoutFilter& fixed,
                         int max_micro_batch) {
@@ -131,7 +146,8 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
             for (bool sp : pick(fixed.sequence_parallel, tp > 1 ? std::vector<bool>{false, true}
                                                                  : std::vector<bool>{false}))
               for (bool dop : pick(fixed.distributed_optimizer, dp * cp > 1 ? std::vector<bool>{false, true}
-                                                                        : std::vector<bool>{false})) {
+                                                                        : std::vector<bool>{false}))
+               for (int ep : pick(fixed.ep, expert_parallel_sizes(m, dp * cp))) {
                 Config cfg = base;
                 cfg.train.device = hw.device;
                 ParallelConfig& p = cfg.parallel;
@@ -147,6 +163,7 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
                 p.balance_layers = fixed.balanced;
                 p.sequence_parallel = sp;
                 p.distributed_optimizer = dop;
+                p.ep = ep;
                 cfg.train.micro_batch_size = mbs;
                 cfg.recompute.mode = rc;
                 cfg.recompute.num_layers = -1;
@@ -199,10 +216,12 @@ PlanResult plan_layouts(const Config& base, const Hardware& hw, int gpus, const 
 std::string layout_toml(const Config& cfg) {
   const ParallelConfig& p = cfg.parallel;
   return fmt::format(
-      "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\n{}schedule = \"{}\"\nplacement = \"{}\"\n{}sequence_parallel = {}\n"
+      "[parallel]\ntp = {}\npp = {}\nvp = {}\ndp = {}\n{}{}schedule = \"{}\"\nplacement = \"{}\"\n{}sequence_parallel = {}\n"
       "distributed_optimizer = {}\n\n[train]\nmicro_batch_size = {}\nglobal_batch_size = {}\n\n[recompute]\n"
       "mode = \"{}\"\n",
-      p.tp, p.pp, p.vp, p.dp, p.cp > 1 ? fmt::format("cp = {}\n", p.cp) : std::string(), enum_name(p.schedule),
+      p.tp, p.pp, p.vp, p.dp, p.cp > 1 ? fmt::format("cp = {}\n", p.cp) : std::string(),
+      p.ep > 1 ? fmt::format("ep = {}\nmoe_dispatcher = \"{}\"\n", p.ep, enum_name(p.moe_dispatcher)) : std::string(),
+      enum_name(p.schedule),
       enum_name(p.placement),
       p.layers_per_stage.empty() ? std::string()
                                  : fmt::format("layers_per_stage = [{}]  # what \"auto\" picks here\n",

@@ -1,6 +1,7 @@
 // The layout search of `tripod plan`: every (tp, pp, vp, cp, dp, micro-batch, recompute, sequence
-// parallelism, distributed optimizer) that tripod accepts for a model on a number of GPUs, the
-// ones whose memory fits the device, ranked by the cost model's predicted step time.
+// parallelism, distributed optimizer, and for a mixture of experts ep) that tripod accepts for a
+// model on a number of GPUs, the ones whose memory fits the device, ranked by the cost model's
+// predicted step time.
 #pragma once
 
 #include <optional>
@@ -15,13 +16,13 @@ namespace tripod {
 
 // Knobs fixed by `--layout` (the rest are searched).
 struct LayoutFilter {
-  std::optional<int> tp, pp, vp, cp, micro_batch;
+  std::optional<int> tp, pp, vp, cp, ep, micro_batch;
   std::optional<RecomputeMode> recompute;
   std::optional<bool> sequence_parallel, distributed_optimizer;
   std::vector<ScheduleKind> schedules;  // empty: every candidate of schedule_candidates
   bool balanced = true;  // layers_per_stage = "auto" (false: an even split, layouts it does not divide refused)
 };
-// "tp=8,pp=4,vp=2,cp=2,mbs=1,recompute=full,sp=true,distopt=false,split=even"; InputError naming
+// "tp=8,pp=4,vp=2,cp=2,ep=4,mbs=1,recompute=full,sp=true,distopt=false,split=even"; InputError naming
 // the bad item.
 LayoutFilter parse_layout_filter(const std::string& text);
 

@@ -536,6 +536,88 @@ std::string memory_panel(const RunMetrics& m) {
   return memory + render_memory_svg(peak) + "</section>\n";
 }
 
+// The expert-load heat map of one MoE layer: a column per step (the logged steps binned into at
+// most kMaxColumns columns, each the mean of its steps), a row per expert, each cell its share of
+// the step's pairs over the mean share (1 = balanced): blue below, white at 1, red above (2x and
+// more at full red). Hover: the steps, the expert, the ratio.
+std::string expert_load_svg(const std::vector<int64_t>& steps, const std::vector<std::vector<double>>& loads,
+                            int layer) {
+  constexpr size_t kMaxColumns = 240;
+  const size_t n = loads.size(), E = loads.front().size();
+  const size_t cols = std::min(n, kMaxColumns);
+  const double left = 70, top = 6, right = 10, width = 1200, cell_h = std::clamp(160.0 / E, 4.0, 18.0);
+  const double cw = (width - left - right) / static_cast<double>(cols), height = top + cell_h * E + 22;
+  std::string s = fmt::format("<svg class=\"heatmap\" id=\"expert-load-{}\" viewBox=\"0 0 {:.0f} {:.0f}\" "
+                              "font-size=\"11\">\n",
+                              layer, width, height);
+  auto color = [](double ratio) {  // ratio 0..1: blue to white; 1..2: white to red
+    const double t = std::clamp(ratio < 1 ? 1 - ratio : (ratio - 1), 0.0, 1.0);
+    const int fade = static_cast<int>(std::lround(255 * (1 - t)));
+    return ratio < 1 ? fmt::format("rgb({},{},255)", fade, fade) : fmt::format("rgb(255,{},{})", fade, fade);
+  };
+  for (size_t e = 0; e < E; ++e)
+    if (E <= 16 || e % ((E + 15) / 16) == 0)
+      s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\" text-anchor=\"end\">expert {}</text>", left - 6,
+                       top + cell_h * (static_cast<double>(e) + 0.5) + 4, e);
+  for (size_t c = 0; c < cols; ++c) {
+    const size_t b = c * n / cols, end = (c + 1) * n / cols;
+    std::vector<double> share(E, 0.0);
+    for (size_t i = b; i < end; ++i) {
+      double total = 0;
+      for (double v : loads[i]) total += v;
+      if (total > 0)
+        for (size_t e = 0; e < E; ++e) share[e] += loads[i][e] * static_cast<double>(E) / total;
+    }
+    const std::string when = end - b > 1 ? fmt::format("steps {}-{}", steps[b], steps[end - 1])
+                                         : fmt::format("step {}", steps[b]);
+    for (size_t e = 0; e < E; ++e) {
+      const double ratio = share[e] / static_cast<double>(end - b);
+      s += fmt::format("<rect x=\"{:.2f}\" y=\"{:.1f}\" width=\"{:.2f}\" height=\"{:.1f}\" fill=\"{}\"><title>layer {} "
+                       "{}, expert {}: {:.2f}x the mean load</title></rect>",
+                       left + cw * static_cast<double>(c), top + cell_h * static_cast<double>(e), cw + 0.3, cell_h,
+                       color(ratio), layer, when, e, ratio);
+    }
+    s += "\n";
+  }
+  const double y = top + cell_h * E + 16;
+  s += fmt::format("<text x=\"{:.0f}\" y=\"{:.1f}\">step {}</text><text x=\"{:.0f}\" y=\"{:.1f}\" "
+                   "text-anchor=\"end\">step {}</text>\n",
+                   left, y, steps.front(), width - right, y, steps.back());
+  return s + "</svg>\n";
+}
+
+// Mixture of experts: per MoE layer the heat map of expert load over the logged steps, and the
+// last step's worst max/mean load and dropped pairs. Nothing for a dense run.
+std::string expert_load_panel(const RunMetrics& m) {
+  std::map<int, std::pair<std::vector<int64_t>, std::vector<std::vector<double>>>> by_layer;
+  std::map<int, double> dropped;
+  for (const StepRecord& r : m.train)
+    for (const MoeLayerRecord& l : r.moe) {
+      if (l.tokens_per_expert.empty()) continue;
+      auto& [steps, loads] = by_layer[l.layer];
+      if (!loads.empty() && loads.front().size() != l.tokens_per_expert.size()) continue;  // another model
+      steps.push_back(r.step);
+      loads.push_back(l.tokens_per_expert);
+      dropped[l.layer] += l.dropped;
+    }
+  if (by_layer.empty()) return "";
+  std::string h = "<section class=\"panel\" id=\"expert-load\"><h2>Expert load</h2>\n";
+  h += "<div class=\"panel-sub\">Per MoE layer, each expert's share of the step's (token, choice) pairs over the "
+       "mean share, step by step (wide runs binned): <span style=\"color:#3050d0\">blue</span> below the mean, "
+       "white at it, <span style=\"color:#d03030\">red</span> above (full red at 2x). A balanced router is white.</div>\n";
+  for (const auto& [layer, data] : by_layer) {
+    const auto& [steps, loads] = data;
+    double top = 0, sum = 0;
+    for (double v : loads.back()) top = std::max(top, v), sum += v;
+    const double ratio = sum > 0 ? top * static_cast<double>(loads.back().size()) / sum : 0;
+    h += fmt::format("<h3>layer {}: {} experts; last step max/mean load {:.2f}; dropped pairs over the logged steps "
+                     "{}</h3>\n",
+                     layer, loads.back().size(), ratio, format_count(dropped[layer]));
+    h += expert_load_svg(steps, loads, layer);
+  }
+  return h + "</section>\n";
+}
+
 // Stragglers: the slowest rank's compute time over the median per log interval, against the
 // bar, and a table of the ranks named.
 std::string straggler_panel(const RunMetrics& m, const ConfigView& cfg, json& charts) {
@@ -770,6 +852,7 @@ std::string render_report(const std::string& run_dir_arg, ReportInfo* info_out) 
   body += plan_check_panel(run_dir);
   body += straggler_panel(m, cfg, charts);
   body += fp8_panel(m, charts);
+  body += expert_load_panel(m);
   body += timeline_html(tl) + memory_panel(m) + optimizer_panels(m, charts) + config_panel(cfg);
   if (m.unfinished_line)
     info.notes.push_back(fmt::format("The last line of {} is unfinished (being written?) and was left out.",

@@ -60,7 +60,9 @@ std::map<std::string, std::vector<float>> gather_global_params(ParamRegistry& re
   for (auto& [name, g] : global) {
     std::vector<float> buf(shape_numel(g), 0.f);
     Param* p = reg.find(name);
-    if (p && !p->spec.tied_copy && par.coords.dp == 0 && par.coords.cp == 0 && (p->spec.shard_dim >= 0 || par.coords.tp == 0)) {
+    // One copy of each: the first of its reduce group (DP x CP; EDP for a routed expert's tensor).
+    const int copy = p && p->spec.expert >= 0 ? par.grid.edp_rank(par.coords) : par.grid.dpcp_rank(par.coords);
+    if (p && !p->spec.tied_copy && copy == 0 && (p->spec.shard_dim >= 0 || par.coords.tp == 0)) {
       Tensor local = Tensor::empty(ops.allocator(), p->spec.local_shape(), DType::F32, MemCategory::Workspace);
       ops.copy(grads ? p->grad : p->value, local);
       const Shape L = p->spec.local_shape();

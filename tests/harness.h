@@ -55,7 +55,7 @@ struct SubWorld {
 };
 
 inline SubWorld make_subworld(Ops& ops, const RankGrid& grid, bool sequence_parallel = false,
-                              CpComm cp_comm = CpComm::Ring) {
+                              CpComm cp_comm = CpComm::Ring, MoeDispatcher dispatcher = MoeDispatcher::AllToAll) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   bool member = rank < grid.world_size();
@@ -69,6 +69,7 @@ inline SubWorld make_subworld(Ops& ops, const RankGrid& grid, bool sequence_para
   ContextOptions options;
   options.sequence_parallel = sequence_parallel;
   options.cp_comm = cp_comm;
+  options.moe_dispatcher = dispatcher;
   w.par = std::make_unique<ParallelContext>(make_parallel_context(*w.comm, grid, options));
   return w;
 }

@@ -105,9 +105,10 @@ Runtime make_runtime(const Config& cfg, const DebugOptions& debug, bool flight_r
                                                  static_cast<size_t>(pc.flight_recorder_size), dir);
     rt.world->set_hooks(flight_hooks(rt.flight, pc.timeout_s));
   }
-  rt.par = make_parallel_context(*rt.world, RankGrid(pc.tp, pc.dp, pc.pp, pc.cp),
+  rt.par = make_parallel_context(*rt.world, pc.grid(),
                                  {.sequence_parallel = pc.sequence_parallel,
                                   .cp_comm = pc.cp_comm,
+                                  .moe_dispatcher = pc.moe_dispatcher,
                                   .force_mpi = rt.debug.force_mpi,
                                   .flight = rt.flight,
                                   .comm_fault = rt.debug.comm_fault});

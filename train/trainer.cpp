@@ -97,10 +97,18 @@ Trainer::Trainer(const Config& cfg, Ops& ops, ParallelContext& par, const Sample
 
   evaluator_ = std::make_unique<Evaluator>(cfg_, make_eval_layout(layout_), ops, par, *model_);
 
-  TRIPOD_CHECK(sync.groups.size() == 1 && sync.groups[0].axis == Axis::DPCP, "one reduce group over DP x CP");
-  reducer_ = std::make_unique<GradReducer>(ops, par.dpcp, reg_.flat_grads(), reg_.flat_values(), sync.groups[0]);
+  // A reducer per group, over its axis's communicator; the optimizer updates what every group
+  // leaves this rank (in flat order).
+  std::vector<FlatSpan> owned;
+  for (const ReduceGroup& g : sync.groups) {
+    TRIPOD_CHECK(g.axis == Axis::DPCP || g.axis == Axis::EDP, "a reduce group over axis {}", static_cast<int>(g.axis));
+    Communicator* comm = g.axis == Axis::EDP ? par.edp : par.dpcp;
+    reducers_.push_back(std::make_unique<GradReducer>(ops, comm, reg_.flat_grads(), reg_.flat_values(), g));
+    owned.insert(owned.end(), g.owned.begin(), g.owned.end());
+  }
+  std::sort(owned.begin(), owned.end(), [](const FlatSpan& a, const FlatSpan& b) { return a.begin < b.begin; });
   optimizer_ = std::make_unique<AdamW>(
-      ops, reg_, reducer_->owned(),
+      ops, reg_, std::move(owned),
       AdamWConfig{.beta1 = tc.beta1, .beta2 = tc.beta2, .eps = tc.eps, .weight_decay = tc.weight_decay}, tc.seed);
   lr_ = lr_schedule_of(tc);
 
@@ -193,10 +201,11 @@ void Trainer::on_grads_ready(const std::vector<Param*>& params) {
     for (Param* p : params)
       if ((par_.sequence_parallel && p->spec.sp_partial_grad) || p->spec.tp_partial_grad) par_.tp->all_reduce(p->grad);
   }
-  const FlatSpan& tied = layout_.grad_sync.tied_table;
+  const GradSync& sync = layout_.grad_sync;
+  const FlatSpan& tied = sync.tied_table;
   for (Param* p : params) {
     if (p->offset == tied.begin && tied.size() > 0) continue;  // reduced in finish_gradients
-    reducer_->mark_ready(p->offset, p->offset + p->numel());
+    reducers_[sync.group_of(p->spec.expert >= 0)]->mark_ready(p->offset, p->offset + p->numel());
   }
 }
 
@@ -277,9 +286,9 @@ void Trainer::finish_gradients() {
       Tensor grad = reg_.flat_grads().flat(tied.begin, tied.end);
       embedding_->all_reduce(grad);
     }
-    reducer_->mark_ready(tied.begin, tied.end);
+    reducers_[0]->mark_ready(tied.begin, tied.end);
   }
-  reducer_->finish();
+  for (auto& r : reducers_) r->finish();
 }
 
 StepRecord Trainer::step() {
@@ -299,7 +308,7 @@ StepRecord Trainer::step() {
   if (profiling) ops_.set_timing(true);
   ops_.allocator().stats().reset_peaks();
   reg_.zero_grads(ops_);
-  reducer_->begin_step();
+  for (auto& r : reducers_) r->begin_step();
   if (fp8_) fp8_->begin_step();
   for (MoeLayer* moe : model_->moe_layers()) moe->reset_stats();
 
@@ -326,11 +335,13 @@ StepRecord Trainer::step() {
   const auto t_reduced = mark();
 
   // One world all-reduce gives the grad norm and the loss: replicated copies count once (TP rank
-  // 0, DP rank 0 unless the optimizer is sharded), the loss from the last stage's TP rank 0.
-  const ReduceGroup& group = layout_.grad_sync.groups[0];
-  double sq = 0;
-  if (group.sharded || group.rank == 0)
-    sq = optimizer_->grad_sq_sum([this](const ParamSpec& s) { return s.counts_in_norm(par_.coords.tp); });
+  // 0, rank 0 of the parameter's reduce group unless the optimizer is sharded there), the loss from
+  // the last stage's TP rank 0.
+  const GradSync& sync = layout_.grad_sync;
+  double sq = optimizer_->grad_sq_sum([this, &sync](const ParamSpec& s) {
+    const ReduceGroup& g = sync.groups[sync.group_of(s.expert >= 0)];
+    return (g.sharded || g.rank == 0) && s.counts_in_norm(par_.coords.tp);
+  });
   double loss_sum = (layout_.has_head && par_.coords.tp == 0) ? ops_.sum(losses) : 0.0;
   if (par_.rank == 0) {  // fault injection (tests): the world's sums become non-finite
     for (const FaultInjection& f : faults_)
@@ -403,7 +414,7 @@ StepRecord Trainer::step() {
     FlightPhase phase(par_.flight.get(), "optimizer");
     // Adam's bias correction counts the updates applied; the LR follows the iteration.
     optimizer_->step(m.lr, optimizer_->steps_taken() + 1, clip);
-    reducer_->all_gather_values();
+    for (auto& r : reducers_) r->all_gather_values();
     // Aux-loss-free balancing: every copy of a layer's selection bias moves by the same counts.
     for (MoeLayer* moe : model_->moe_layers()) moe->update_bias(m.moe[moe_rows[moe->layer()]].tokens_per_expert);
     if (fp8_) fp8_->weights_changed();  // the weights' FP8 casts are stale
@@ -576,7 +587,7 @@ nlohmann::json Trainer::checkpoint_metadata() const {
       {"tokenizer", tokenizer_record(cfg_.data.tokenizer, cfg_.data.tokenizer_pattern)},
       {"run_id", run_id_},
       {"model", model_to_json(cfg_.model)},
-      {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"cp", pc.cp}, {"world_size", par_.grid.world_size()},
+      {"grid", {{"dp", pc.dp}, {"pp", pc.pp}, {"tp", pc.tp}, {"vp", pc.vp}, {"cp", pc.cp}, {"ep", pc.ep}, {"world_size", par_.grid.world_size()},
                 {"distributed_optimizer", pc.distributed_optimizer}, {"schedule", enum_name(layout_.schedule.kind)},
                 {"placement", enum_name(layout_.schedule.placement)}}},
       // The schedule itself when it was chosen at start-up, so that a resume runs the same one.
@@ -610,7 +621,7 @@ void Trainer::save_checkpoint() {
   auto t0 = std::chrono::steady_clock::now();
   saver_->finish();  // commits the previous asynchronous save, if any
   const Coords cc = checkpoint_coords(par_.grid, par_.coords);
-  Snapshot snap = take_snapshot(reg_, ops_, optimizer_state(), cc, cfg_.parallel.distributed_optimizer);
+  Snapshot snap = take_snapshot(reg_, ops_, optimizer_state(), cc, cfg_.parallel.distributed_optimizer, par_.grid.ep());
   // The delayed recipe's scales and histories: the same on every TP and DP x CP rank of a layer
   // (reduced every step), saved once per layer by its TP rank 0 of DP x CP rank 0.
   if (fp8_ && cfg_.train.fp8_recipe == Fp8Recipe::Delayed && !snap.file.empty() && cc.tp == 0 && cc.dp == 0)
@@ -698,8 +709,10 @@ void Trainer::load_checkpoint_state() {
     task_figures_ = r.metadata["eval_tasks"];
   last_checkpoint_ = loaded_from_ = dir;
   const nlohmann::json& g = r.metadata["grid"];
-  spdlog::info("loaded checkpoint {} (saved on grid dp={}, pp={}, tp={}): continuing at step {}, {:.2f} s", dir,
-               g["dp"].get<int>(), g["pp"].get<int>(), g["tp"].get<int>(), step_ + 1,
+  const int saved_ep = g.value("ep", 1);
+  spdlog::info("loaded checkpoint {} (saved on grid dp={}, pp={}, tp={}{}): continuing at step {}, {:.2f} s", dir,
+               g["dp"].get<int>(), g["pp"].get<int>(), g["tp"].get<int>(),
+               saved_ep > 1 ? fmt::format(", ep={}", saved_ep) : std::string(), step_ + 1,
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 

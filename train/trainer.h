@@ -116,7 +116,9 @@ class Trainer {
   std::unique_ptr<GptModel> model_;  // this rank's chunks, registered before the layout is made
   std::string auto_chosen_;          // schedule = "auto": the candidate chosen, for the log
   const RankLayout layout_;          // with the schedule resolved ("auto" from a start-up profile)
-  std::unique_ptr<GradReducer> reducer_;
+  // One reducer per reduce group of the layout (grad_sync.h): DP x CP, and with expert
+  // parallelism the experts' over EDP; indexed as the groups.
+  std::vector<std::unique_ptr<GradReducer>> reducers_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<PipelineExecutor> executor_;
   std::unique_ptr<TraceRecorder> trace_;

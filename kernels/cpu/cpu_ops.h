@@ -34,6 +34,7 @@ class CpuOps final : public Ops {
   void scale(Tensor& t, float s) override;
   double sum_squares(const Tensor& t, std::span<const FlatRange> ranges) override;
   double sum(const Tensor& t) override;
+  void gather_rows(const Tensor& x, const Tensor& index, Tensor& out) override;
 
   void embedding_forward(const Tensor& tokens, const Tensor& wte, int64_t vocab_start, const Tensor& wpe, int64_t T,
                          Tensor& out) override;

@@ -94,6 +94,32 @@ void CpuOps::copy(const Tensor& src, Tensor& dst) {
   }
 }
 
+void CpuOps::gather_rows(const Tensor& x, const Tensor& index, Tensor& out) {
+  ScopedTimer timer(*this, OpFamily::Memory);
+  check_cpu(x, "gather_rows");
+  check_cpu(out, "gather_rows");
+  const int64_t R = out.dim() >= 1 ? out.size(0) : 0;
+  if (R == 0) return;
+  const int64_t W = out.numel() / R, rows = W > 0 ? x.numel() / W : 0;
+  TRIPOD_CHECK(x.dtype() == out.dtype() && x.dtype() != DType::F64,
+               "gather_rows: x {} and out {} must share a dtype (f32, bf16 or i32)", x.str(), out.str());
+  TRIPOD_CHECK(index.dtype() == DType::I32 && index.numel() >= R && W > 0 && x.numel() % W == 0,
+               "gather_rows: x {} index {} out {}", x.str(), index.str(), out.str());
+  const size_t bytes = static_cast<size_t>(W) * dtype_size(x.dtype());
+  const auto* px = static_cast<const char*>(x.raw());
+  auto* po = static_cast<char*>(out.raw());
+  const int32_t* pi = index.data<int32_t>();
+  for (int64_t r = 0; r < R; ++r)
+    TRIPOD_CHECK(pi[r] < rows, "gather_rows: index[{}] = {} is past the {} rows of x", r, pi[r], rows);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < R; ++r) {
+    if (pi[r] < 0)
+      std::memset(po + r * bytes, 0, bytes);
+    else
+      std::memcpy(po + r * bytes, px + static_cast<int64_t>(pi[r]) * bytes, bytes);
+  }
+}
+
 void CpuOps::add(const Tensor& a, const Tensor& b, Tensor& out) {
   ScopedTimer timer(*this, OpFamily::Elementwise);
   TRIPOD_CHECK(a.numel() == b.numel() && a.numel() == out.numel(), "add {} + {} -> {}", a.str(), b.str(), out.str());

@@ -117,6 +117,7 @@ class CudaOps final : public Ops {
                           float z_scale, bool sigmoid, bool normalize, Tensor& dlogits) override;
   void moe_dispatch(const Tensor& idx, int64_t experts, int64_t capacity, Tensor& routed, Tensor& row_of,
                     Tensor& slot_of) override;
+  void gather_rows(const Tensor& x, const Tensor& index, Tensor& out) override;
   void moe_permute(const Tensor& x, const Tensor& slot_of, int64_t k, const Tensor& weights, Tensor& xp) override;
   void moe_unpermute(const Tensor& yp, const Tensor& row_of, const Tensor& weights, Tensor& y) override;
   void moe_combine_backward(Tensor& g, const Tensor& act, const Tensor& slot_of, const Tensor& weights,

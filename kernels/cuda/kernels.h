@@ -184,6 +184,9 @@ void moe_dispatch(const int32_t* idx, int64_t P, int64_t E, int64_t capacity, in
                   int32_t* slot_of, cudaStream_t s);
 void moe_permute(const bf16* x, const int32_t* slot_of, int64_t k, const float* weights, bf16* xp, int64_t R,
                  int64_t C, cudaStream_t s);
+// out (R, W) row r = x row index[r], zeros where index[r] < 0; elements of 2 or 4 bytes.
+void gather_rows(const void* x, const int32_t* index, void* out, int64_t R, int64_t W, int element_bytes,
+                 cudaStream_t s);
 void moe_unpermute(const bf16* yp, const int32_t* row_of, const float* weights, bf16* y, int64_t N, int64_t k,
                    int64_t C, cudaStream_t s);
 void moe_combine_backward(bf16* g, const bf16* act, const int32_t* slot_of, const float* weights, float* dweights,

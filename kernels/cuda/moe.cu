@@ -170,6 +170,16 @@ __global__ void permute_kernel(const bf16_t* x, const int32_t* slot_of, int64_t 
   }
 }
 
+// Rows of W elements of T (a 2- or 4-byte word: the dtype does not matter to a copy).
+template <class T>
+__global__ void gather_rows_kernel(const T* x, const int32_t* index, T* out, int64_t R, int64_t W) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < R * W; i += stride) {
+    const int32_t src = index[i / W];
+    out[i] = src < 0 ? T(0) : x[static_cast<int64_t>(src) * W + i % W];
+  }
+}
+
 __global__ void unpermute_kernel(const bf16_t* yp, const int32_t* row_of, const float* weights, bf16_t* y, int64_t N,
                                  int64_t k, int64_t C) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -299,6 +309,17 @@ void moe_permute(const bf16* x, const int32_t* slot_of, int64_t k, const float* 
                  int64_t C, cudaStream_t s) {
   if (R * C == 0) return;
   permute_kernel<<<blocks_for(R * C, kThreads), kThreads, 0, s>>>(dev(x), slot_of, k, weights, dev(xp), R, C);
+}
+
+void gather_rows(const void* x, const int32_t* index, void* out, int64_t R, int64_t W, int element_bytes,
+                 cudaStream_t s) {
+  if (R * W == 0) return;
+  if (element_bytes == 2)
+    gather_rows_kernel<<<blocks_for(R * W, kThreads), kThreads, 0, s>>>(static_cast<const uint16_t*>(x), index,
+                                                                         static_cast<uint16_t*>(out), R, W);
+  else
+    gather_rows_kernel<<<blocks_for(R * W, kThreads), kThreads, 0, s>>>(static_cast<const uint32_t*>(x), index,
+                                                                         static_cast<uint32_t*>(out), R, W);
 }
 
 void moe_unpermute(const bf16* yp, const int32_t* row_of, const float* weights, bf16* y, int64_t N, int64_t k,

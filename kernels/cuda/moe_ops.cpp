@@ -198,6 +198,23 @@ void CudaOps::moe_dispatch(const Tensor& idx, int64_t experts, int64_t capacity,
   TRIPOD_CUDA_LAUNCHED("{} idx {} experts {} capacity {}", op, idx.str(), experts, capacity);
 }
 
+void CudaOps::gather_rows(const Tensor& x, const Tensor& index, Tensor& out) {
+  ScopedTimer timer(*this, OpFamily::Memory);
+  const char* op = "gather_rows";
+  const int64_t R = out.dim() >= 1 ? out.size(0) : 0;
+  if (R == 0) return;
+  const int64_t W = out.numel() / R;
+  expect_on_device(x, op, "x");
+  expect_on_device(out, op, "out");
+  expect_on_device(index, op, "index");
+  expect_dtype(index, DType::I32, op, "index");
+  TRIPOD_CHECK(x.dtype() == out.dtype() && x.dtype() != DType::F64 && W > 0 && x.numel() % W == 0 &&
+                   index.numel() >= R,
+               "{}: x {} index {} out {}", op, x.str(), index.str(), out.str());
+  k::gather_rows(x.raw(), index.data<int32_t>(), out.raw(), R, W, static_cast<int>(dtype_size(x.dtype())), compute_);
+  TRIPOD_CUDA_LAUNCHED("{} x {} out {}", op, x.str(), out.str());
+}
+
 void CudaOps::moe_permute(const Tensor& x, const Tensor& slot_of, int64_t k, const Tensor& weights, Tensor& xp) {
   ScopedTimer timer(*this, OpFamily::Moe);
   const char* op = "moe_permute";

@@ -22,4 +22,21 @@ void throw_if_any_failed(const std::string& error, Communicator& world) {
   throw InputError::reported_elsewhere();
 }
 
+void check_all_to_all_v(const Communicator& c, const Tensor& in, std::span<const int64_t> send_counts,
+                        const Tensor& out, std::span<const int64_t> recv_counts) {
+  const auto n = static_cast<size_t>(c.size());
+  TRIPOD_CHECK(send_counts.size() == n && recv_counts.size() == n,
+               "all_to_all_v on '{}': {} send and {} receive counts for {} ranks", c.name(), send_counts.size(),
+               recv_counts.size(), n);
+  int64_t sent = 0, received = 0;
+  for (size_t r = 0; r < n; ++r) {
+    TRIPOD_CHECK(send_counts[r] >= 0 && recv_counts[r] >= 0, "all_to_all_v on '{}': a negative count for rank {}",
+                 c.name(), r);
+    sent += send_counts[r];
+    received += recv_counts[r];
+  }
+  TRIPOD_CHECK(in.dtype() == out.dtype() && in.numel() >= sent && out.numel() >= received,
+               "all_to_all_v on '{}': {} elements from {}, {} into {}", c.name(), sent, in.str(), received, out.str());
+}
+
 }  // namespace tripod

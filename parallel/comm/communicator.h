@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "core/tensor.h"
@@ -40,6 +41,14 @@ class Communicator {
   virtual void all_gather(const Tensor& in, Tensor& out) = 0;
   virtual void broadcast(Tensor& t, int root) = 0;
   virtual void barrier() = 0;
+  // in -> out, every rank to every rank in one exchange, blocks of any size: in holds
+  // send_counts[r] elements for rank r, back to back in rank order; out receives recv_counts[r]
+  // elements from rank r, likewise (out past them is unspecified afterwards). The counts are the
+  // exchange's: rank r's send_counts[q] must equal rank q's recv_counts[r] (exchange them first).
+  // Example, 2 ranks: rank 0 sends [a0 a1 | b0] with send_counts {2, 1}, rank 1 sends [c0 | d0 d1]
+  // with {1, 2}; rank 0 receives [a0 a1 | c0] (recv_counts {2, 1}), rank 1 [b0 | d0 d1] ({1, 2}).
+  virtual void all_to_all_v(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                            std::span<const int64_t> recv_counts) = 0;
 
   // Non-blocking variants: the tensors must stay alive and untouched until wait().
   virtual std::unique_ptr<CommRequest> iall_reduce(Tensor& t) = 0;
@@ -60,5 +69,10 @@ class Communicator {
 // when every rank failed, else with that rank in front, since the cause is its own: a file only it
 // lacks, say), the others with InputError::reported_elsewhere() (main prints nothing for them).
 void throw_if_any_failed(const std::string& error, Communicator& world);
+
+// The checks every all_to_all_v makes: one count per rank, none negative, in and out of one dtype
+// and large enough.
+void check_all_to_all_v(const Communicator& c, const Tensor& in, std::span<const int64_t> send_counts,
+                        const Tensor& out, std::span<const int64_t> recv_counts);
 
 }  // namespace tripod

@@ -33,7 +33,7 @@ using nlohmann::json;
 
 std::optional<FlightKind> kind_of(const std::string& s) {
   for (auto k : {FlightKind::AllReduce, FlightKind::ReduceScatter, FlightKind::AllGather, FlightKind::Broadcast,
-                 FlightKind::Barrier, FlightKind::Send, FlightKind::Recv})
+                 FlightKind::Barrier, FlightKind::Send, FlightKind::Recv, FlightKind::AllToAll})
     if (s == flight_kind_name(k)) return k;
   return std::nullopt;
 }

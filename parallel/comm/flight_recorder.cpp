@@ -71,6 +71,7 @@ const char* flight_kind_name(FlightKind k) {
     case FlightKind::Barrier: return "barrier";
     case FlightKind::Send: return "send";
     case FlightKind::Recv: return "recv";
+    case FlightKind::AllToAll: return "all-to-all";
   }
   return "?";
 }
@@ -282,6 +283,14 @@ void RecordingComm::broadcast(Tensor& t, int root) {
 
 void RecordingComm::barrier() {
   blocking(FlightKind::Barrier, -1, 0, [&] { inner_->barrier(); });
+}
+
+void RecordingComm::all_to_all_v(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                                 std::span<const int64_t> recv_counts) {
+  int64_t sent = 0;
+  for (int64_t c : send_counts) sent += c;
+  blocking(FlightKind::AllToAll, -1, sent * static_cast<int64_t>(dtype_size(in.dtype())),
+           [&] { inner_->all_to_all_v(in, send_counts, out, recv_counts); });
 }
 
 std::unique_ptr<CommRequest> RecordingComm::iall_reduce(Tensor& t) {

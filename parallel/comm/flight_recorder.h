@@ -21,12 +21,12 @@
 
 namespace tripod {
 
-enum class FlightKind : uint8_t { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, Send, Recv };
+enum class FlightKind : uint8_t { AllReduce, ReduceScatter, AllGather, Broadcast, Barrier, Send, Recv, AllToAll };
 // Enqueued: posted, not yet waited on. Waiting: this rank is blocked in its wait. Completed.
 // Failed: its wait ended in an error (a timeout).
 enum class FlightState : uint8_t { Enqueued, Waiting, Completed, Failed };
 
-const char* flight_kind_name(FlightKind k);  // "all-reduce", "reduce-scatter", ..., "send", "recv"
+const char* flight_kind_name(FlightKind k);  // "all-reduce", "reduce-scatter", ..., "send", "recv", "all-to-all"
 const char* flight_state_name(FlightState s);  // "enqueued", "waiting", "completed", "failed"
 
 // One operation. Sequence numbers count per communicator for collectives (every member issues the
@@ -130,6 +130,8 @@ class RecordingComm final : public Communicator {
   void all_gather(const Tensor& in, Tensor& out) override;
   void broadcast(Tensor& t, int root) override;
   void barrier() override;
+  void all_to_all_v(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                    std::span<const int64_t> recv_counts) override;
 
   std::unique_ptr<CommRequest> iall_reduce(Tensor& t) override;
   std::unique_ptr<CommRequest> ireduce_scatter(const Tensor& in, Tensor& out) override;

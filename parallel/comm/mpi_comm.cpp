@@ -235,6 +235,30 @@ void MpiComm::barrier() {
   wait(req, "barrier");
 }
 
+void MpiComm::all_to_all_v(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                          std::span<const int64_t> recv_counts) {
+  check_all_to_all_v(*this, in, send_counts, out, recv_counts);
+  std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
+  int64_t s_at = 0, r_at = 0;
+  for (int q = 0; q < size_; ++q) {
+    sc[q] = mpi_count(send_counts[q]);
+    sd[q] = mpi_count(s_at);
+    rc[q] = mpi_count(recv_counts[q]);
+    rd[q] = mpi_count(r_at);
+    s_at += send_counts[q];
+    r_at += recv_counts[q];
+  }
+  MpiRequest r(this, "all_to_all_v", ops_);
+  // Only the elements that travel are staged (device tensors; bf16 goes as f32).
+  Staged si = stage(ops_, in.flat(0, s_at), true, false), so = stage(ops_, out.flat(0, r_at), false, true);
+  MPI_Ialltoallv(si.host.raw(), sc.data(), sd.data(), mpi_type(si.host.dtype()), so.host.raw(), rc.data(), rd.data(),
+                 mpi_type(so.host.dtype()), comm_, &r.req_);
+  r.staged_.push_back(std::move(si));
+  r.staged_.push_back(std::move(so));
+  bytes_sent_ += (s_at - send_counts[rank_]) * static_cast<int64_t>(dtype_size(in.dtype()));
+  r.wait();
+}
+
 std::unique_ptr<CommRequest> MpiComm::isend(const Tensor& t, int peer, int tag) {
   auto r = std::make_unique<MpiRequest>(this, fmt::format("send to world rank {}", world_ranks_[peer]), ops_);
   Staged s = stage(ops_, t, true, false);

@@ -45,6 +45,8 @@ class MpiComm final : public Communicator {
   void all_gather(const Tensor& in, Tensor& out) override;
   void broadcast(Tensor& t, int root) override;
   void barrier() override;
+  void all_to_all_v(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                    std::span<const int64_t> recv_counts) override;
 
   std::unique_ptr<CommRequest> iall_reduce(Tensor& t) override;
   std::unique_ptr<CommRequest> ireduce_scatter(const Tensor& in, Tensor& out) override;

@@ -344,6 +344,53 @@ void NcclComm::broadcast(Tensor& t, int root) {
   if (rank() == root) bytes_sent_ += static_cast<int64_t>(t.nbytes());
 }
 
+void NcclComm::all_to_all_v(const Tensor& in, std::span<const int64_t> send_counts, Tensor& out,
+                            std::span<const int64_t> recv_counts) {
+  check_all_to_all_v(*this, in, send_counts, out, recv_counts);
+  TRIPOD_CHECK(on_host(in) == on_host(out), "all_to_all_v {} -> {} on '{}'", in.str(), out.str(), name());
+  if (on_host(in)) {
+    flush();
+    twin_->all_to_all_v(in, send_counts, out, recv_counts);
+    return;
+  }
+  const int n = size(), me = rank();
+  const size_t elem = dtype_size(in.dtype());
+  std::vector<int64_t> sd(n + 1, 0), rd(n + 1, 0);
+  for (int q = 0; q < n; ++q) {
+    sd[q + 1] = sd[q] + send_counts[q];
+    rd[q + 1] = rd[q] + recv_counts[q];
+  }
+  TRIPOD_CHECK(send_counts[me] == recv_counts[me], "all_to_all_v on '{}': rank {} sends itself {} elements but "
+               "receives {}", name(), me, send_counts[me], recv_counts[me]);
+  const auto* src = static_cast<const char*>(in.raw());
+  auto* dst = static_cast<char*>(out.raw());
+  if (n == 1) {
+    if (send_counts[0] > 0)
+      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(dst, src, send_counts[0] * elem, cudaMemcpyDeviceToDevice, ops_.compute_stream()),
+                        "all_to_all_v on '{}'", name());
+    return;
+  }
+  flush();
+  const std::string what = fmt::format("all_to_all_v of {} -> {}", in.str(), out.str());
+  const ncclDataType_t type = nccl_type(in.dtype());
+  join(*enqueue(what.c_str(), [&](cudaStream_t s) {
+    if (send_counts[me] > 0)
+      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(dst + rd[me] * elem, src + sd[me] * elem, send_counts[me] * elem,
+                                        cudaMemcpyDeviceToDevice, s),
+                        "{}", describe(what.c_str()));
+    TRIPOD_NCCL_CHECK(ncclGroupStart(), "{}", describe(what.c_str()));
+    for (int q = 0; q < n; ++q) {
+      if (q == me) continue;
+      if (send_counts[q] > 0)
+        TRIPOD_NCCL_CHECK(ncclSend(src + sd[q] * elem, send_counts[q], type, q, comm_, s), "{}", describe(what.c_str()));
+      if (recv_counts[q] > 0)
+        TRIPOD_NCCL_CHECK(ncclRecv(dst + rd[q] * elem, recv_counts[q], type, q, comm_, s), "{}", describe(what.c_str()));
+    }
+    TRIPOD_NCCL_CHECK(ncclGroupEnd(), "{}", describe(what.c_str()));
+  }));
+  bytes_sent_ += (sd[n] - send_counts[me]) * static_cast<int64_t>(elem);
+}
+
 void NcclComm::barrier() {
   flush();
   twin_->barrier();

@@ -7,6 +7,13 @@
 // reduce-scatters its buckets (chunks never share one; the tied table wte has its own) and updates
 // the first half of each; its copy of wte first sums with pipeline rank 0's copy (rank 1) over the
 // embedding group. Under the V placement both ends are on pipeline rank 0: one wte, no such sum.
+//
+// Expert parallelism (ep > 1) adds a second group: a rank's routed experts (ParamSpec::expert) are
+// held by the ranks of its EDP group only (grid.h), so their gradients reduce there, in buckets of
+// their own, sharded there under the distributed optimizer; everything else over DP x CP as before.
+// Same 8 ranks with ep = 2, dp = 4, tp = 2 (pp = 1): rank 2 (tp 0, dp 1) reduces its attention,
+// norms, routers and shared experts over {0, 2, 4, 6} and its experts (E/2 of them, those of EP
+// rank 1) over {2, 6}.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +48,7 @@ std::vector<GradBucket> make_buckets(const std::vector<FlatSpan>& params, int64_
 
 // Gradients summed over one group of ranks that hold the same parameters.
 struct ReduceGroup {
-  Axis axis = Axis::DPCP;           // DP x CP: the ranks sharing (tp, pp), cp fastest
+  Axis axis = Axis::DPCP;           // DP x CP: the ranks sharing (tp, pp), cp fastest; or EDP (experts)
   int size = 1, rank = 0;           // the group's size and this rank's index in it
   bool sharded = false;             // distributed optimizer (size > 1): reduce-scatter, owned slices, all-gather
   std::vector<GradBucket> buckets;  // in flat order; filled back to front by the backward
@@ -51,7 +58,12 @@ struct ReduceGroup {
 };
 
 struct GradSync {
-  std::vector<ReduceGroup> groups;  // disjoint ranges of the flat buffers; today one, over DP x CP
+  // Disjoint ranges of the flat buffers: groups[0] over DP x CP, and with expert parallelism
+  // groups[expert_group] over EDP with the routed experts' parameters.
+  std::vector<ReduceGroup> groups;
+  int expert_group = -1;  // -1: none (ep = 1: experts reduce over DP x CP with the rest)
+  // The group a parameter's gradient is reduced by (an index into groups): the one rule.
+  int group_of(bool expert) const { return expert && expert_group >= 0 ? expert_group : 0; }
   // The tied input/output embedding table (GPT-2) where two chunks use it: its flat range, and
   // where its two uses' gradients meet before the group reduction, which waits for the step's
   // last backward. Local: one parameter written by two chunks of this rank (the V placement).

@@ -839,6 +839,35 @@ TEST_F(CudaOpsTest, MoeDispatchPermutationsAndCombineMatchCpu) {
   }
 }
 
+// gather_rows (expert parallelism's reorders and per-row weights): every dtype, rows of one element
+// and of many, -1 rows zeroed; bit-exact (a copy).
+TEST_F(CudaOpsTest, GatherRowsCopiesRowsBitExactly) {
+  const int64_t rows = 57, R = 83;
+  Tensor index = host({R}, DType::I32);
+  for (int64_t r = 0; r < R; ++r) index.data<int32_t>()[r] = r % 7 == 3 ? -1 : static_cast<int32_t>((r * 31) % rows);
+  Tensor gindex = up(index, DType::I32);
+  for (DType dt : {DType::F32, DType::BF16, DType::I32})
+    for (int64_t W : {int64_t{1}, int64_t{40}, int64_t{129}}) {
+      SCOPED_TRACE(fmt::format("{} width {}", dtype_name(dt), W));
+      Tensor x = host({rows, W}, dt);
+      for (int64_t i = 0; i < rows * W; ++i) {
+        if (dt == DType::F32) x.data<float>()[i] = static_cast<float>(i) * 0.25f - 3.f;
+        else if (dt == DType::BF16) x.data<bf16>()[i] = bf16(static_cast<float>(i % 200) - 100.f);
+        else x.data<int32_t>()[i] = static_cast<int32_t>(i * 7 - 50);
+      }
+      Tensor out = host({R, W}, dt), gout = gpu_->empty({R, W}, dt, MemCategory::Workspace), back = host({R, W}, dt);
+      gpu_->fill(gout, dt == DType::I32 ? -7.f : std::numeric_limits<float>::quiet_NaN());
+      cpu_->gather_rows(x, index, out);
+      gpu_->gather_rows(up(x, dt), gindex, gout);
+      gpu_->copy(gout, back);  // same dtype: the bytes
+      ASSERT_EQ(0, std::memcmp(back.raw(), out.raw(), out.nbytes()));
+      for (int64_t r = 0; r < R; r += 7)  // the -1 rows are zeros
+        if (index.data<int32_t>()[r] < 0)
+          for (int64_t c = 0; c < W * static_cast<int64_t>(dtype_size(dt)); ++c)
+            ASSERT_EQ(static_cast<const char*>(out.raw())[r * W * dtype_size(dt) + c], 0);
+    }
+}
+
 TEST_F(CudaOpsTest, QkNormForwardBackwardMatchCpu) {
   for (auto [N, hq, hk, D] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 1, 1, 8}, {37, 4, 2, 64},
                               {300, 8, 8, 128}}) {

@@ -1,10 +1,11 @@
 // Every collective of the MPI communicator under mpirun (4 ranks): sizes from 1 to millions of
-// elements, odd counts, f32/bf16/i32, blocking and non-blocking, send/recv rings, and the
-// collective error check.
+// elements, odd counts, f32/bf16/i32, blocking and non-blocking, send/recv rings, all-to-all with
+// blocks of any size, and the collective error check.
 #include <fmt/format.h>
 
 #include "core/error.h"
 #include "kernels/op.h"
+#include "parallel/comm/flight_recorder.h"
 #include "parallel/comm/mpi_comm.h"
 #include "parallel/context.h"
 #include "test_util.h"
@@ -116,6 +117,61 @@ TEST_F(Comm, SendRecvRingsBothWays) {
       for (int64_t i = 0; i < count; ++i) ASSERT_EQ(in.data<float>()[i], val(from, i)) << count;
     }
   }
+}
+
+// all_to_all_v: rank r sends rank q a block of (r + 2q + scale) % 5 * scale elements (zero for
+// some pairs, the rank's own block included), each naming (r, q, i), and exchanges where nothing
+// or nothing of one rank's travels; every dtype, through the
+// flight recorder's wrapper too (it records one all-to-all and forwards the exchange).
+TEST_F(Comm, AllToAllVariableBlocks) {
+  // Scale 0: nothing travels at all; scale 2: rank 0 neither sends nor receives anything.
+  auto count = [&](int from, int to, int64_t scale) -> int64_t {
+    if (scale == 2) return from == 0 || to == 0 ? 0 : from + to;
+    return static_cast<int64_t>((from + 2 * to + scale) % 5) * scale;
+  };
+  auto value = [](int from, int to, int64_t i) { return static_cast<float>(from * 100 + to * 10 + i % 7); };
+  auto rec = std::make_shared<FlightRecorder>(r, n, 16, "");
+  std::vector<int> ranks(n);
+  for (int q = 0; q < n; ++q) ranks[q] = q;
+  RecordingComm recorded(mpi_subgroup(*world, ranks, "recorded"), rec, ranks);
+  for (Communicator* c : {static_cast<Communicator*>(world.get()), static_cast<Communicator*>(&recorded)})
+    for (DType dt : {DType::F32, DType::I32, DType::BF16})
+      for (int64_t scale : {0, 1, 2, 3, 1001}) {
+        SCOPED_TRACE(fmt::format("{} {} scale {}", c->name(), dtype_name(dt), scale));
+        std::vector<int64_t> sc(n), rc(n);
+        int64_t s_total = 0, r_total = 0;
+        for (int q = 0; q < n; ++q) {
+          s_total += sc[q] = count(r, q, scale);
+          r_total += rc[q] = count(q, r, scale);
+        }
+        Tensor in = make(s_total + 3, dt), out = make(r_total + 2, dt);  // larger than needed
+        auto set = [&](Tensor& t, int64_t at, float v) {
+          if (dt == DType::F32) t.data<float>()[at] = v;
+          else if (dt == DType::I32) t.data<int32_t>()[at] = static_cast<int32_t>(v);
+          else t.data<bf16>()[at] = bf16(v);
+        };
+        auto get = [&](const Tensor& t, int64_t at) {
+          if (dt == DType::F32) return t.data<float>()[at];
+          if (dt == DType::I32) return static_cast<float>(t.data<int32_t>()[at]);
+          return static_cast<float>(t.data<bf16>()[at]);
+        };
+        for (int64_t at = 0, q = 0; q < n; ++q)
+          for (int64_t i = 0; i < sc[q]; ++i) set(in, at++, value(r, static_cast<int>(q), i));
+        c->all_to_all_v(in, sc, out, rc);
+        for (int64_t at = 0, q = 0; q < n; ++q)
+          for (int64_t i = 0; i < rc[q]; ++i, ++at) {
+            const float want = dt == DType::BF16 ? static_cast<float>(bf16(value(static_cast<int>(q), r, i)))
+                                                 : value(static_cast<int>(q), r, i);
+            ASSERT_EQ(get(out, at), want) << "from " << q << " element " << i;
+          }
+      }
+  int recorded_ops = 0;
+  for (const FlightEntry& e : rec->entries()) recorded_ops += e.kind == FlightKind::AllToAll;
+  EXPECT_EQ(recorded_ops, 15);
+  // Counts that do not fit the tensors are refused before anything is sent.
+  std::vector<int64_t> too_many(n, 1000);
+  Tensor small = make(4);
+  EXPECT_THROW(world->all_to_all_v(small, too_many, small, too_many), Error);
 }
 
 TEST_F(Comm, AxisCommunicatorsOfAGrid) {

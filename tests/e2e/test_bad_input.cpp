@@ -558,6 +558,13 @@ TEST_F(BadInput, MixtureOfExperts) {
   refused(train(moe + "--set moe.bias_update_rate=-0.1"), "moe.bias_update_rate");
   refused(train(moe + "--set moe.expert=4"), "moe.expert");
   refused(train(moe + "--set parallel.tp=2 --set moe.ffn_hidden=25"), "moe.ffn_hidden", 2);
+  // Expert parallelism: ep must divide the experts and dp x cp, and needs experts at all.
+  refused(train(moe + "--set parallel.ep=3"), "parallel.ep = 3 must divide moe.experts = 4");
+  refused(train(moe + "--set parallel.ep=2"), "parallel.ep = 2 must divide parallel.dp * parallel.cp = 1 * 1");
+  refused(train(moe + "--set parallel.ep=4"), "parallel.ep = 4 must divide parallel.dp * parallel.cp = 2 * 1", 2);
+  refused(train("--set parallel.ep=2"), "parallel.ep = 2 splits the routed experts", 2);
+  refused(train(moe + "--set parallel.ep=0"), "parallel.ep");
+  refused(train(moe + "--set parallel.moe_dispatcher='alltoallv'"), "parallel.moe_dispatcher");
   // A dense checkpoint loaded as a mixture of experts, and one with another expert count.
   refused(train(moe + "--set checkpoint.load=" + q(ck_iter())), "moe.experts = 0 (a dense model)");
   const std::string llama = "--set model.arch='llama' --set moe.router='sigmoid' ";

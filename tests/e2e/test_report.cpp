@@ -280,6 +280,46 @@ TEST_F(Report, Fp8RecordsGiveScaleChartsAndTheClippedCounts) {
                        "metrics.jsonl:1: fp8 h.0.attn.qkv: \"scale\" must be a list of 3 numbers");
 }
 
+// A mixture of experts' run: a heat map of expert load per MoE layer over the steps, each cell the
+// expert's share over the mean share (blue below 1, white at 1, red above); 300 steps binned into
+// 240 columns; a dense run's page has no such panel.
+TEST_F(Report, ExpertLoadHeatMapPerMoeLayer) {
+  std::string metrics;
+  for (int s = 1; s <= 300; ++s)  // layer 1: expert 0 takes half of 8 pairs at first, balanced from step 200
+    metrics += fmt::format(R"({{"step":{},"loss":3.0,"lr":1e-3,"grad_norm":1.0,"step_time_s":0.1,"tokens_per_s":1000,)"
+                           R"("mfu":0.01,"moe":{{"layers":[1,2],"tokens_per_expert":[{},[2,2,2,2]],)"
+                           R"("dropped_tokens":[1,0],"load_balancing_loss":[2.1,2.0],"z_loss":[0.1,0.1],)"
+                           R"("max_over_mean_load":[2.0,1.0]}}}})"
+                           "\n",
+                           s, s < 200 ? "[4,2,1,1]" : "[2,2,2,2]");
+  test::write_file(dir_ / "metrics.jsonl", metrics);
+  auto r = run_tripod("report " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string html = slurp(dir_ / "report.html");
+  expect_self_contained(html);
+  EXPECT_NE(html.find("<h2>Expert load</h2>"), std::string::npos);
+  EXPECT_NE(html.find("id=\"expert-load-1\""), std::string::npos);
+  EXPECT_NE(html.find("id=\"expert-load-2\""), std::string::npos);
+  EXPECT_NE(html.find("layer 1: 4 experts; last step max/mean load 1.00; dropped pairs over the logged steps 300"),
+            std::string::npos);
+  // Expert 0 at 2x the mean (full red) early on, 0.5x (half blue) for expert 2; white once balanced.
+  EXPECT_NE(html.find("fill=\"rgb(255,0,0)\"><title>layer 1 step 1, expert 0: 2.00x the mean load"), std::string::npos);
+  EXPECT_NE(html.find("fill=\"rgb(128,128,255)\"><title>layer 1 step 1, expert 2: 0.50x the mean load"),
+            std::string::npos);
+  EXPECT_NE(html.find("<title>layer 2 steps 299-300, expert 3: 1.00x the mean load"), std::string::npos);
+  size_t columns = 0;
+  for (size_t at = html.find("<title>layer 2 "); at != std::string::npos; at = html.find("<title>layer 2 ", at + 1))
+    ++columns;
+  EXPECT_EQ(columns, 240u * 4);  // 240 columns of 4 experts
+  // A dense run: no panel.
+  test::write_file(dir_ / "metrics.jsonl", R"({"step":1,"loss":3.0,"lr":1e-3,"grad_norm":1.0,"step_time_s":0.1,)"
+                                           R"("tokens_per_s":1000,"mfu":0.01})"
+                                           "\n");
+  r = run_tripod("report " + dir_.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(slurp(dir_ / "report.html").find("Expert load"), std::string::npos);
+}
+
 TEST_F(Report, EmptyRunDirectoryStatesWhatIsMissing) {
   auto r = run_tripod("report " + dir_.string());
   ASSERT_EQ(r.status, 0) << r.err;

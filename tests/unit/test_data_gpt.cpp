@@ -269,6 +269,9 @@ class ThreadComm final : public Communicator {
   void reduce_scatter(const Tensor&, Tensor&) override { TRIPOD_FAIL("unused"); }
   void all_gather(const Tensor&, Tensor&) override { TRIPOD_FAIL("unused"); }
   void broadcast(Tensor&, int) override { TRIPOD_FAIL("unused"); }
+  void all_to_all_v(const Tensor&, std::span<const int64_t>, Tensor&, std::span<const int64_t>) override {
+    TRIPOD_FAIL("unused");
+  }
   std::unique_ptr<CommRequest> iall_reduce(Tensor&) override { TRIPOD_FAIL("unused"); }
   std::unique_ptr<CommRequest> ireduce_scatter(const Tensor&, Tensor&) override { TRIPOD_FAIL("unused"); }
   std::unique_ptr<CommRequest> iall_gather(const Tensor&, Tensor&) override { TRIPOD_FAIL("unused"); }

@@ -746,6 +746,49 @@ TEST(Planner, SearchesContextParallelismForLongSequences) {
   for (const auto& l : fixed.layouts) EXPECT_EQ(l.cfg.parallel.cp, 2);
 }
 
+// A mixture of experts: the cost model prices the router, the experts' rows and, under expert
+// parallelism, the rows' exchanges (so ep > 1 adds exposed communication to the same layout); the
+// memory plan holds E/ep experts per rank; the search tries every ep dividing both the experts and
+// dp x cp, and `--layout ep=N` fixes it; the layouts it emits paste back and validate.
+TEST(Planner, SearchesExpertParallelismForMixturesOfExperts) {
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  hw.memory_capacity = 1e15;
+  Config base;
+  base.model = small_model();
+  base.model.moe = {.experts = 4, .top_k = 2, .ffn_hidden = 64};
+  base.train.global_batch_size = 8;
+  PlanResult r = plan_layouts(base, hw, 4, parse_layout_filter("tp=1,pp=1,mbs=1,recompute=none,distopt=false"));
+  std::map<int, const PlannedLayout*> by_ep;  // dp = 4
+  for (const auto& l : r.layouts) {
+    const ParallelConfig& p = l.cfg.parallel;
+    EXPECT_EQ(p.dp * p.cp % p.ep, 0);
+    EXPECT_EQ(base.model.moe.experts % p.ep, 0);
+    Config pasted = parse_config(layout_toml(l.cfg) + "[model]\nn_layers = 4\nn_heads = 4\nd_model = 64\n"
+                                 "seq_len = 32\nvocab_size = 256\n[moe]\nexperts = 4\nffn_hidden = 64\n"
+                                 "[data]\nsynthetic = true\n",
+                                 "snippet", {"train.steps=1"});
+    EXPECT_EQ(pasted.parallel.ep, p.ep);
+    EXPECT_NO_THROW(validate_layout(pasted, 4));
+    if (p.cp == 1) by_ep[p.ep] = &l;
+  }
+  ASSERT_EQ(by_ep.size(), 3u);  // ep = 1, 2, 4
+  const StepPrediction &one = by_ep[1]->pred, &two = by_ep[2]->pred, &four = by_ep[4]->pred;
+  // Each rank holds 4, 2, then 1 expert per layer: ep = 1 -> 2 frees twice what 2 -> 4 frees
+  // (within the flat buffers' alignment).
+  EXPECT_GT(two.memory.params, four.memory.params);
+  EXPECT_NEAR(static_cast<double>(one.memory.params - two.memory.params),
+              2.0 * static_cast<double>(two.memory.params - four.memory.params),
+              0.01 * static_cast<double>(one.memory.params - two.memory.params));
+  EXPECT_GT(two.exposed_comm, one.exposed_comm);
+  EXPECT_GT(four.exposed_comm, one.exposed_comm);
+  PlanResult fixed = plan_layouts(base, hw, 4, parse_layout_filter("ep=2"));
+  ASSERT_FALSE(fixed.layouts.empty());
+  for (const auto& l : fixed.layouts) EXPECT_EQ(l.cfg.parallel.ep, 2);
+  // A dense model is searched at ep = 1 only.
+  base.model.moe = {};
+  for (const auto& l : plan_layouts(base, hw, 4).layouts) EXPECT_EQ(l.cfg.parallel.ep, 1);
+}
+
 // ---- the command line --------------------------------------------------------------------
 
 class PlanCli : public ::testing::Test {

@@ -70,9 +70,10 @@ int run_inspect(const CkptOptions& o) {
   for (const auto& f : m["files"]) file_bytes += f.value("bytes", int64_t{0});
   fmt::print("checkpoint {}\n  iteration {}, consumed samples {}, format {} (tripod {})\n", r.dir(), r.iteration(),
              m.value("consumed_samples", 0), m["format_version"].get<int>(), m.value("tripod_version", "?"));
-  const int cp = g.value("cp", 1);
-  fmt::print("  saved on grid dp={} pp={} tp={} vp={}{}{}; optimizer state {}\n", g.value("dp", 0), g.value("pp", 0),
+  const int cp = g.value("cp", 1), ep = g.value("ep", 1);
+  fmt::print("  saved on grid dp={} pp={} tp={} vp={}{}{}{}; optimizer state {}\n", g.value("dp", 0), g.value("pp", 0),
              g.value("tp", 0), g.value("vp", 0), cp > 1 ? fmt::format(" cp={}", cp) : std::string(),
+             ep > 1 ? fmt::format(" ep={}", ep) : std::string(),
              g.value("distributed_optimizer", false) ? ", distributed optimizer" : "",
              m.value("has_optimizer", false) ? "included" : "absent (parameters only)");
   fmt::print("  {} files, {:.1f} MB:", m["files"].size(), file_bytes / 1e6);

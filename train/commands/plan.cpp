@@ -84,7 +84,7 @@ int run_plan(const PlanOptions& o) {
       const Config& c = r.layouts[i].cfg;
       const StepPrediction& p = r.layouts[i].pred;
       list.push_back({{"tp", c.parallel.tp}, {"pp", c.parallel.pp}, {"vp", c.parallel.vp}, {"cp", c.parallel.cp},
-                      {"dp", c.parallel.dp}, {"schedule", enum_name(c.parallel.schedule)},
+                      {"dp", c.parallel.dp}, {"ep", c.parallel.ep}, {"schedule", enum_name(c.parallel.schedule)},
                       {"placement", enum_name(c.parallel.placement)},
                       {"micro_batch", c.train.micro_batch_size}, {"recompute", enum_name(c.recompute.mode)},
                       {"sequence_parallel", c.parallel.sequence_parallel},
@@ -110,16 +110,20 @@ int run_plan(const PlanOptions& o) {
   fmt::print("{} layouts valid, {} fit {} x {} ({:.0f} GiB); global batch {} x {} tokens; fastest first:\n", r.valid,
              r.layouts.size(), o.gpus, hw.name, gib(hw.memory_capacity), base.train.global_batch_size,
              base.model.seq_len);
-  fmt::print("{:>3} {:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9} {:>10} {:>8} {:>6} {:>7} {:>7} {:>7} "
+  // A mixture of experts' table has an ep column after dp; a dense model's is as it always was.
+  const bool moe = base.model.moe.enabled();
+  auto ep_cell = [&](const std::string& cell) { return moe ? fmt::format(" {:>3}", cell) : std::string(); };
+  fmt::print("{:>3} {:>3} {:>3} {:>3} {:>4}{} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9} {:>10} {:>8} {:>6} {:>7} {:>7} {:>7} "
              "{:>7} {:>7} {:>7} {:>7}  {}\n",
-             "tp", "pp", "vp", "cp", "dp", "schedule", "mbs", "recompute", "sp", "dopt", "step(s)", "tokens/s", "TFLOP/s", "MFU",
+             "tp", "pp", "vp", "cp", "dp", ep_cell("ep"), "schedule", "mbs", "recompute", "sp", "dopt", "step(s)", "tokens/s", "TFLOP/s", "MFU",
              "params", "grads", "optim", "acts", "other", "total", "bubble", "layers per stage");
   for (size_t i = 0; i < n; ++i) {
     const Config& c = r.layouts[i].cfg;
     const StepPrediction& p = r.layouts[i].pred;
-    fmt::print("{:>3} {:>3} {:>3} {:>3} {:>4} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9.4g} {:>10.4g} {:>8.4g} {:>5.1f}% {:>7.2f} "
+    fmt::print("{:>3} {:>3} {:>3} {:>3} {:>4}{} {:>11} {:>4} {:>9} {:>3} {:>4} {:>9.4g} {:>10.4g} {:>8.4g} {:>5.1f}% {:>7.2f} "
                "{:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>7.2f} {:>6.1f}%  {}  comm {:.1f}%\n",
-               c.parallel.tp, c.parallel.pp, c.parallel.vp, c.parallel.cp, c.parallel.dp, enum_name(c.parallel.schedule),
+               c.parallel.tp, c.parallel.pp, c.parallel.vp, c.parallel.cp, c.parallel.dp,
+               ep_cell(std::to_string(c.parallel.ep)), enum_name(c.parallel.schedule),
                c.train.micro_batch_size,
                enum_name(c.recompute.mode), c.parallel.sequence_parallel ? "y" : "n",
                c.parallel.distributed_optimizer ? "y" : "n", p.step_time_s, p.tokens_per_s, p.model_tflops_per_gpu,
@@ -137,7 +141,7 @@ int run_plan(const PlanOptions& o) {
 
 CommandFn add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
-  CLI::App* sub = app.add_subcommand("plan", "Rank the (tp, pp, vp, cp, dp, micro-batch, recompute) layouts of a model on "
+  CLI::App* sub = app.add_subcommand("plan", "Rank the (tp, pp, vp, cp, dp, ep, micro-batch, recompute) layouts of a model on "
                                              "a cluster by predicted step time");
   sub->add_option("--config", o->config, "Model config (TOML): [model] and train.global_batch_size");
   sub->add_option("--hardware", o->hardware, "Hardware file (configs/hardware/*.toml or tripod calibrate's)");

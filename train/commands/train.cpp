@@ -108,7 +108,7 @@ void print_dry_run(const Config& cfg, const std::string& split) {
   const PipePlan plan = plan_pipeline(s);
   const Simulation sim = costs.forward.empty() ? simulate(s, PipeCosts{}) : simulate(s, plan, PipeCosts{}, costs);
   fmt::print("grid {}, vp {}, {} schedule{} over {} micro-batches per step: simulated bubble {:.1f}%\n{}\n{}",
-             RankGrid(p.tp, p.dp, p.pp, p.cp).str(), p.vp, enum_name(s.kind), note, s.microbatches, 100 * sim.bubble, split,
+             p.grid().str(), p.vp, enum_name(s.kind), note, s.microbatches, 100 * sim.bubble, split,
              memory_table(cfg, plan_memory(cfg, s)));
 }
 
