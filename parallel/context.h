@@ -52,7 +52,7 @@ struct ContextOptions {
   bool force_mpi = false;
   // When set, every communicator records its operations here (parallel.flight_recorder_size > 0)
   // and injects `comm_fault` (a test hook) when it names this rank.
-  std::shared_ptr<FlightRecorder> flight;
+  std::shared_ptr<FlightRecorder> flight = nullptr;
   CommFault comm_fault = {};
 };
 

@@ -53,7 +53,6 @@ TEST(ContextParallel, BlocksMergedInRingOrderEqualWholeAttention) {
     Tensor out = host_tensor({B, T, H, D}), lse = host_tensor({B, H, T}), dqkv = host_tensor({B, T, W, D});
     ops->attention_forward(qkv, out, lse, *std::make_unique<Tensor>());
     ops->attention_backward(dout, qkv, out, lse, Tensor{}, dqkv);
-    const float* pq = qkv.data<float>();
     // Slot-major local copies of a (B, T, w, D) tensor for rank r: (2, B, c, w, D).
     auto local = [&](const Tensor& t, int r, int64_t w) {
       Tensor l = host_tensor({Nl, w * D});

@@ -494,8 +494,11 @@ TEST_F(CpuKernels, MoeDispatchOrdersPairsByExpertAndDropsPastCapacity) {
     const std::vector<int32_t> want = capacity < 0 ? std::vector<int32_t>{0, 3, 4, 8, 1, 5, 6, 2, 7, 9}
                                                    : std::vector<int32_t>{0, 2, 3, 4, 1, -1, -1, -1, -1, 5};
     EXPECT_EQ(std::vector<int32_t>(row_of.data<int32_t>(), row_of.data<int32_t>() + 10), want);
-    for (int p = 0; p < 10; ++p)
-      if (want[p] >= 0) EXPECT_EQ(slot_of.data<int32_t>()[want[p]], p);
+    for (int p = 0; p < 10; ++p) {
+      if (want[p] >= 0) {
+        EXPECT_EQ(slot_of.data<int32_t>()[want[p]], p);
+      }
+    }
   }
 }
 
