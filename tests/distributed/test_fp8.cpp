@@ -206,10 +206,11 @@ TEST(Fp8MixtureOfExperts, LayoutsMatchTheSerialRunAndEveryRanksPlan) {
       const double act = m.memory.at(0).at("activations");
       // (Under expert parallelism the expert rows a rank receives depend on the routing: the plan
       // is their bound, as in test_memory.)
-      if (c.ep > 1)
+      if (c.ep > 1) {
         EXPECT_LE(act, plan.activations) << "rank " << w.par->rank;
-      else
+      } else {
         EXPECT_LE(std::abs(act - plan.activations) / plan.activations, 0.01) << "rank " << w.par->rank;
+      }
       if (w.par->rank == 0) {
         ASSERT_EQ(r.step1.names, serial.step1.names);
         for (size_t i = 0; i < r.step1.names.size(); ++i)
