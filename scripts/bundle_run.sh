@@ -19,11 +19,6 @@
 #   torch-eager    the same baseline eager
 #   bench-1b       tripod_gpu_bench, a Llama-3.2-1B-shaped model
 #   bench-350m     tripod_gpu_bench GPT-2 350M
-#   fp8            FP8 (train.precision = "fp8"): the casts and FP8 GEMMs against the CPU's emulation
-#                  (every f32 converted as the CPU does; bytes equal, GEMMs within f32 noise), 50
-#                  quick-start steps in fp8 (both recipes) against the bf16 curve, and
-#                  tripod_gpu_bench --precision both: the Llama-3.2-1B shape at seq 2048 and GPT-2
-#                  350M, fp8 tokens/s against bf16 in the same process (targets 1.3x and 1.15x)
 #   hf             tripod's Hugging Face exports of a trained tiny GPT-2, Llama and Mixtral loaded by
 #                  transformers (fp32): the same chapters' log-likelihoods as tripod eval, within
 #                  1e-5 relative (bench/gpu/hf_check.py)
@@ -32,6 +27,11 @@
 #   calibrate      tripod calibrate --device cuda into hardware_cuda.toml (in the results folder)
 #   plan-check     the planner on that file against this window's bench-124m/350m/1b steps
 #                  (bench/gpu/plan_check.py), and a profiled 124M run's plan --check table
+#   fp8            FP8 (train.precision = "fp8"): the casts and FP8 GEMMs against the CPU's emulation
+#                  (every f32 converted as the CPU does; bytes equal, GEMMs within f32 noise), 50
+#                  quick-start steps in fp8 (both recipes) against the bf16 curve, and
+#                  tripod_gpu_bench --precision both: the Llama-3.2-1B shape at seq 2048 and GPT-2
+#                  350M, fp8 tokens/s against bf16 in the same process (targets 1.3x and 1.15x)
 #   sanitize       compute-sanitizer memcheck of cuda_kernels_test and a 3-step training run
 #   profile        ncu: the top kernels of one 124M step by GPU time
 #   mpi            (only when named) 2 CPU ranks train the tiny config through the bundled mpirun
@@ -67,12 +67,12 @@ torch-compile 90  180  60
 torch-eager   35  120  25
 bench-1b      60  150  45
 bench-350m    50  120  40
-fp8           75  240  45
 hf            45  120  30
 grid          10  150  10
 comm           5  120   5
 calibrate     45  120  25
 plan-check    25   90  15
+fp8           75  240  45
 sanitize      60  300  30
 profile       90  240  60
 mpi           15  120  10

@@ -89,12 +89,12 @@ plan: torch-compile est=90 cap=180 start=69
 plan: torch-eager est=35 cap=120 start=159
 plan: bench-1b est=60 cap=150 start=194
 plan: bench-350m est=50 cap=120 start=254
-plan: fp8 est=75 cap=211 start=304
-plan: hf est=45 cap=120 start=379
-plan: grid est=10 cap=91 start=424
-plan: comm est=5 cap=81 start=434
-plan: calibrate est=45 cap=76 start=439
-plan: plan-check est=25 cap=31 start=484
+plan: hf est=45 cap=120 start=304
+plan: grid est=10 cap=150 start=349
+plan: comm est=5 cap=120 start=359
+plan: calibrate est=45 cap=120 start=364
+plan: plan-check est=25 cap=90 start=409
+plan: fp8 est=75 cap=81 start=434
 plan: sanitize no-time left=31 min=30
 plan: profile no-time left=31 min=60"
 [ "$plan" = "$want_plan" ] || fail "the 540 s plan changed:"$'\n'"$plan"$'\n'"(expected)"$'\n'"$want_plan"
@@ -144,7 +144,7 @@ END
 quick=$("$OUT/run.sh" --quick --previous "$T/first_summary.txt" --dry-run --budget 300 --results "$T/dry") ||
   fail "run.sh --quick --dry-run failed:"$'\n'"$quick"
 got=$(grep '^plan: ' <<< "$quick" | awk '{print $2}' | tr '\n' ' ')
-[ "$got" = "probe step train torch-compile bench-1b bench-350m fp8 hf comm plan-check profile " ] || fail "--quick picked: $got"$'\n'"$quick"
+[ "$got" = "probe step train torch-compile bench-1b bench-350m hf comm plan-check fp8 profile " ] || fail "--quick picked: $got"$'\n'"$quick"
 "$OUT/run.sh" --quick --previous "$T/missing.txt" > "$T/bad.out" 2>&1 && fail "--quick with no summary ran"
 [ "$(cat "$T/bad.out")" = "error: --quick: no earlier summary at $T/missing.txt (give the first run's summary.txt with --previous FILE)" ] ||
   fail "--quick with no summary: $(cat "$T/bad.out")"
