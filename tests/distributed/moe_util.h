@@ -9,7 +9,10 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
+#include <vector>
 
+#include "data/sample_source.h"
 #include "harness.h"
 #include "test_util.h"
 
@@ -142,5 +145,26 @@ inline void expect_moe_matches(const MoeRun& got, const MoeRun& ref, const std::
     EXPECT_NEAR(got.moe[i].z_loss, ref.moe[i].z_loss, 1e-5 * ref.moe[i].z_loss);
   }
 }
+
+// The fixture of both tests: a config's serial run, and each layout's run against it.
+class MoeLayoutTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Ops> ops = make_ops(Device::CPU);
+  SyntheticSource data{16, 100, 3};
+
+  MoeRun serial(const Config& cfg) {
+    auto self = make_selfworld(*ops);
+    return run_moe(cfg, *ops, *self.par, data);
+  }
+  void check(const Config& cfg, const MoeRun& ref, const std::vector<Layout>& layouts) {
+    for (const Layout& l : layouts) {
+      SCOPED_TRACE(l.str());
+      auto w = l.subworld(*ops);
+      if (!w.par) continue;
+      MoeRun got = run_moe(l.apply(cfg), *ops, *w.par, data);
+      expect_moe_matches(got, ref, l.str(), w.par->rank == 0);
+    }
+  }
+};
 
 }  // namespace tripod::test

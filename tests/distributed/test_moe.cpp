@@ -19,25 +19,7 @@ using test::deepseek_config;
 using test::mixtral_config;
 using test::run_moe;
 
-class MoeParallel : public ::testing::Test {
- protected:
-  std::unique_ptr<Ops> ops = make_ops(Device::CPU);
-  SyntheticSource data{16, 100, 3};
-
-  MoeRun serial(const Config& cfg) {
-    auto self = test::make_selfworld(*ops);
-    return run_moe(cfg, *ops, *self.par, data);
-  }
-  void check(const Config& cfg, const MoeRun& ref, const std::vector<Layout>& layouts) {
-    for (const Layout& l : layouts) {
-      SCOPED_TRACE(l.str());
-      auto w = l.subworld(*ops);
-      if (!w.par) continue;
-      MoeRun got = run_moe(l.apply(cfg), *ops, *w.par, data);
-      test::expect_moe_matches(got, ref, l.str(), w.par->rank == 0);
-    }
-  }
-};
+class MoeParallel : public test::MoeLayoutTest {};
 
 TEST_F(MoeParallel, MixtralLikeOnEveryAxisMatchesSerial) {
   const Config cfg = mixtral_config();
