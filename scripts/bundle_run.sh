@@ -394,7 +394,8 @@ hf() {
     skip "no python3 with PyTorch and transformers"; return
   fi
   cmd hf_check python3 "$B/src/bench/gpu/hf_check.py" --tripod "$B/bin/tripod" --configs "$B/src/configs" \
-    --corpus "$B/src/build/corpus" --work "$D/hf" --device cuda --out "$D/hf_check.txt"
+    --corpus "$B/src/build/corpus/kjv_text_document" --tokenizer "$B/src/build/corpus/kjv_bpe4096.model" \
+    --work "$D/hf" --device cuda --out "$D/hf_check.txt"
   [ "$DRY" = 0 ] && [ -f "$D/hf_check.txt" ] && note "$(tail -1 "$D/hf_check.txt")"
 }
 sanitize() {

@@ -15,8 +15,13 @@ Each chapter's log-likelihoods must agree within --tolerance (relative, default 
 export is one safetensors file; its folder gets the config.json of the same model
 (GPT2LMHeadModel: tanh GELU, tied head).
 
-  hf_check.py --tripod BIN --configs DIR --corpus DIR --work DIR [--device cuda|cpu]
-              [--families gpt2,llama,mixtral] [--steps 30] [--chapters 3] [--out FILE] [--tripod-only]
+  hf_check.py --tripod BIN --configs DIR --corpus PREFIX --tokenizer MODEL --work DIR
+              [--device cuda|cpu] [--families gpt2,llama,mixtral] [--steps 30] [--chapters 3]
+              [--out FILE] [--tripod-only]
+
+--corpus is an indexed dataset whose documents end with the tokenizer's end-of-document id (the
+bundle's KJV corpus, build/corpus/kjv_text_document with kjv_bpe4096.model); its last --chapters
+documents are scored.
 
 Prints one table row per family and chapter (and writes it to --out); the last line is a
 one-line summary. Exits 1 when a family fails or disagrees. --tripod-only runs tripod's half
@@ -81,8 +86,7 @@ def model_section(metadata):
 def chapters(a, work, log):
     """The last --chapters chapters of the corpus (valid and test live at its end): their text (as
     the tokenizer decodes it) and the end-of-document id they end with."""
-    prefix = os.path.join(a.corpus, "kjv_text_document")
-    model = os.path.join(a.corpus, "kjv_bpe4096.model")
+    prefix, model = a.corpus, a.tokenizer
     n = json.loads(run([a.tripod, "data", "inspect", prefix, "--json"], log))["documents"]
     texts, eot = [], None
     for i in range(n - a.chapters, n):
@@ -110,8 +114,7 @@ def tripod_side(a, family, tasks, model, log):
     if os.path.exists(d):
         shutil.rmtree(d)
     ckpt = os.path.join(d, "ckpt")
-    corpus = os.path.join(a.corpus, "kjv_text_document")
-    common = ["--set", f'data.prefixes=["{corpus}"]', "--set", f'data.tokenizer="{model}"', "--set", "data.synthetic=false",
+    common = ["--set", f'data.prefixes=["{a.corpus}"]', "--set", f'data.tokenizer="{model}"', "--set", "data.synthetic=false",
               "--set", 'data.split="969,30,1"']
     for s in sets:
         common += ["--set", s]
@@ -170,7 +173,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tripod", default="tripod")
     ap.add_argument("--configs", required=True, help="tripod's configs/ folder")
-    ap.add_argument("--corpus", required=True, help="the folder with kjv_text_document.{bin,idx} and kjv_bpe4096.model")
+    ap.add_argument("--corpus", required=True, help="an indexed dataset's prefix (PREFIX.bin, PREFIX.idx)")
+    ap.add_argument("--tokenizer", required=True, help="the tokenizer it was made with")
     ap.add_argument("--work", required=True)
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="where tripod trains and transformers runs")
     ap.add_argument("--families", default="gpt2,llama,mixtral")
