@@ -20,7 +20,7 @@ Param* need(ParamRegistry& reg, const std::string& name) {
 }  // namespace
 
 InferenceModel::InferenceModel(Ops& ops, const ParallelContext& par, const ModelConfig& cfg, ParamRegistry& reg,
-                               int64_t max_tokens)
+                               int64_t max_tokens, int64_t rows)
     : ops_(ops),
       par_(par),
       cfg_(cfg),
@@ -29,10 +29,11 @@ InferenceModel::InferenceModel(Ops& ops, const ParallelContext& par, const Model
       KV_local_(cfg.kv_heads() / par.grid.tp()),
       D_(cfg.head_dim()),
       F_local_(cfg.ffn() / par.grid.tp()),
-      max_tokens_(max_tokens) {
+      max_tokens_(max_tokens),
+      rows_(rows) {
   TRIPOD_CHECK(par.grid.pp() == 1, "inference runs with pp = 1 (got grid {})", par.grid.str());
-  TRIPOD_CHECK(max_tokens >= 1 && max_tokens <= cfg.positions(), "inference: {} tokens for a model of {} positions",
-               max_tokens, cfg.positions());
+  TRIPOD_CHECK(max_tokens >= 1 && max_tokens <= cfg.positions() && rows >= 1,
+               "inference: {} rows of {} tokens for a model of {} positions", rows, max_tokens, cfg.positions());
   wte_ = need(reg, "wte");
   wpe_ = cfg.rope() ? nullptr : need(reg, "wpe");
   head_ = cfg.tie_embeddings ? wte_ : need(reg, "lm_head.weight");
@@ -47,9 +48,9 @@ InferenceModel::InferenceModel(Ops& ops, const ParallelContext& par, const Model
       L.moe = MoeParams::find(reg, cfg, h + "mlp");
     else
       L.mlp = MlpParams::find(reg, cfg, h + "mlp", cfg.bias);
-    // (B = 1, Hkv/tp, max_tokens, D): this rank's key/value heads.
-    L.k_cache = ops.empty({1, KV_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
-    L.v_cache = ops.empty({1, KV_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
+    // (rows, Hkv/tp, max_tokens, D): this rank's key/value heads.
+    L.k_cache = ops.empty({rows, KV_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
+    L.v_cache = ops.empty({rows, KV_local_, max_tokens, D_}, ops.compute_dtype(), MemCategory::Activations);
   }
 }
 
@@ -61,47 +62,119 @@ void InferenceModel::add_row_parallel(const Tensor& in, const LinearParams& p, T
   ops_.add(x, partial, x);
 }
 
+namespace {
+
+Tensor device_i32(Ops& ops, const std::vector<int32_t>& v) {
+  Tensor t = ops.empty({static_cast<int64_t>(v.size())}, DType::I32, MemCategory::Workspace);
+  ops.copy(Tensor::wrap(const_cast<int32_t*>(v.data()), {static_cast<int64_t>(v.size())}, DType::I32), t);
+  return t;
+}
+
+}  // namespace
+
+void InferenceModel::rewind(int64_t pos) {
+  TRIPOD_CHECK(pos >= 0 && pos <= pos_, "inference: rewind to {} from position {}", pos, pos_);
+  pos_ = pos;
+}
+
+void InferenceModel::share_prefix(int64_t rows) {
+  TRIPOD_CHECK(rows >= 1 && rows <= rows_, "inference: {} rows of {} cached", rows, rows_);
+  if (pos_ == 0) return;
+  for (Layer& L : layers_)
+    for (Tensor* cache : {&L.k_cache, &L.v_cache}) {
+      // Row r's key/value head j holds its positions [0, pos_) as one block of pos_ x D values.
+      Tensor blocks = cache->view({rows_ * KV_local_ * max_tokens_, D_});
+      for (int64_t r = 1; r < rows; ++r)
+        for (int64_t j = 0; j < KV_local_; ++j) {
+          const int64_t from = j * max_tokens_, to = (r * KV_local_ + j) * max_tokens_;
+          Tensor dst = blocks.slice(to, to + pos_);
+          ops_.copy(blocks.slice(from, from + pos_), dst);
+        }
+    }
+}
+
 std::vector<float> InferenceModel::forward(std::span<const int32_t> tokens, bool all_logits) {
-  const int64_t n = static_cast<int64_t>(tokens.size()), C = cfg_.d_model, heads = H_local_ + 2 * KV_local_;
+  const int64_t n = static_cast<int64_t>(tokens.size());
   TRIPOD_CHECK(n >= 1 && pos_ + n <= max_tokens_, "inference: tokens [{}, {}) beyond the {} cached positions", pos_,
                pos_ + n, max_tokens_);
-  const DType dt = ops_.compute_dtype();
-  Tensor tok = ops_.empty({n}, DType::I32, MemCategory::Activations);
-  ops_.copy(Tensor::wrap(const_cast<int32_t*>(tokens.data()), {n}, DType::I32), tok);
+  std::vector<int32_t> pos(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(pos_ + t);
+  const Tensor last = all_logits ? Tensor{} : device_i32(ops_, {static_cast<int32_t>(n - 1)});
+  return run(device_i32(ops_, std::vector<int32_t>(tokens.begin(), tokens.end())), device_i32(ops_, pos), 1, n,
+             Tensor{}, Tensor{}, last, Tensor{});
+}
 
-  // x (n, C) = wte[tok] (+ wpe[pos_ + i]: with T = n, the lookup's row i takes position row i
-  // of the table slice starting at pos_). Positions join on TP rank 0; the shards' sum is the row.
-  Tensor x = ops_.empty({n, C}, dt, MemCategory::Activations);
-  ops_.embedding_forward(tok, wte_->value, shard_.start,
-                         par_.coords.tp == 0 && wpe_ ? wpe_->value.slice(pos_, pos_ + n) : Tensor{}, n, x);
+std::vector<float> InferenceModel::forward_rows(std::span<const int32_t> tokens, std::span<const int64_t> lengths,
+                                                std::span<const int32_t> targets) {
+  const int64_t rows = static_cast<int64_t>(lengths.size());
+  TRIPOD_CHECK(rows >= 1 && rows <= rows_, "inference: {} rows of {} cached", rows, rows_);
+  int64_t n = 0, N = 0;
+  for (int64_t len : lengths) {
+    TRIPOD_CHECK(len >= 1, "inference: an empty row");
+    n = std::max(n, len);
+    N += len;
+  }
+  TRIPOD_CHECK(N == static_cast<int64_t>(tokens.size()) && N == static_cast<int64_t>(targets.size()) &&
+                   pos_ + n <= max_tokens_,
+               "inference: {} tokens for rows of {} (sum), positions [{}, {}) of {}", tokens.size(), N, pos_, pos_ + n,
+               max_tokens_);
+  // Token i of row r sits at position pos_ + i, and at row r * n + i of the padded layout.
+  std::vector<int32_t> pos, to_real, to_padded(static_cast<size_t>(rows * n), -1);
+  for (int64_t r = 0, k = 0; r < rows; ++r)
+    for (int64_t i = 0; i < lengths[r]; ++i, ++k) {
+      pos.push_back(static_cast<int32_t>(pos_ + i));
+      to_real.push_back(static_cast<int32_t>(r * n + i));
+      to_padded[r * n + i] = static_cast<int32_t>(k);
+    }
+  const bool padded = N < rows * n;
+  return run(device_i32(ops_, std::vector<int32_t>(tokens.begin(), tokens.end())), device_i32(ops_, pos), rows, n,
+             padded ? device_i32(ops_, to_padded) : Tensor{}, padded ? device_i32(ops_, to_real) : Tensor{}, Tensor{},
+             device_i32(ops_, std::vector<int32_t>(targets.begin(), targets.end())));
+}
+
+std::vector<float> InferenceModel::run(const Tensor& tok, const Tensor& positions, int64_t rows, int64_t n,
+                                       const Tensor& to_padded, const Tensor& to_real, const Tensor& head_rows,
+                                       const Tensor& targets) {
+  const int64_t N = tok.numel(), C = cfg_.d_model, heads = H_local_ + 2 * KV_local_;
+  const DType dt = ops_.compute_dtype();
+  // x (N, C) = wte[tok] (+ wpe[position]: positions join on TP rank 0; the shards' sum is the row).
+  Tensor x = ops_.empty({N, C}, dt, MemCategory::Activations);
+  if (par_.coords.tp == 0 && wpe_)
+    ops_.embedding_forward_positions(tok, wte_->value, shard_.start, wpe_->value, positions, x);
+  else
+    ops_.embedding_forward(tok, wte_->value, shard_.start, Tensor{}, N, x);
   if (par_.grid.tp() > 1) par_.tp->all_reduce(x);
 
-  Tensor h = ops_.empty({n, C}, dt, MemCategory::Workspace);
+  Tensor h = ops_.empty({N, C}, dt, MemCategory::Workspace);
   NormActs stats;
-  Tensor qkv = ops_.empty({n, heads * D_}, dt, MemCategory::Workspace);  // (1, n, heads, D)
-  Tensor att = ops_.empty({n, H_local_ * D_}, dt, MemCategory::Workspace);  // (1, n, H/tp, D)
-  Tensor fc = ops_.empty({n, (cfg_.swiglu() ? 2 : 1) * F_local_}, dt, MemCategory::Workspace);
-  Tensor act = ops_.empty({n, F_local_}, dt, MemCategory::Workspace);
+  Tensor qkv = ops_.empty({N, heads * D_}, dt, MemCategory::Workspace);  // (N, heads, D)
+  Tensor att = ops_.empty({N, H_local_ * D_}, dt, MemCategory::Workspace);  // (N, H/tp, D)
+  Tensor fc = ops_.empty({N, (cfg_.swiglu() ? 2 : 1) * F_local_}, dt, MemCategory::Workspace);
+  Tensor act = ops_.empty({N, F_local_}, dt, MemCategory::Workspace);
+  // Attention runs on rows x n, padded rows' zeros at their ends where the rows differ in length.
+  const bool padded = to_padded.defined();
+  Tensor qkv_rows = padded ? ops_.empty({rows * n, heads * D_}, dt, MemCategory::Workspace) : qkv;
+  Tensor att_rows = padded ? ops_.empty({rows * n, H_local_ * D_}, dt, MemCategory::Workspace) : att;
   for (Layer& L : layers_) {
     L.ln1.forward(ops_, x, h, stats, MemCategory::Workspace);
     ops_.linear_forward(h, L.attn.qkv.weight(), L.attn.qkv.bias(), qkv);
+    Tensor per_head = qkv.view({N, heads, D_});
     if (cfg_.qk_norm) {
-      Tensor rows = qkv.view({n, heads, D_});
-      Tensor saved = ops_.empty({n, H_local_ + KV_local_, D_}, dt, MemCategory::Workspace);
-      Tensor rstd = ops_.empty({n, H_local_ + KV_local_}, DType::F32, MemCategory::Workspace);
-      ops_.qk_norm_forward(rows, H_local_, KV_local_, L.attn.qk_norm_weight(), static_cast<float>(cfg_.norm_eps), saved,
-                           rstd);
+      Tensor saved = ops_.empty({N, H_local_ + KV_local_, D_}, dt, MemCategory::Workspace);
+      Tensor rstd = ops_.empty({N, H_local_ + KV_local_}, DType::F32, MemCategory::Workspace);
+      ops_.qk_norm_forward(per_head, H_local_, KV_local_, L.attn.qk_norm_weight(), static_cast<float>(cfg_.norm_eps),
+                           saved, rstd);
     }
-    if (cfg_.rope()) {  // the new tokens sit at positions pos_, pos_ + 1, ...
-      Tensor rows = qkv.view({n, heads, D_});
-      ops_.rope(rows, H_local_ + KV_local_, n, pos_, cfg_.rope_theta, /*inverse=*/false);
-    }
-    Tensor att4 = att.view({1, n, H_local_, D_});
-    ops_.attention_decode(qkv.view({1, n, heads, D_}), L.k_cache, L.v_cache, pos_, att4);
+    if (cfg_.rope()) ops_.rope_positions(per_head, H_local_ + KV_local_, positions, cfg_.rope_theta, /*inverse=*/false);
+    if (padded) ops_.gather_rows(qkv, to_padded, qkv_rows);
+    Tensor att4 = att_rows.view({rows, n, H_local_, D_});
+    Tensor k = L.k_cache.slice(0, rows), v = L.v_cache.slice(0, rows);
+    ops_.attention_decode(qkv_rows.view({rows, n, heads, D_}), k, v, pos_, att4);
+    if (padded) ops_.gather_rows(att_rows, to_real, att);
     add_row_parallel(att, L.attn.proj, x);
     L.ln2.forward(ops_, x, h, stats, MemCategory::Workspace);
     if (L.moe) {
-      Tensor partial = ops_.empty({n, C}, dt, MemCategory::Workspace);
+      Tensor partial = ops_.empty({N, C}, dt, MemCategory::Workspace);
       MoeLayer::infer(ops_, par_, cfg_, *L.moe, h, partial);
       if (par_.grid.tp() > 1) par_.tp->all_reduce(partial);
       ops_.add(x, partial, x);
@@ -113,14 +186,36 @@ std::vector<float> InferenceModel::forward(std::span<const int32_t> tokens, bool
   pos_ += n;
 
   // The head on the rows asked for: ln_f, then logits against this rank's vocabulary rows.
-  const int64_t first = all_logits ? 0 : n - 1, m = n - first;
-  Tensor xs = x.slice(first, n);
+  Tensor xs = x;
+  if (head_rows.defined()) {
+    xs = ops_.empty({head_rows.numel(), C}, dt, MemCategory::Workspace);
+    ops_.gather_rows(x, head_rows, xs);
+  }
+  const int64_t m = xs.size(0);
   Tensor hf = h.slice(0, m);
   ln_f_.forward(ops_, xs, hf, stats, MemCategory::Workspace);
   const int tp = par_.grid.tp();
   const int64_t Vl = shard_.rows, V = cfg_.vocab_size;
   Tensor logits = ops_.empty({m, Vl}, dt, MemCategory::Workspace);
   ops_.linear_forward(hf, head_->value, Tensor{}, logits);
+  if (targets.defined()) {
+    // Each token's loss as the training head computes it: the shards' (max, sum-exp, target
+    // logit) combined, so the full logits never exist on one rank.
+    Tensor stats = ops_.empty({m, 3}, DType::F32, MemCategory::Workspace);
+    ops_.xent_stats(logits, targets, shard_.start, shard_.valid, stats);
+    Tensor parts = stats.view({1, m, 3});
+    if (tp > 1) {
+      parts = ops_.empty({tp, m, 3}, DType::F32, MemCategory::Workspace);
+      par_.tp->all_gather(stats, parts);
+    }
+    Tensor lse = ops_.empty({m}, DType::F32, MemCategory::Workspace);
+    Tensor losses = ops_.empty({m}, DType::F32, MemCategory::Workspace);
+    ops_.xent_combine(parts, lse, losses);
+    std::vector<float> out(static_cast<size_t>(m));
+    Tensor out_t = Tensor::wrap(out.data(), {m}, DType::F32);
+    ops_.copy(losses, out_t);
+    return out;
+  }
   Tensor all = logits;
   if (tp > 1) {
     all = ops_.empty({tp, m, Vl}, dt, MemCategory::Workspace);

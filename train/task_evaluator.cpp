@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "data/tokenizer.h"
+#include "model/inference.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "core/format.h"
@@ -78,8 +79,8 @@ std::vector<ScoreBatch> plan_score_batches(std::span<const ScoreRequest> request
 }
 
 TaskEvaluator::TaskEvaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par,
-                             GptModel& model)
-    : cfg_(cfg), layout_(layout), ops_(ops), par_(par), model_(model) {
+                             GptModel& model, ParamRegistry& reg)
+    : cfg_(cfg), layout_(layout), ops_(ops), par_(par), model_(model), reg_(reg) {
   TRIPOD_CHECK(layout.schedule.forward_only, "the task evaluator runs a forward-only layout (make_eval_layout), not a "
                "{} schedule", enum_name(layout.schedule.kind));
 }
@@ -93,8 +94,100 @@ PipelineExecutor& TaskEvaluator::executor(int microbatches) {
   return *e;
 }
 
+bool TaskEvaluator::shares_prefixes() const {
+  const RankGrid& g = layout_.grid;
+  const MoeConfig& moe = cfg_.model.moe;
+  return ops_.device() == Device::CPU && g.pp() == 1 && g.cp() == 1 && g.ep() == 1 &&
+         !(moe.enabled() && moe.capacity_factor > 0) && !cfg_.train.fp8();
+}
+
+std::vector<double> TaskEvaluator::shared_prefix_loglikelihoods(std::span<const ScoreRequest> requests,
+                                                                const std::string& progress, int64_t examples) {
+  const RankLayout& rl = layout_;
+  // An example's requests are consecutive (load_task's order).
+  std::vector<std::pair<size_t, size_t>> groups;
+  int64_t longest = 1;
+  size_t widest = 1;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    longest = std::max(longest, requests[i].length());
+    if (groups.empty() || requests[groups.back().first].example != requests[i].example) groups.push_back({i, i});
+    groups.back().second = i + 1;
+    widest = std::max(widest, groups.back().second - groups.back().first);
+  }
+  const int64_t budget = static_cast<int64_t>(rl.micro_batch_size) * cfg_.model.seq_len;
+  const int64_t rows = std::clamp<int64_t>(budget / longest, 1, static_cast<int64_t>(widest));
+  InferenceModel inf(ops_, par_, cfg_.model, reg_, longest, rows);
+  std::vector<double> losses(requests.size(), 0.0);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last_line = t0;
+  const size_t mine = (groups.size() + rl.grid.dp() - 1 - rl.coords.dp) / rl.grid.dp();
+  size_t done = 0;
+  for (size_t g = rl.coords.dp; g < groups.size(); g += rl.grid.dp(), ++done) {
+    const auto [begin, end] = groups[g];
+    // The inputs every request leaves unscored and shares with the first.
+    const std::vector<int32_t>& first = requests[begin].tokens;
+    int64_t P = requests[begin].length() - requests[begin].scored;
+    for (size_t r = begin + 1; r < end; ++r) {
+      const ScoreRequest& q = requests[r];
+      P = std::min(P, q.length() - q.scored);
+      P = std::mismatch(first.begin(), first.begin() + P, q.tokens.begin()).first - first.begin();
+    }
+    inf.reset();
+    if (P > 0) inf.forward(std::span(first).first(P));
+    for (size_t c = begin; c < end; c += rows) {
+      const size_t ce = std::min(end, c + rows);
+      inf.rewind(P);
+      inf.share_prefix(static_cast<int64_t>(ce - c));
+      // Each row's inputs past the prefix, and their targets (-1 where not scored).
+      std::vector<int32_t> tokens, targets;
+      std::vector<int64_t> lengths;
+      for (size_t r = c; r < ce; ++r) {
+        const ScoreRequest& q = requests[r];
+        const int64_t n = q.length() - P;
+        for (int64_t t = 0; t < n; ++t) {
+          tokens.push_back(q.tokens[P + t]);
+          targets.push_back(t >= n - q.scored ? q.tokens[P + t + 1] : -1);
+        }
+        lengths.push_back(n);
+      }
+      const std::vector<float> token_losses = inf.forward_rows(tokens, lengths, targets);
+      int64_t at = 0;  // the first token of request r's row
+      for (size_t r = c; r < ce; ++r) {
+        const int64_t n = lengths[r - c];
+        double loss = 0;  // the scored tokens' losses, summed in f64 as the pipeline's path does
+        for (int64_t t = 0; t < n; ++t) loss += token_losses[at + t];
+        if (rl.coords.tp == 0) losses[r] = loss;  // every TP rank holds the same losses
+        at += n;
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!progress.empty() && par_.rank == 0 && now - last_line > std::chrono::seconds(10)) {
+      last_line = now;
+      const double frac = static_cast<double>(done + 1) / static_cast<double>(std::max<size_t>(1, mine));
+      const double sec = std::chrono::duration<double>(now - t0).count();
+      spdlog::info("{}: {}/{} examples ({:.0f}%) | {:.1f} examples/s | ETA {}", progress,
+                   static_cast<int64_t>(frac * static_cast<double>(examples)), examples, 100 * frac,
+                   frac * static_cast<double>(examples) / sec, format_duration(sec / frac - sec));
+    }
+  }
+  return world_loglikelihoods(losses);
+}
+
+std::vector<double> TaskEvaluator::world_loglikelihoods(const std::vector<double>& losses) {
+  CpuAllocator host;
+  Tensor red = Tensor::empty(host, {static_cast<int64_t>(std::max<size_t>(1, losses.size()))}, DType::F64,
+                             MemCategory::Workspace);
+  std::fill(red.data<double>(), red.data<double>() + red.numel(), 0.0);
+  std::copy(losses.begin(), losses.end(), red.data<double>());
+  if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
+  std::vector<double> out(losses.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = -red.data<double>()[i];
+  return out;
+}
+
 std::vector<double> TaskEvaluator::loglikelihoods(std::span<const ScoreRequest> requests, const std::string& progress,
                                                   int64_t examples, bool batch) {
+  if (batch && shares_prefixes()) return shared_prefix_loglikelihoods(requests, progress, examples);
   const RankLayout& rl = layout_;
   const int cp = rl.grid.cp(), tp = rl.grid.tp(), dp = rl.grid.dp();
   const bool sp = sequence_parallel(par_);
@@ -200,14 +293,7 @@ std::vector<double> TaskEvaluator::loglikelihoods(std::span<const ScoreRequest> 
   }
 
   // Every rank learns every sum (each request's from its DP rank's head, CP ranks' parts added).
-  Tensor red = Tensor::empty(host, {static_cast<int64_t>(std::max<size_t>(1, sums.size()))}, DType::F64,
-                             MemCategory::Workspace);
-  std::fill(red.data<double>(), red.data<double>() + red.numel(), 0.0);
-  std::copy(sums.begin(), sums.end(), red.data<double>());
-  if (par_.grid.world_size() > 1) par_.world->all_reduce(red);
-  std::vector<double> out(requests.size());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = -red.data<double>()[i];
-  return out;
+  return world_loglikelihoods(sums);
 }
 
 TaskResult TaskEvaluator::evaluate(const Task& task) {

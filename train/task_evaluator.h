@@ -13,6 +13,14 @@
 // head's TP rank 0 (every CP rank for its chunks) sums the losses in f64 and one world all-reduce
 // gives every rank every request's log-likelihood. The plan does not depend on dp, so every DP
 // layout computes the same rows the same way: the same bits.
+//
+// On the CPU, where a row's GEMMs already run at full speed and batching rows gains nothing, a
+// grid with the whole model on each TP group (pp = cp = 1, every expert local, dropless, not FP8)
+// scores each example by work not done twice instead: the prefix its requests share (a multiple
+// choice's context) runs once through the KV cache (model/inference.h), and its continuations
+// run from there as rows side by side, each token once (the per-token layers on the tokens
+// alone, attention on rows padded to the longest), at most micro_batch_size x seq_len tokens of
+// cache. Examples go to DP ranks in turn. The figures equal the pipeline's to f32 rounding.
 #pragma once
 
 #include <cstdint>
@@ -55,11 +63,14 @@ class TaskEvaluator {
   // As Evaluator: `model` is this rank's part as `layout` (a forward-only layout, make_eval_layout)
   // places it; the rows run in rounds of its micro-batch count, each through a forward-only
   // schedule of that many micro-batches.
-  TaskEvaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par, GptModel& model);
+  // `reg` holds `model`'s parameters (the shared-prefix path reads them through the KV cache).
+  TaskEvaluator(const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par, GptModel& model,
+                ParamRegistry& reg);
 
   // Every request's log-likelihood, on every rank. Collective over the world. `progress` names
   // what is scored in the progress line (logged by rank 0 every 10 s), `examples` how many
-  // examples the requests are. `batch` = false: one request per micro-batch.
+  // examples the requests are. `batch` = false: one request per micro-batch through the pipeline
+  // (the benchmark's baseline), never the shared prefixes.
   std::vector<double> loglikelihoods(std::span<const ScoreRequest> requests, const std::string& progress = "",
                                      int64_t examples = 0, bool batch = true);
   // A task's figures (TaskResult::seconds: its wall time). Collective.
@@ -67,12 +78,19 @@ class TaskEvaluator {
 
  private:
   PipelineExecutor& executor(int microbatches);
+  // Whether an example's requests share their prefix through the KV cache (see the header).
+  bool shares_prefixes() const;
+  std::vector<double> shared_prefix_loglikelihoods(std::span<const ScoreRequest> requests, const std::string& progress,
+                                                   int64_t examples);
+  // Every rank's sums of scored losses added up over the world, negated: the log-likelihoods.
+  std::vector<double> world_loglikelihoods(const std::vector<double>& losses);
 
   Config cfg_;
   RankLayout layout_;
   Ops& ops_;
   ParallelContext& par_;
   GptModel& model_;
+  ParamRegistry& reg_;
   std::map<int, std::unique_ptr<PipelineExecutor>> executors_;  // by micro-batches per run
 };
 

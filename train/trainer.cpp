@@ -733,7 +733,7 @@ EvalResult Trainer::evaluate() {
 void Trainer::set_tasks(std::vector<Task> tasks) {
   tasks_ = std::move(tasks);
   if (!tasks_.empty() && !task_evaluator_)
-    task_evaluator_ = std::make_unique<TaskEvaluator>(cfg_, make_eval_layout(layout_), ops_, par_, *model_);
+    task_evaluator_ = std::make_unique<TaskEvaluator>(cfg_, make_eval_layout(layout_), ops_, par_, *model_, reg_);
 }
 
 void Trainer::evaluate_tasks() {

@@ -161,8 +161,8 @@ bool sets_parallel(const std::vector<std::string>& sets) {
 // `tripod eval --task`: every task scored on this grid; rank 0 prints the table (or the JSON) and
 // writes --samples-out.
 int run_tasks(const EvalOptions& o, const Config& cfg, const RankLayout& layout, Ops& ops, ParallelContext& par,
-              GptModel& model, const std::vector<Task>& tasks) {
-  TaskEvaluator scorer(cfg, layout, ops, par, model);
+              GptModel& model, ParamRegistry& reg, const std::vector<Task>& tasks) {
+  TaskEvaluator scorer(cfg, layout, ops, par, model, reg);
   std::vector<TaskResult> results;
   const auto t0 = std::chrono::steady_clock::now();
   for (const Task& task : tasks) {
@@ -249,7 +249,7 @@ int run_eval(const EvalOptions& o) {
   GptModel model(ops, par, cfg.model, layout.chunks, RecomputeConfig{}, reg);
   reg.allocate(ops);
   load_weights(o.weights, cfg, reg, ops, par);
-  if (!tasks.empty()) return run_tasks(o, cfg, layout, ops, par, model, tasks);
+  if (!tasks.empty()) return run_tasks(o, cfg, layout, ops, par, model, reg, tasks);
   Evaluator evaluator(cfg, layout, ops, par, model);
   auto t0 = std::chrono::steady_clock::now();
   EvalResult r = evaluator.evaluate(data.get(), samples);
