@@ -64,7 +64,7 @@ void InferenceModel::add_row_parallel(const Tensor& in, const LinearParams& p, T
 
 namespace {
 
-Tensor device_i32(Ops& ops, const std::vector<int32_t>& v) {
+Tensor device_i32(Ops& ops, std::span<const int32_t> v) {
   Tensor t = ops.empty({static_cast<int64_t>(v.size())}, DType::I32, MemCategory::Workspace);
   ops.copy(Tensor::wrap(const_cast<int32_t*>(v.data()), {static_cast<int64_t>(v.size())}, DType::I32), t);
   return t;
@@ -99,9 +99,8 @@ std::vector<float> InferenceModel::forward(std::span<const int32_t> tokens, bool
                pos_ + n, max_tokens_);
   std::vector<int32_t> pos(static_cast<size_t>(n));
   for (int64_t t = 0; t < n; ++t) pos[t] = static_cast<int32_t>(pos_ + t);
-  const Tensor last = all_logits ? Tensor{} : device_i32(ops_, {static_cast<int32_t>(n - 1)});
-  return run(device_i32(ops_, std::vector<int32_t>(tokens.begin(), tokens.end())), device_i32(ops_, pos), 1, n,
-             Tensor{}, Tensor{}, last, Tensor{});
+  return run(device_i32(ops_, tokens), device_i32(ops_, pos), 1, n, Tensor{}, Tensor{}, /*last_only=*/!all_logits,
+             Tensor{});
 }
 
 std::vector<float> InferenceModel::forward_rows(std::span<const int32_t> tokens, std::span<const int64_t> lengths,
@@ -127,15 +126,16 @@ std::vector<float> InferenceModel::forward_rows(std::span<const int32_t> tokens,
       to_padded[r * n + i] = static_cast<int32_t>(k);
     }
   const bool padded = N < rows * n;
-  return run(device_i32(ops_, std::vector<int32_t>(tokens.begin(), tokens.end())), device_i32(ops_, pos), rows, n,
-             padded ? device_i32(ops_, to_padded) : Tensor{}, padded ? device_i32(ops_, to_real) : Tensor{}, Tensor{},
-             device_i32(ops_, std::vector<int32_t>(targets.begin(), targets.end())));
+  return run(device_i32(ops_, tokens), device_i32(ops_, pos), rows, n,
+             padded ? device_i32(ops_, to_padded) : Tensor{}, padded ? device_i32(ops_, to_real) : Tensor{},
+             /*last_only=*/false, device_i32(ops_, targets));
 }
 
 std::vector<float> InferenceModel::run(const Tensor& tok, const Tensor& positions, int64_t rows, int64_t n,
-                                       const Tensor& to_padded, const Tensor& to_real, const Tensor& head_rows,
+                                       const Tensor& to_padded, const Tensor& to_real, bool last_only,
                                        const Tensor& targets) {
   const int64_t N = tok.numel(), C = cfg_.d_model, heads = H_local_ + 2 * KV_local_;
+  TRIPOD_CHECK(!last_only || rows == 1, "inference: the last token's logits of {} rows", rows);
   const DType dt = ops_.compute_dtype();
   // x (N, C) = wte[tok] (+ wpe[position]: positions join on TP rank 0; the shards' sum is the row).
   Tensor x = ops_.empty({N, C}, dt, MemCategory::Activations);
@@ -186,11 +186,7 @@ std::vector<float> InferenceModel::run(const Tensor& tok, const Tensor& position
   pos_ += n;
 
   // The head on the rows asked for: ln_f, then logits against this rank's vocabulary rows.
-  Tensor xs = x;
-  if (head_rows.defined()) {
-    xs = ops_.empty({head_rows.numel(), C}, dt, MemCategory::Workspace);
-    ops_.gather_rows(x, head_rows, xs);
-  }
+  Tensor xs = last_only ? x.slice(N - 1, N) : x;
   const int64_t m = xs.size(0);
   Tensor hf = h.slice(0, m);
   ln_f_.forward(ops_, xs, hf, stats, MemCategory::Workspace);

@@ -70,9 +70,9 @@ class InferenceModel {
   void add_row_parallel(const Tensor& in, const LinearParams& p, Tensor& x);
   // The layers and the head over `tok` (N tokens at `positions`); attention over `rows` x `n`
   // (padded by `to_padded`, back by `to_real`, both empty when N = rows x n unpadded). Logits of
-  // the rows `head_rows` of the N (empty: all), or with `targets` (N) their losses.
+  // every token (or of the last alone: one row), or with `targets` (N) the tokens' losses.
   std::vector<float> run(const Tensor& tok, const Tensor& positions, int64_t rows, int64_t n, const Tensor& to_padded,
-                         const Tensor& to_real, const Tensor& head_rows, const Tensor& targets);
+                         const Tensor& to_real, bool last_only, const Tensor& targets);
 
   Ops& ops_;
   const ParallelContext& par_;

@@ -6,7 +6,7 @@
 #   hf_check_test.sh TRIPOD_BIN SOURCE_DIR PYTHON
 set -euo pipefail
 bin=$1 src=$2 py=$3
-T=$(mktemp -d /tmp/tripod_hf_check.XXXXXX)
+T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 text=$src/tests/fixtures/data/genesis_1_8.jsonl
 "$bin" data train-tokenizer --input "$text" --vocab-size 400 --model-prefix "$T/tok" > "$T/log" 2>&1
