@@ -62,12 +62,14 @@ struct OpTimes {
 //   gemm, attention   those op families inside the pipeline's actions (OpFamily::Gemm, Attention)
 //   elementwise       every other op inside the actions: norms, GELU/SwiGLU, residual adds, the
 //                     embedding, the cross-entropy, copies and fills (and MoE's routing)
-//   communication     exposed communication: the actions' time outside their ops (TP and CP
-//                     collectives; host gaps between ops too) and the DP reduction after the backward
+//   communication     exposed communication: inside the actions, the TP, CP and EP collectives
+//                     (a GPU's device time outside the ops; a CPU's MPI waits, waiting for the peers
+//                     included), and the DP reduction after the backward
 //   pipeline_idle     waiting between actions (the bubble, stage-to-stage messages) and for the
 //                     other ranks at the step's world all-reduce
 //   optimizer         zeroing the gradients, the grad norm, AdamW, the distributed optimizer's gather
-//   other             the rest of the step (trace and log writing); the cost model predicts none
+//   other             the rest of the step (a CPU's host time between ops, data loading, trace and log
+//                     writing); the cost model predicts none
 struct StepBreakdown {
   double gemm = 0, attention = 0, elementwise = 0, communication = 0, pipeline_idle = 0, optimizer = 0, other = 0;
   double step = 0;

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "kernels/op.h"
+#include "parallel/comm/mpi_comm.h"
 
 namespace {
 
@@ -28,6 +29,7 @@ class FailurePrinter : public ::testing::EmptyTestEventListener {
 int main(int argc, char** argv) {
   tripod::select_cpu_blas_kernels(argv);
   int provided = 0;
+  tripod::set_mpi_defaults();
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   ::testing::InitGoogleTest(&argc, argv);
   int rank = 0;

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "parallel/comm/mpi_comm.h"
 #include "parallel/comm/mpi_deadline.h"
 
 namespace tripod {
@@ -18,6 +19,7 @@ class MpiSession {
   // bounds MPI_Init and MPI_Finalize (see MpiDeadline).
   explicit MpiSession(double timeout_s = 600) : limit_s_(MpiDeadline::limit_for(timeout_s)) {
     int provided = 0;
+    set_mpi_defaults();
     MpiDeadline deadline("MPI_Init", limit_s_);
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);

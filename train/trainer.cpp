@@ -21,6 +21,7 @@
 #include "core/version.h"
 #include "data/sampler.h"
 #include "data/tokenizer.h"
+#include "parallel/comm/mpi_comm.h"
 #include "parallel/pipeline/schedules.h"
 #include "parallel/tensor_parallel/mappings.h"
 #include "train/evaluator.h"
@@ -227,16 +228,21 @@ void Trainer::run_schedule(Tensor& losses) {
     ops_.compute_end();
     return out;
   };
-  // Each action's host wall time, data loading included (a profiled step's breakdown).
+  // Each action's host wall time, data loading included, and its MPI waits (a profiled step's
+  // breakdown).
   struct ActionClock {
-    double& sum;
+    Trainer& t;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-    ~ActionClock() { sum += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+    double waited0 = mpi_wait_seconds();
+    ~ActionClock() {
+      t.action_wall_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      t.action_mpi_wait_s_ += mpi_wait_seconds() - waited0;
+    }
   };
 
   PipelineCallbacks cb;
   cb.forward = [&](int mb, int chunk, const Tensor& input) {
-    ActionClock clock{action_wall_s_};
+    ActionClock clock{*this};
     if (pending[mb] == 0) {
       load_microbatch(step_, mb, mbs[mb]);
       if (losses.defined()) mbs[mb].losses = losses.slice(mb, mb + 1).view({N});
@@ -247,7 +253,7 @@ void Trainer::run_schedule(Tensor& losses) {
   // The last B or W of a chunk makes its gradients final: the model then reports each layer's as
   // it finishes, which starts the DP bucket reduction (on_grads_ready).
   cb.backward = [&](int mb, int chunk, const Tensor& grad_output) {
-    ActionClock clock{action_wall_s_};
+    ActionClock clock{*this};
     const bool last = executor_->is_last_backward(B(mb, chunk));
     Tensor dx = timed(
         [&] { return model_->backward(chunk, mbs[mb], grad_output, acts[mb][chunk], last ? ready : GradReadyFn{}); });
@@ -255,12 +261,12 @@ void Trainer::run_schedule(Tensor& losses) {
     return dx;
   };
   cb.backward_input = [&](int mb, int chunk, const Tensor& grad_output) {
-    ActionClock clock{action_wall_s_};
+    ActionClock clock{*this};
     return timed(
         [&] { return model_->backward_input(chunk, mbs[mb], grad_output, acts[mb][chunk], weight_work[mb][chunk]); });
   };
   cb.backward_weight = [&](int mb, int chunk) {
-    ActionClock clock{action_wall_s_};
+    ActionClock clock{*this};
     const bool last = executor_->is_last_backward(W(mb, chunk));
     timed([&] {
       model_->backward_weight(chunk, weight_work[mb][chunk], last ? ready : GradReadyFn{});
@@ -324,7 +330,7 @@ StepRecord Trainer::step() {
   }
   const auto t_sched = mark();
   if (profiling) ops_.take_times();  // the zeroing's ops count with the optimizer
-  action_wall_s_ = 0;
+  action_wall_s_ = action_mpi_wait_s_ = 0;
   run_schedule(losses);
   const auto t_sync = mark();
   const OpTimes action_ops = profiling ? ops_.take_times() : OpTimes{};
@@ -458,7 +464,11 @@ StepRecord Trainer::step() {
     b.gemm = action_ops.seconds_of(OpFamily::Gemm);
     b.attention = action_ops.seconds_of(OpFamily::Attention);
     b.elementwise = action_ops.total_seconds() - b.gemm - b.attention;
-    b.communication = std::max(0.0, actions_s - action_ops.total_seconds()) + secs(t_sync, t_reduced);
+    // Inside the actions: on a GPU, their device time outside the timed ops; on the CPU, their MPI
+    // waits (the host time between ops is the step's other).
+    const double in_actions = ops_.device() == Device::CUDA ? std::max(0.0, actions_s - action_ops.total_seconds())
+                                                             : action_mpi_wait_s_;
+    b.communication = in_actions + secs(t_sync, t_reduced);
     b.pipeline_idle = std::max(0.0, secs(t_sched, t_sync) - actions_s) + secs(t_norm, t_normed);
     b.optimizer = secs(t0, t_sched) + secs(t_reduced, t_norm) + secs(t_normed, t_updated);
     b.step = m.step_time_s;

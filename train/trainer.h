@@ -145,7 +145,8 @@ class Trainer {
   int64_t profile_first_ = 0, profile_last_ = -1;  // train.profile_steps: the steps timed
   std::vector<StepBreakdown> profiled_;            // this rank's, one per profiled step so far
   ProfileHook profile_hook_;
-  double action_wall_s_ = 0;  // this step's pipeline actions (their callbacks), host wall time
+  double action_wall_s_ = 0;      // this step's pipeline actions (their callbacks), host wall time
+  double action_mpi_wait_s_ = 0;  // the part of it in MPI waits (collectives inside the actions)
   Communicator* embedding_ = nullptr;  // the tied table's first/last-stage group (GradSync::Tied::PipelineEnds)
   // The step's global batch as its packed documents make it (data.reset_*, eod_mask_loss): the
   // tokens the loss counts and the attention pairs needed (every rank reads them the same).

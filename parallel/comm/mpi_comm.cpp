@@ -2,10 +2,15 @@
 #include "parallel/comm/mpi_comm.h"
 
 #include <fmt/ranges.h>
+#include <sched.h>
 #include <time.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "parallel/comm/mpi_deadline.h"
@@ -62,6 +67,18 @@ std::vector<int> unresponsive_ranks(MPI_Comm probe, double window_s) {
     if (!done[r]) silent.push_back(r);
   return silent;
 }
+
+// How long a wait spins (yielding) before it sleeps between tests.
+constexpr double kYieldS = 0.005;
+
+// mpi_wait_seconds: this thread's.
+thread_local double waited_total_s = 0;
+
+// Adds its lifetime to waited_total_s.
+struct WaitClock {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~WaitClock() { waited_total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+};
 
 int mpi_count(int64_t n) {
   TRIPOD_CHECK(n <= INT32_MAX, "message of {} elements exceeds MPI's int count", n);
@@ -122,6 +139,14 @@ class MpiRequest final : public CommRequest {
 
 }  // namespace
 
+void set_mpi_defaults() {
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
 MpiComm::MpiComm(MPI_Comm comm, std::string name, Ops* ops, double timeout_s, std::vector<int> world_ranks,
                  std::shared_ptr<const MPI_Comm> probe)
     : comm_(comm), name_(std::move(name)), ops_(ops), timeout_s_(timeout_s), world_ranks_(std::move(world_ranks)),
@@ -136,22 +161,33 @@ MpiComm::~MpiComm() {
   if (!finalized && comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
+double mpi_wait_seconds() { return waited_total_s; }
+
 void MpiComm::wait(MPI_Request& req, const char* what) const {
+  WaitClock clock;
   int done = 0;
   MPI_Test(&req, &done, MPI_STATUS_IGNORE);
   if (done) return;
-  // Spin briefly, then poll with short sleeps: ranks often outnumber cores on CPU runs.
+  // MPI progresses a collective's rounds only inside these tests. Spin, yielding the core to any
+  // rank that shares it (ranks often outnumber cores on CPU runs) for the first few milliseconds,
+  // then poll with sleeps: a sleep (50 us or more, as the kernel rounds it) between the rounds
+  // of a message that takes microseconds would multiply its time.
   auto start = std::chrono::steady_clock::now();
+  double waited = 0;
   for (int spins = 0;; ++spins) {
     MPI_Test(&req, &done, MPI_STATUS_IGNORE);
     if (done) return;
     if (spins > 200) {
-      timespec ts{0, spins > 20000 ? 1000000 : 20000};
-      nanosleep(&ts, nullptr);
+      if (waited < kYieldS) {
+        sched_yield();
+      } else {
+        timespec ts{0, waited > 1 ? 1000000 : 20000};
+        nanosleep(&ts, nullptr);
+      }
     }
     if ((spins & 63) == 0) {
+      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (hooks_ && hooks_->poll && spins > 200) hooks_->poll();
-      double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (waited > timeout_s_) {
         const std::string op = fmt::format("{} on the '{}' communicator (world ranks {})", what, name_,
                                            fmt::join(world_ranks_, ","));

@@ -26,6 +26,22 @@ struct WaitHooks {
   std::function<void(const std::string& message)> failed;
 };
 
+// Before MPI_Init: the defaults tripod changes for MPI's collectives. Each Open MPI parameter is
+// set only where the environment (OMPI_MCA_...) does not name it already.
+//  - Non-blocking all-reduce (libnbc; every all-reduce here is one, so that its wait has a
+//    timeout) reduces to one root and broadcasts back below 4 ranks and for every in-place call,
+//    at any size: twice the bytes of a reduce-scatter and all-gather, whose schedule
+//    (Rabenseifner's) it is told to use, as fast on small messages.
+//  - libnbc allocates a message-sized scratch buffer per all-reduce. The buckets of one gradient
+//    reduction in flight together, freed together, are more than glibc trims back to the system by
+//    default, so every step would fault a bucket's pages in anew: glibc keeps up to 1 GiB of free
+//    heap, and serves blocks up to 32 MiB (its most) from it.
+void set_mpi_defaults();
+
+// Seconds the calling thread has spent in MpiComm waits (every communicator's): on a CPU run, the
+// time its collectives and messages take, waiting for the peers included.
+double mpi_wait_seconds();
+
 class MpiComm final : public Communicator {
  public:
   // Takes ownership of `comm`. `ops` stages device tensors (may be null when all are host).
