@@ -16,20 +16,13 @@ namespace {
 // Median of `repeats` timings of f (after one warm-up run), each waiting for the device. Each
 // timing loops f for at least `min_time` seconds and divides: on a machine shared with other
 // processes the time slices a rank loses are then part of the rate, as they are in training.
-// Collectives pass `comm` so that every rank loops the same number of times.
 template <class F>
-double median_time(Ops& ops, const CalibrateGrid& g, F&& f, Communicator* comm = nullptr) {
+double median_time(Ops& ops, const CalibrateGrid& g, F&& f) {
   using clock = std::chrono::steady_clock;
   auto t0 = clock::now();
   f();
   ops.synchronize();
-  double once = std::chrono::duration<double>(clock::now() - t0).count();
-  if (comm) {
-    float v = static_cast<float>(once);
-    Tensor t = Tensor::wrap(&v, {1}, DType::F32);
-    comm->all_reduce(t, ReduceOp::Max);
-    once = v;
-  }
+  const double once = std::chrono::duration<double>(clock::now() - t0).count();
   const int iters = std::clamp(static_cast<int>(g.min_time_s / std::max(once, 1e-7)), 1, 100000);
   std::vector<double> t;
   for (int i = 0; i < g.repeats; ++i) {
@@ -40,6 +33,33 @@ double median_time(Ops& ops, const CalibrateGrid& g, F&& f, Communicator* comm =
   }
   std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
   return t[t.size() / 2];
+}
+
+// The same for communication: each timing is the mean of calls made one at a time, as training
+// makes them between computations (the ranks meet at a barrier, then f is timed alone: calls
+// back to back would overlap one's tail with the next one's start), every rank the same count.
+template <class F>
+double median_collective_time(Ops& ops, const CalibrateGrid& g, Communicator& comm, F&& f) {
+  using clock = std::chrono::steady_clock;
+  auto timed = [&] {
+    comm.barrier();
+    const auto t0 = clock::now();
+    f();
+    ops.synchronize();
+    return std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  float once = static_cast<float>(timed());
+  Tensor t = Tensor::wrap(&once, {1}, DType::F32);
+  comm.all_reduce(t, ReduceOp::Max);
+  const int iters = std::clamp(static_cast<int>(g.min_time_s / std::max<double>(once, 1e-7)), 1, 100000);
+  std::vector<double> times;
+  for (int i = 0; i < g.repeats; ++i) {
+    double sum = 0;
+    for (int k = 0; k < iters; ++k) sum += timed();
+    times.push_back(sum / iters);
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
 }
 
 Tensor filled(Ops& ops, Shape shape, DType dtype, float value) {
@@ -165,12 +185,12 @@ void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, H
     const int64_t elems = std::max<int64_t>(n, bytes / 4 / n * n);
     Tensor full = filled(ops, {elems}, DType::F32, 1.f), part = filled(ops, {elems / n}, DType::F32, 1.f);
     const int64_t b = elems * 4;
-    hw.collectives.push_back({Collective::AllReduce, n, b, median_time(ops, g, [&] { comm.all_reduce(full); }, &comm)});
-    hw.collectives.push_back({Collective::AllGather, n, b, median_time(ops, g, [&] { comm.all_gather(part, full); }, &comm)});
-    hw.collectives.push_back(
-        {Collective::ReduceScatter, n, b, median_time(ops, g, [&] { comm.reduce_scatter(full, part); }, &comm)});
+    auto time = [&](auto&& f) { return median_collective_time(ops, g, comm, f); };
+    hw.collectives.push_back({Collective::AllReduce, n, b, time([&] { comm.all_reduce(full); })});
+    hw.collectives.push_back({Collective::AllGather, n, b, time([&] { comm.all_gather(part, full); })});
+    hw.collectives.push_back({Collective::ReduceScatter, n, b, time([&] { comm.reduce_scatter(full, part); })});
     // Ping-pong between ranks 0 and 1: half the round trip is one message.
-    const double round = median_time(ops, g, [&] {
+    const double round = time([&] {
       if (r == 0) {
         comm.isend(full, 1, 7)->wait();
         comm.irecv(full, 1, 8)->wait();
@@ -178,7 +198,7 @@ void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, H
         comm.irecv(full, 0, 7)->wait();
         comm.isend(full, 0, 8)->wait();
       }
-    }, &comm);
+    });
     hw.collectives.push_back({Collective::SendRecv, 2, b, round / 2});
     comm.barrier();
   }
@@ -264,7 +284,8 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info) {
   return g;
 }
 
-CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, const std::vector<int>& micro_batches) {
+CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, const std::vector<int>& micro_batches,
+                         int64_t bucket_bytes) {
   CalibrateGrid g = default_grid(device);
   g.gemm.clear();
   g.attention.clear();
@@ -296,6 +317,8 @@ CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, co
       g.message_bytes.push_back(N * C * 4);
     }
     for (int64_t shards : {1, 2, 4, 8}) add_elementwise(Elementwise::AdamW, model.num_params(tp) / tp / shards, 1, 0);
+    // The gradient reduction's buckets (a rank's gradients when they fit in one).
+    if (bucket_bytes > 0) g.message_bytes.push_back(std::min(bucket_bytes, model.num_params(tp) / tp * 4));
   }
   std::sort(g.message_bytes.begin(), g.message_bytes.end());
   g.message_bytes.erase(std::unique(g.message_bytes.begin(), g.message_bytes.end()), g.message_bytes.end());

@@ -59,9 +59,10 @@ int64_t attention_tokens(Device device);
 // micro-batch size: its layers' and head's GEMMs, its attention over micro-batch x heads/tp,
 // its norms, residual adds, GELU, embedding and cross-entropy at their tensors' sizes (the
 // sequence-parallel slices too), AdamW over its parameters per tp (and halves of them, as pipeline
-// stages and the distributed optimizer shard them), and its activation messages added to the
-// default message sizes.
-CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, const std::vector<int>& micro_batches);
+// stages and the distributed optimizer shard them), and its activation messages and gradient
+// buckets of `bucket_bytes` (parallel.bucket_mb; 0: none) added to the default message sizes.
+CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, const std::vector<int>& micro_batches,
+                         int64_t bucket_bytes = 0);
 
 // Measures into `hw` (which keeps its other fields: capacity, the inter-node link, ...). Every
 // rank measures at once, as in training (they share the machine); rank 0's medians are kept.

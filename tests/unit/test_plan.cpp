@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -254,7 +255,10 @@ TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
   // (the attention call's FLOPs and the GEMM rows are the micro-batch's), so a file calibrated
   // with --model predicts them from their own measurements.
   Config cfg = load_config(TRIPOD_SOURCE_PATH "/configs/gpt2_124m.toml", {}, {.training = false, .data = false});
-  const CalibrateGrid g = model_grid(Device::CUDA, cfg.model, 2, {1, 16});
+  const CalibrateGrid g = model_grid(Device::CUDA, cfg.model, 2, {1, 16}, int64_t{25} << 20);
+  // The gradient reduction's 25 MiB buckets and each micro-batch's activations are messages.
+  for (int64_t bytes : {int64_t{25} << 20, int64_t{1024} * 768 * 4, int64_t{16} * 1024 * 768 * 4})
+    EXPECT_TRUE(std::count(g.message_bytes.begin(), g.message_bytes.end(), bytes)) << bytes;
   Hardware hw = parse_hardware(kHardware, "test.toml");
   std::set<std::tuple<int64_t, int64_t, int64_t>> gemms;
   for (const GemmPoint& p : g.gemm) {

@@ -31,9 +31,9 @@ int run_calibrate(const CalibrateOptions& o) {
   init_logging(mpi.rank(), mpi.size(), false);
   Hardware hw;
   Runtime rt;
-  ModelConfig model;
+  Config config;  // --model's
   try {
-    if (!o.model.empty()) model = load_config(o.model, {}, ConfigUse{.training = false, .data = false}).model;
+    if (!o.model.empty()) config = load_config(o.model, {}, ConfigUse{.training = false, .data = false});
     for (int b : o.micro_batches) TRIPOD_INPUT_CHECK(b >= 1, "--micro-batches {}: must be positive", b);
     const std::optional<Device> device = parse_enum<Device>(o.device);
     TRIPOD_INPUT_CHECK(device, "--device {}: must be cpu or cuda", o.device);
@@ -77,7 +77,8 @@ int run_calibrate(const CalibrateOptions& o) {
   ParallelContext& par = rt.par;
   const Ops::DeviceInfo info = ops->device_info();
   CalibrateGrid grid = o.model.empty() ? default_grid(ops->device(), info)
-                                       : model_grid(ops->device(), model, mpi.size(), o.micro_batches);
+                                       : model_grid(ops->device(), config.model, mpi.size(), o.micro_batches,
+                                                    static_cast<int64_t>(config.parallel.bucket_mb * (1 << 20)));
   grid.repeats = o.repeats;
   spdlog::info("calibrating {} GEMM shapes, {} attention calls, {} memory-bound calls{}", grid.gemm.size(),
                grid.attention.size(), grid.elementwise.size(),
