@@ -1,7 +1,8 @@
 // Every run checks the planner: `tripod train --profile-steps N` (train.profile_steps) writes the
 // profiled steps' measured breakdown beside the cost model's prediction into
 // RUN_DIR/plan_check.json, and `tripod plan --check RUN_DIR [--hardware H] [--json]` prints it,
-// on real short CPU runs of one rank and of a two-stage pipeline; `tripod report` shows it.
+// on real short CPU runs of one rank, of tp = 2 and of a two-stage pipeline; `tripod report`
+// shows it.
 #include "e2e_test.h"
 #include "plan/plan_check.h"
 
@@ -70,6 +71,10 @@ TEST_F(PlanCheckCli, OneRankRunChecksItsPrediction) {
   EXPECT_EQ(j["communication"]["predicted"].get<double>(), 0);
   EXPECT_EQ(j["other"]["predicted"].get<double>(), 0);
   EXPECT_GT(j["gemm"]["predicted"].get<double>(), 0);
+  // Nor does it measure communication: on the CPU that is time in MPI waits, and the host time
+  // between the ops (data loading, bookkeeping) is other.
+  EXPECT_LT(j["communication"]["measured"].get<double>(), 0.05 * step);
+  EXPECT_GT(j["other"]["measured"].get<double>(), 0);
   // The step the run logged is about the profiled steps' (its metrics are the same steps).
   for (const json& m : test::metrics(run)) {
     if (m.value("step", 0) == 2 || m.value("step", 0) == 3) {
@@ -117,6 +122,23 @@ TEST_F(PlanCheckCli, OneRankRunChecksItsPrediction) {
   // A run shorter than the profile times what it has after its first step.
   const fs::path shorter = train("shorter", "--set train.profile_steps=10");
   EXPECT_EQ(check_json(shorter)["steps"], json::array({2, 3, 4}));
+}
+
+TEST_F(PlanCheckCli, TensorParallelCollectivesAreCommunication) {
+  // tp = 2: each rank's all-reduces inside its actions are its measured communication, as the
+  // cost model predicts them; nothing idles.
+  const fs::path run = train("tp2", "--set parallel.tp=2 --profile-steps 2", 2);
+  const json j = check_json(run);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    const json& m = j["ranks"][r]["measured"];
+    expect_adds_up(m, "rank");
+    EXPECT_GT(m["communication"].get<double>(), 0);
+    EXPECT_LT(m["communication"].get<double>(), 0.5 * m["step"].get<double>());
+  }
+  EXPECT_GT(j["communication"]["predicted"].get<double>(), 0);
+  EXPECT_EQ(j["pipeline_idle"]["predicted"].get<double>(), 0);
 }
 
 TEST_F(PlanCheckCli, PipelineRanksWaitAndAreCheckedEach) {
