@@ -82,7 +82,7 @@ class Trainer {
 
   // train.profile_steps = N: the N steps after this run's first (fewer when the run ends sooner)
   // are timed by where their time goes (StepBreakdown: the backend's op families inside the
-  // pipeline's actions, the actions' time outside ops, the waits between them, the DP reduction,
+  // pipeline's actions, their communication, the waits between them, the DP reduction,
   // the optimizer), synchronising the device at the step's phase boundaries. After the last one
   // every rank's breakdown of its median profiled step is gathered (one world all-reduce) and
   // handed to `hook` on world rank 0, with the profiled steps.
