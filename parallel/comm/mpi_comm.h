@@ -31,7 +31,7 @@ struct WaitHooks {
 //  - Non-blocking all-reduce (libnbc; every all-reduce here is one, so that its wait has a
 //    timeout) reduces to one root and broadcasts back below 4 ranks and for every in-place call,
 //    at any size: twice the bytes of a reduce-scatter and all-gather, whose schedule
-//    (Rabenseifner's) it is told to use, as fast on small messages.
+//    (Rabenseifner's) it is told to use, within microseconds of it on small messages.
 //  - libnbc allocates a message-sized scratch buffer per all-reduce. The buckets of one gradient
 //    reduction in flight together, freed together, are more than glibc trims back to the system by
 //    default, so every step would fault a bucket's pages in anew: glibc keeps up to 1 GiB of free
