@@ -135,7 +135,6 @@ TEST_F(PlanCheckCli, TensorParallelCollectivesAreCommunication) {
     const json& m = j["ranks"][r]["measured"];
     expect_adds_up(m, "rank");
     EXPECT_GT(m["communication"].get<double>(), 0);
-    EXPECT_LT(m["communication"].get<double>(), 0.5 * m["step"].get<double>());
   }
   EXPECT_GT(j["communication"]["predicted"].get<double>(), 0);
   EXPECT_EQ(j["pipeline_idle"]["predicted"].get<double>(), 0);
