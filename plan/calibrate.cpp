@@ -13,53 +13,53 @@ namespace tripod {
 
 namespace {
 
-// Median of `repeats` timings of f (after one warm-up run), each waiting for the device. Each
-// timing loops f for at least `min_time` seconds and divides: on a machine shared with other
-// processes the time slices a rank loses are then part of the rate, as they are in training.
-template <class F>
-double median_time(Ops& ops, const CalibrateGrid& g, F&& f) {
-  using clock = std::chrono::steady_clock;
-  auto t0 = clock::now();
-  f();
-  ops.synchronize();
-  const double once = std::chrono::duration<double>(clock::now() - t0).count();
+// The median of `repeats` timings, each `mean(iters)`: the mean seconds of `iters` calls, as many
+// as fill `min_time` at `once`, one call's time (the same count on every rank).
+template <class Mean>
+double median_timing(const CalibrateGrid& g, double once, Mean&& mean) {
   const int iters = std::clamp(static_cast<int>(g.min_time_s / std::max(once, 1e-7)), 1, 100000);
   std::vector<double> t;
-  for (int i = 0; i < g.repeats; ++i) {
-    t0 = clock::now();
-    for (int k = 0; k < iters; ++k) f();
-    ops.synchronize();
-    t.push_back(std::chrono::duration<double>(clock::now() - t0).count() / iters);
-  }
+  for (int i = 0; i < g.repeats; ++i) t.push_back(mean(iters));
   std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
   return t[t.size() / 2];
 }
 
-// The same for communication: each timing is the mean of calls made one at a time, as training
-// makes them between computations (the ranks meet at a barrier, then f is timed alone: calls
-// back to back would overlap one's tail with the next one's start), every rank the same count.
+// f's median time (after one warm-up call), waiting for the device. Each timing loops f for at
+// least `min_time` seconds and divides: on a machine shared with other processes the time slices
+// a rank loses are then part of the rate, as they are in training.
+template <class F>
+double median_time(Ops& ops, const CalibrateGrid& g, F&& f) {
+  using clock = std::chrono::steady_clock;
+  auto loop = [&](int iters) {
+    const auto t0 = clock::now();
+    for (int k = 0; k < iters; ++k) f();
+    ops.synchronize();
+    return std::chrono::duration<double>(clock::now() - t0).count() / iters;
+  };
+  return median_timing(g, loop(1), loop);
+}
+
+// The same for communication, calls made one at a time as training makes them between
+// computations: the ranks meet at a barrier, then f is timed alone (calls back to back would
+// overlap one's tail with the next one's start).
 template <class F>
 double median_collective_time(Ops& ops, const CalibrateGrid& g, Communicator& comm, F&& f) {
   using clock = std::chrono::steady_clock;
-  auto timed = [&] {
-    comm.barrier();
-    const auto t0 = clock::now();
-    f();
-    ops.synchronize();
-    return std::chrono::duration<double>(clock::now() - t0).count();
-  };
-  float once = static_cast<float>(timed());
-  Tensor t = Tensor::wrap(&once, {1}, DType::F32);
-  comm.all_reduce(t, ReduceOp::Max);
-  const int iters = std::clamp(static_cast<int>(g.min_time_s / std::max<double>(once, 1e-7)), 1, 100000);
-  std::vector<double> times;
-  for (int i = 0; i < g.repeats; ++i) {
+  auto loop = [&](int iters) {
     double sum = 0;
-    for (int k = 0; k < iters; ++k) sum += timed();
-    times.push_back(sum / iters);
-  }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  return times[times.size() / 2];
+    for (int k = 0; k < iters; ++k) {
+      comm.barrier();
+      const auto t0 = clock::now();
+      f();
+      ops.synchronize();
+      sum += std::chrono::duration<double>(clock::now() - t0).count();
+    }
+    return sum / iters;
+  };
+  float once = static_cast<float>(loop(1));
+  Tensor t = Tensor::wrap(&once, {1}, DType::F32);
+  comm.all_reduce(t, ReduceOp::Max);  // every rank loops as often
+  return median_timing(g, once, loop);
 }
 
 Tensor filled(Ops& ops, Shape shape, DType dtype, float value) {
