@@ -2,8 +2,9 @@
 // profiled steps' measured breakdown beside the cost model's prediction into
 // RUN_DIR/plan_check.json, and `tripod plan --check RUN_DIR [--hardware H] [--json]` prints it,
 // on real short CPU runs of one rank, of tp = 2 and of a two-stage pipeline; `tripod report`
-// shows it.
+// shows it. And what the prediction stands on: `tripod calibrate --model` on two ranks.
 #include "e2e_test.h"
+#include "plan/hardware.h"
 #include "plan/plan_check.h"
 
 namespace tripod {
@@ -138,6 +139,29 @@ TEST_F(PlanCheckCli, TensorParallelCollectivesAreCommunication) {
   }
   EXPECT_GT(j["communication"]["predicted"].get<double>(), 0);
   EXPECT_EQ(j["pipeline_idle"]["predicted"].get<double>(), 0);
+}
+
+TEST_F(PlanCheckCli, CalibrationOnTwoRanksTimesTheModelsMessages) {
+  // `calibrate --model` under mpirun: every collective at the default sizes, the model's
+  // activations and its gradient buckets (parallel.bucket_mb), for the ranks there are.
+  const fs::path cfg = write_config({{"parallel.bucket_mb", "0.01"}});
+  const fs::path out = dir_ / "hw.toml";
+  const auto r = run_tripod("calibrate --out " + out.string() + " --model " + cfg.string() +
+                                " --micro-batches 2 --repeats 1",
+                            {.np = 2});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const Hardware hw = load_hardware(out.string());
+  const int64_t bucket = int64_t{10485} / 4 / 2 * 2 * 4;  // 0.01 MiB, whole f32 elements split over 2 ranks
+  const int64_t activations = int64_t{2} * 16 * 32 * 4;  // a micro-batch of 2 x 16 tokens x 32
+  for (int64_t bytes : {int64_t{4096}, activations, bucket, int64_t{16} << 20})
+    for (Collective op : {Collective::AllReduce, Collective::AllGather, Collective::ReduceScatter, Collective::SendRecv}) {
+      SCOPED_TRACE(fmt::format("{} {} bytes", static_cast<int>(op), bytes));
+      const auto p = std::find_if(hw.collectives.begin(), hw.collectives.end(),
+                                  [&](const CollectivePoint& c) { return c.op == op && c.bytes == bytes; });
+      ASSERT_NE(p, hw.collectives.end());
+      EXPECT_EQ(p->ranks, 2);
+      EXPECT_GT(p->seconds, 0);
+    }
 }
 
 TEST_F(PlanCheckCli, PipelineRanksWaitAndAreCheckedEach) {
