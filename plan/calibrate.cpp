@@ -13,6 +13,20 @@ namespace tripod {
 
 namespace {
 
+// Bytes of a shape's tensors while it is timed (inputs, outputs, gradients; f32 where training
+// keeps them in f32), to leave out what the device cannot hold.
+int64_t gemm_bytes(const GemmPoint& p, int64_t a) { return a * (2 * p.m * p.k + 2 * p.m * p.n + p.n * p.k) + 4 * p.n * p.k; }
+int64_t attention_bytes(const AttentionShape& s, int64_t a, bool probs) {
+  return a * s.pairs() * s.t * s.d * 8 + 4 * s.pairs() * s.t + (probs ? a * s.pairs() * s.t * s.t : 0);
+}
+int64_t elementwise_bytes(const ElementwiseShape& s, int64_t a) {
+  switch (s.op) {
+    case Elementwise::AdamW: return s.elements() * (16 + a);
+    case Elementwise::Embedding: return 3 * a * s.elements() + (a + 4) * s.vocab * s.width;
+    default: return 3 * a * s.elements();
+  }
+}
+
 // The median of `repeats` timings, each `mean(iters)`: the mean seconds of `iters` calls, as many
 // as fill `min_time` at `once`, one call's time (the same count on every rank).
 template <class Mean>
@@ -40,14 +54,16 @@ double median_time(Ops& ops, const CalibrateGrid& g, F&& f) {
 }
 
 // The same for communication, calls made one at a time as training makes them between
-// computations: the ranks meet at a barrier, then f is timed alone (calls back to back would
-// overlap one's tail with the next one's start).
-template <class F>
-double median_collective_time(Ops& ops, const CalibrateGrid& g, Communicator& comm, F&& f) {
+// computations: `prepare` (untimed) writes the call's operand as the computation before it would,
+// the ranks meet at a barrier, then f is timed alone (calls back to back would overlap one's tail
+// with the next one's start).
+template <class P, class F>
+double median_collective_time(Ops& ops, const CalibrateGrid& g, Communicator& comm, P&& prepare, F&& f) {
   using clock = std::chrono::steady_clock;
   auto loop = [&](int iters) {
     double sum = 0;
     for (int k = 0; k < iters; ++k) {
+      prepare();
       comm.barrier();
       const auto t0 = clock::now();
       f();
@@ -60,6 +76,14 @@ double median_collective_time(Ops& ops, const CalibrateGrid& g, Communicator& co
   Tensor t = Tensor::wrap(&once, {1}, DType::F32);
   comm.all_reduce(t, ReduceOp::Max);  // every rank loops as often
   return median_timing(g, once, loop);
+}
+
+// Training's calls each read tensors other calls wrote long before (the activations a backward
+// reads, the tensors a collective sends), so that a call timed over and over on the same tensors
+// would find them in cache. A call of `bytes` is timed on the next of this many copies of its
+// tensors: as many as span twice the last-level cache, at most 64.
+int64_t spanning_cache(const CalibrateGrid& g, int64_t bytes) {
+  return std::clamp<int64_t>(2 * g.cache_bytes / std::max<int64_t>(bytes, 1), 1, 64);
 }
 
 Tensor filled(Ops& ops, Shape shape, DType dtype, float value) {
@@ -75,11 +99,21 @@ void measure_gemms(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
     {
       Tensor x = filled(ops, {m, k}, a, 0.01f), w = filled(ops, {n, k}, a, 0.01f), b = filled(ops, {n}, a, 0.f);
       Tensor y = ops.empty({m, n}, a, MemCategory::Workspace);
-      Tensor dx = ops.empty({m, k}, a, MemCategory::Workspace);
       Tensor dw = filled(ops, {n, k}, DType::F32, 0.f), db = filled(ops, {n}, DType::F32, 0.f);
       GemmPoint p{m, n, k};
       p.forward_s = median_time(ops, g, [&] { ops.linear_forward(x, w, b, y); });
-      p.backward_s = median_time(ops, g, [&] { ops.linear_backward(y, x, w, dx, dw, db); });
+      // The backward reads the input the forward saved (xs) into a new gradient (dxs).
+      const int64_t copies = spanning_cache(g, 2 * dtype_size(a) * m * k);
+      std::vector<Tensor> xs{x}, dxs;
+      for (int64_t i = 0; i < copies; ++i) {
+        if (i > 0) xs.push_back(filled(ops, {m, k}, a, 0.01f));
+        dxs.push_back(ops.empty({m, k}, a, MemCategory::Workspace));
+      }
+      int64_t next = 0;
+      p.backward_s = median_time(ops, g, [&] {
+        const int64_t i = next++ % copies;
+        ops.linear_backward(y, xs[i], w, dxs[i], dw, db);
+      });
       hw.gemm.push_back(p);
     }
     ops.allocator().release_cache();
@@ -92,15 +126,26 @@ void measure_attention(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
   for (const AttentionShape& shape : g.attention) {
     const int64_t t = shape.t, d = shape.d, B = shape.batch, H = shape.heads;
     {
-      Tensor qkv = filled(ops, {B, t, 3, H, d}, a, 0.01f);
-      Tensor out = ops.empty({B, t, H, d}, a, MemCategory::Workspace);
-      Tensor lse = ops.empty({B, H, t}, DType::F32, MemCategory::Workspace);
-      Tensor probs = ops.keeps_attention_probs() ? ops.empty({B, H, t, t}, a, MemCategory::Workspace) : Tensor{};
+      struct Saved {
+        Tensor qkv, out, lse, probs, dqkv;
+      };
+      const int64_t copies = spanning_cache(g, attention_bytes(shape, dtype_size(a), ops.keeps_attention_probs()));
+      std::vector<Saved> saved;
+      for (int64_t i = 0; i < copies; ++i)
+        saved.push_back({filled(ops, {B, t, 3, H, d}, a, 0.01f), ops.empty({B, t, H, d}, a, MemCategory::Workspace),
+                         ops.empty({B, H, t}, DType::F32, MemCategory::Workspace),
+                         ops.keeps_attention_probs() ? ops.empty({B, H, t, t}, a, MemCategory::Workspace) : Tensor{},
+                         ops.empty({B, t, 3, H, d}, a, MemCategory::Workspace)});
       Tensor dout = filled(ops, {B, t, H, d}, a, 0.01f);
-      Tensor dqkv = ops.empty({B, t, 3, H, d}, a, MemCategory::Workspace);
       AttentionPoint p{.t = t, .d = d, .pairs = shape.pairs()};
-      p.forward_s = median_time(ops, g, [&] { ops.attention_forward(qkv, out, lse, probs); });
-      p.backward_s = median_time(ops, g, [&] { ops.attention_backward(dout, qkv, out, lse, probs, dqkv); });
+      Saved& s0 = saved[0];
+      p.forward_s = median_time(ops, g, [&] { ops.attention_forward(s0.qkv, s0.out, s0.lse, s0.probs); });
+      for (Saved& s : saved) ops.attention_forward(s.qkv, s.out, s.lse, s.probs);
+      int64_t next = 0;
+      p.backward_s = median_time(ops, g, [&] {
+        Saved& s = saved[next++ % copies];
+        ops.attention_backward(dout, s.qkv, s.out, s.lse, s.probs, s.dqkv);
+      });
       hw.attention.push_back(p);
     }
     ops.allocator().release_cache();
@@ -183,9 +228,27 @@ void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, H
   const int n = comm.size(), r = comm.rank();
   for (int64_t bytes : g.message_bytes) {
     const int64_t elems = std::max<int64_t>(n, bytes / 4 / n * n);
-    Tensor full = filled(ops, {elems}, DType::F32, 1.f), part = filled(ops, {elems / n}, DType::F32, 1.f);
     const int64_t b = elems * 4;
-    auto time = [&](auto&& f) { return median_collective_time(ops, g, comm, f); };
+    // Training reduces and sends a different tensor each call (one of many micro-batches'
+    // activations, a gradient bucket) just written by the computation before it; one buffer
+    // timed over and over keeps its pages and lines in cache (a 512 KiB all-reduce on two CPU
+    // ranks: 45 us on one buffer, 64 us rotating through 32 MiB of them). Each call takes the
+    // next of as many buffers as span twice the last-level cache (at most 64).
+    const int64_t copies = spanning_cache(g, 2 * b);
+    std::vector<Tensor> fulls, parts;
+    for (int64_t i = 0; i < copies; ++i) {
+      fulls.push_back(filled(ops, {elems}, DType::F32, 1.f));
+      parts.push_back(filled(ops, {elems / n}, DType::F32, 1.f));
+    }
+    int64_t next = 0;
+    Tensor full, part;
+    auto prepare = [&] {
+      full = fulls[next % copies];
+      part = parts[next++ % copies];
+      ops.fill(full, 1.f);
+      ops.fill(part, 1.f);
+    };
+    auto time = [&](auto&& f) { return median_collective_time(ops, g, comm, prepare, f); };
     hw.collectives.push_back({Collective::AllReduce, n, b, time([&] { comm.all_reduce(full); })});
     hw.collectives.push_back({Collective::AllGather, n, b, time([&] { comm.all_gather(part, full); })});
     hw.collectives.push_back({Collective::ReduceScatter, n, b, time([&] { comm.reduce_scatter(full, part); })});
@@ -200,6 +263,10 @@ void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, H
       }
     });
     hw.collectives.push_back({Collective::SendRecv, 2, b, round / 2});
+    fulls.clear();
+    parts.clear();
+    full = part = Tensor{};
+    ops.allocator().release_cache();
     comm.barrier();
   }
   // The link figures for shapes beyond the table: the largest message's rate, the smallest's time.
@@ -217,24 +284,6 @@ void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, H
 }  // namespace
 
 int64_t attention_tokens(Device device) { return device == Device::CPU ? int64_t{1} << 14 : int64_t{1} << 21; }
-
-namespace {
-
-// Bytes of a shape's tensors while it is timed (inputs, outputs, gradients; f32 where training
-// keeps them in f32), to leave out what the device cannot hold.
-int64_t gemm_bytes(const GemmPoint& p, int64_t a) { return a * (2 * p.m * p.k + 2 * p.m * p.n + p.n * p.k) + 4 * p.n * p.k; }
-int64_t attention_bytes(const AttentionShape& s, int64_t a, bool probs) {
-  return a * s.pairs() * s.t * s.d * 8 + 4 * s.pairs() * s.t + (probs ? a * s.pairs() * s.t * s.t : 0);
-}
-int64_t elementwise_bytes(const ElementwiseShape& s, int64_t a) {
-  switch (s.op) {
-    case Elementwise::AdamW: return s.elements() * (16 + a);
-    case Elementwise::Embedding: return 3 * a * s.elements() + (a + 4) * s.vocab * s.width;
-    default: return 3 * a * s.elements();
-  }
-}
-
-}  // namespace
 
 CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info) {
   CalibrateGrid g;
@@ -267,6 +316,7 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info) {
   // From a launch's latency up to 8x the last-level cache (at least 2^24 elements on CPUs, 2^28
   // on GPUs: an H100's 50 MB L2 8 times over in bf16), by factors of 4.
   const int64_t cache = info.cache_bytes > 0 ? info.cache_bytes : (cpu ? int64_t{32} << 20 : int64_t{64} << 20);
+  g.cache_bytes = cache;
   int64_t largest = cpu ? int64_t{1} << 24 : int64_t{1} << 28;
   while (largest * a < 8 * cache) largest *= 4;
   const int64_t C = cpu ? 512 : 1024, V = cpu ? 8192 : 32768;
@@ -285,8 +335,8 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info) {
 }
 
 CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, const std::vector<int>& micro_batches,
-                         int64_t bucket_bytes) {
-  CalibrateGrid g = default_grid(device);
+                         int64_t bucket_bytes, const Ops::DeviceInfo& info) {
+  CalibrateGrid g = default_grid(device, info);
   g.gemm.clear();
   g.attention.clear();
   g.elementwise.clear();
@@ -316,7 +366,10 @@ CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, co
       add_elementwise(Elementwise::Embedding, N, C, V);
       g.message_bytes.push_back(N * C * 4);
     }
-    for (int64_t shards : {1, 2, 4, 8}) add_elementwise(Elementwise::AdamW, model.num_params(tp) / tp / shards, 1, 0);
+    for (int64_t shards : {1, 2, 4, 8}) {
+      add_elementwise(Elementwise::AdamW, model.num_params(tp) / tp / shards, 1, 0);
+      add_elementwise(Elementwise::Add, model.num_params(tp) / tp / shards, 1, 0);  // the gradients' zeroing and norm
+    }
     // The gradient reduction's buckets (a rank's gradients when they fit in one).
     if (bucket_bytes > 0) g.message_bytes.push_back(std::min(bucket_bytes, model.num_params(tp) / tp * 4));
   }

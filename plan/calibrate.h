@@ -36,6 +36,7 @@ struct CalibrateGrid {
   std::vector<AttentionShape> attention;        // calls
   std::vector<ElementwiseShape> elementwise;    // memory-bound calls
   std::vector<int64_t> message_bytes;           // collectives and point-to-point
+  int64_t cache_bytes = 0;                      // last-level cache: collectives rotate through twice it
   int repeats = 5;                              // timings per point; the median is kept
   double min_time_s = 0.05;                     // each timing loops the operation at least this long
 };
@@ -49,7 +50,8 @@ struct CalibrateGrid {
 //            `attention_tokens(device)` / t pairs: what a micro-batch holds;
 //   memory-bound ops  calls of 4^k elements from a launch's latency (2^16 on GPUs, 2^12 on
 //            CPUs) up to 8x the last-level cache (at least 2^28 elements on GPUs, 2^24 on CPUs);
-//   messages  64 KiB .. 256 MiB (4 KiB .. 16 MiB on CPUs).
+//   messages  64 KiB .. 256 MiB (4 KiB .. 16 MiB on CPUs), each call on the next of buffers
+//            spanning twice the last-level cache.
 // Shapes whose tensors would take more than a quarter of the device's memory are left out.
 // GPUs loop each timing for 10 ms, CPUs (shared machines) for 50 ms.
 CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info = {});
@@ -58,11 +60,12 @@ int64_t attention_tokens(Device device);
 // Exactly the shapes of one model, for every tp (dividing the heads, at most `max_tp`) and
 // micro-batch size: its layers' and head's GEMMs, its attention over micro-batch x heads/tp,
 // its norms, residual adds, GELU, embedding and cross-entropy at their tensors' sizes (the
-// sequence-parallel slices too), AdamW over its parameters per tp (and halves of them, as pipeline
-// stages and the distributed optimizer shard them), and its activation messages and gradient
-// buckets of `bucket_bytes` (parallel.bucket_mb; 0: none) added to the default message sizes.
+// sequence-parallel slices too), AdamW and an add (the gradients' zeroing and norm) over its
+// parameters per tp (and halves of them, as pipeline stages and the distributed optimizer shard
+// them), and its activation messages and gradient buckets of `bucket_bytes` (parallel.bucket_mb;
+// 0: none) added to the default message sizes. `info` as for default_grid.
 CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, const std::vector<int>& micro_batches,
-                         int64_t bucket_bytes = 0);
+                         int64_t bucket_bytes = 0, const Ops::DeviceInfo& info = {});
 
 // Measures into `hw` (which keeps its other fields: capacity, the inter-node link, ...). Every
 // rank measures at once, as in training (they share the machine); rank 0's medians are kept.

@@ -25,6 +25,7 @@
 #include "plan/calibrate.h"
 #include "plan/planner.h"
 #include "config/layout.h"
+#include "kernels/op.h"
 
 namespace tripod {
 namespace {
@@ -247,6 +248,39 @@ TEST(Calibrate, DefaultGridFillsTheDevice) {
   for (const ElementwiseShape& s : cpu.elementwise) elements = std::max(elements, s.elements());
   EXPECT_GE(elements * 4, 8 * (int64_t{32} << 20));
   EXPECT_GT(cpu.min_time_s, g.min_time_s);  // shared CPUs loop longer
+  // The cache the calls rotate their tensors through: the device's, else 64 MiB (32 on CPUs).
+  EXPECT_EQ(g.cache_bytes, int64_t{50} << 20);
+  EXPECT_EQ(small.cache_bytes, int64_t{64} << 20);
+  EXPECT_EQ(cpu.cache_bytes, int64_t{32} << 20);
+}
+
+TEST(Calibrate, BackwardCallsReadTensorsOutOfCache) {
+  // A backward reads what its forward saved long before, out of cache; timed over and over on
+  // the same tensors it would find them in cache. Each timed call takes the next of as many
+  // copies of its tensors as span twice the last-level cache: the calibration's peak workspace
+  // grows with the cache it is told of.
+  auto ops = make_ops(Device::CPU);
+  auto peak = [&](CalibrateGrid g, int64_t cache) {
+    g.cache_bytes = cache;
+    g.repeats = 1;
+    g.min_time_s = 1e-4;
+    Hardware hw;
+    ops->allocator().release_cache();
+    ops->allocator().stats().reset_peaks();
+    calibrate(*ops, nullptr, g, hw);
+    return ops->allocator().stats().peak(MemCategory::Workspace);
+  };
+  CalibrateGrid attention, gemm;
+  attention.attention = {{.t = 64, .d = 32, .batch = 1, .heads = 2}};
+  gemm.gemm = {{256, 64, 64}};
+  // Attention: a call's saved tensors (q, k, v and their gradients, the output, the row
+  // statistics and the probabilities the CPU keeps) are 148 KB, its sizing figure 164 KB, so a
+  // 1.3 MB cache spans 16 copies; GEMM: the input and its gradient, 128 KB, 32 copies.
+  const int64_t copy = 4 * (2 * 64 * 6 * 32 + 64 * 2 * 32 + 2 * 64 + (ops->keeps_attention_probs() ? 2 * 64 * 64 : 0));
+  const int64_t att1 = peak(attention, 0);
+  EXPECT_EQ(peak(attention, 8 * 164352), att1 + 15 * copy);
+  EXPECT_EQ(peak(attention, int64_t{1} << 40), att1 + 63 * copy);  // at most 64 copies
+  EXPECT_EQ(peak(gemm, 16 * 131072), peak(gemm, 0) + 31 * 131072);
 }
 
 TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
@@ -287,6 +321,9 @@ TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
       EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::Gelu), N * F / tp}));
       EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::CrossEntropy), N * V}));
       EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::Embedding), N * C}));
+      // The optimizer's passes over a rank's gradients: AdamW, and an add for zeroing and norm.
+      for (Elementwise op : {Elementwise::AdamW, Elementwise::Add})
+        EXPECT_TRUE(sizes.count({static_cast<int>(op), cfg.model.num_params(tp) / tp}));
       // The predicted forward of a layer is then the measured points' times exactly: 4 GEMMs,
       // one attention call, 2 LayerNorms, 2 adds and a GELU (sequence parallelism off).
       Config c = cfg;

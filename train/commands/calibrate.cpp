@@ -78,7 +78,7 @@ int run_calibrate(const CalibrateOptions& o) {
   const Ops::DeviceInfo info = ops->device_info();
   CalibrateGrid grid = o.model.empty() ? default_grid(ops->device(), info)
                                        : model_grid(ops->device(), config.model, mpi.size(), o.micro_batches,
-                                                    static_cast<int64_t>(config.parallel.bucket_mb * (1 << 20)));
+                                                    static_cast<int64_t>(config.parallel.bucket_mb * (1 << 20)), info);
   grid.repeats = o.repeats;
   spdlog::info("calibrating {} GEMM shapes, {} attention calls, {} memory-bound calls{}", grid.gemm.size(),
                grid.attention.size(), grid.elementwise.size(),
