@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The planner against the GPU benchmarks of the same window (run.sh's plan-check stage): for each
+"""The planner against the GPU benchmarks of the same run (run.sh's plan-check stage): for each
 tripod_gpu_bench --json result, `tripod plan` predicts that model's step (one GPU, the bench's
 micro-batch, one micro-batch per step, no recomputation) on the hardware file `tripod calibrate`
 just wrote and on the datasheet file it was based on, beside the step the bench measured. With
