@@ -230,10 +230,8 @@ void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, H
     const int64_t elems = std::max<int64_t>(n, bytes / 4 / n * n);
     const int64_t b = elems * 4;
     // Training reduces and sends a different tensor each call (one of many micro-batches'
-    // activations, a gradient bucket) just written by the computation before it; one buffer
-    // timed over and over keeps its pages and lines in cache (a 512 KiB all-reduce on two CPU
-    // ranks: 45 us on one buffer, 64 us rotating through 32 MiB of them). Each call takes the
-    // next of as many buffers as span twice the last-level cache (at most 64).
+    // activations, a gradient bucket), just written by the computation before it: a 512 KiB
+    // all-reduce on two CPU ranks took 45 us on one buffer, 64 us rotating through 32 MiB.
     const int64_t copies = spanning_cache(g, 2 * b);
     std::vector<Tensor> fulls, parts;
     for (int64_t i = 0; i < copies; ++i) {
@@ -247,6 +245,7 @@ void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, H
       part = parts[next++ % copies];
       ops.fill(full, 1.f);
       ops.fill(part, 1.f);
+      ops.synchronize();  // written before the clock starts (a GPU's fill is queued)
     };
     auto time = [&](auto&& f) { return median_collective_time(ops, g, comm, prepare, f); };
     hw.collectives.push_back({Collective::AllReduce, n, b, time([&] { comm.all_reduce(full); })});
