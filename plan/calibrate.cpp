@@ -126,6 +126,8 @@ void measure_attention(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
   for (const AttentionShape& shape : g.attention) {
     const int64_t t = shape.t, d = shape.d, B = shape.batch, H = shape.heads;
     {
+      // The forward reads q, k, v just written; the backward reads what the forward saved (and
+      // writes a new gradient): one Saved of the copies per call.
       struct Saved {
         Tensor qkv, out, lse, probs, dqkv;
       };
