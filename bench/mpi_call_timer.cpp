@@ -35,7 +35,7 @@ int rank = -1;
 long bytes = 524288;
 std::vector<float> first;     // the buffer of the first isolated timing, kept for the last
 std::vector<Call> calls;
-std::unordered_map<MPI_Request, size_t> open;  // outstanding timed requests -> their call
+std::unordered_map<MPI_Request, size_t> outstanding;  // timed requests not yet completed -> their call
 double isolated[3] = {0, 0, 0};
 
 // The median time of an in-place all-reduce of `buf` alone after a barrier, in microseconds.
@@ -62,10 +62,10 @@ void started() {
 
 void completed(MPI_Request before, int done) {
   if (!done) return;
-  auto it = open.find(before);
-  if (it == open.end()) return;
+  auto it = outstanding.find(before);
+  if (it == outstanding.end()) return;
   calls[it->second].done = now();
-  open.erase(it);
+  outstanding.erase(it);
 }
 
 }  // namespace
@@ -91,7 +91,7 @@ int MPI_Iallreduce(const void* send, void* recv, int count, MPI_Datatype type, M
   int size = 0;
   MPI_Type_size(type, &size);
   if (static_cast<long>(count) * size == bytes) {
-    open[*req] = calls.size();
+    outstanding[*req] = calls.size();
     calls.push_back({t, 0});
   }
   return rc;
