@@ -2,7 +2,8 @@
 // profiled steps' measured breakdown beside the cost model's prediction into
 // RUN_DIR/plan_check.json, and `tripod plan --check RUN_DIR [--hardware H] [--json]` prints it,
 // on real short CPU runs of one rank, of tp = 2 and of a two-stage pipeline; `tripod report`
-// shows it. And what the prediction stands on: `tripod calibrate --model` on two ranks.
+// shows it. And what the prediction stands on: `tripod calibrate --model` on two ranks; and the
+// GPU bundle's plan-check script on CPU files.
 #include "e2e_test.h"
 #include "plan/hardware.h"
 #include "plan/plan_check.h"
@@ -184,6 +185,49 @@ TEST_F(PlanCheckCli, PipelineRanksWaitAndAreCheckedEach) {
   const auto r = run_tripod("plan --check " + run.string());
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("mean over 2 ranks"), std::string::npos) << r.out;
+}
+
+TEST_F(PlanCheckCli, GpuBundleScriptSetsThePlannerBesideTheBenchmarks) {
+  // The bundle's plan-check stage (bench/gpu/plan_check.py), here on CPU files: for each
+  // tripod_gpu_bench result with the config it trained, the planner's step on the calibrated
+  // and the datasheet file beside the measured one, the profiled run's `plan --check` table,
+  // and a last line that sums it up; exit 1 when a calibrated prediction is off by more than
+  // --tolerance.
+  const fs::path cfg = write_config({});
+  const fs::path hw = dir_ / "hw.toml";
+  auto r = run_tripod("calibrate --out " + hw.string() + " --model " + cfg.string() + " --micro-batches 2 --repeats 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  const fs::path run = train("run", "--profile-steps 2 --set parallel.hardware=" + hw.string());
+  const std::string config = test::slurp(run / "config.toml");
+  const json bench = {{"models",
+                       {{{"model", "124M"}, {"micro_batch", 2}, {"step_ms", 50.0}, {"config_toml", config}},
+                        {{"model", "350M"}, {"micro_batch", 2}, {"step_ms", 50.0}, {"precision", "fp8"},
+                         {"config_toml", config}},
+                        {{"model", "1B"}, {"micro_batch", 2}, {"step_ms", 50.0}}}}};
+  const fs::path results = dir_ / "bench.json";
+  std::ofstream(results) << bench.dump();
+  const std::string script = "python3 " TRIPOD_SOURCE_PATH "/bench/gpu/plan_check.py ";
+  const fs::path written = dir_ / "plan_124M.toml";
+  r = test::run_cmd(script + "--config-of 124M --out " + written.string() + " " + results.string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(test::slurp(written), config);
+  const std::string args = script + "--tripod " + test::tripod_bin() + " --hardware " + hw.string() +
+                           " --base " TRIPOD_SOURCE_PATH "/configs/hardware/h100_sxm.toml --run " + run.string() + " " +
+                           results.string() + " --tolerance ";
+  r = test::run_cmd(args + "1000");
+  ASSERT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("(fp8: the planner times bf16 GEMMs)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(no config in the result"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("plan check of " + run.string()), std::string::npos) << r.out;
+  const std::string last = r.out.substr(r.out.rfind("calibrated planner vs measured step: "));
+  EXPECT_NE(last.find("124M "), std::string::npos) << last;
+  EXPECT_NE(last.find("profiled run "), std::string::npos) << last;
+  // The 124M row: measured, then the calibrated and the datasheet prediction, each with its error.
+  const size_t row = r.out.find("  124M ");
+  ASSERT_NE(row, std::string::npos) << r.out;
+  const std::string line = r.out.substr(row, r.out.find('\n', row) - row);
+  EXPECT_EQ(std::count(line.begin(), line.end(), '%'), 2) << line;
+  EXPECT_EQ(test::run_cmd(args + "0").status, 1);  // no prediction is exact
 }
 
 }  // namespace
