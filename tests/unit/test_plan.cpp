@@ -255,10 +255,10 @@ TEST(Calibrate, DefaultGridFillsTheDevice) {
 }
 
 TEST(Calibrate, BackwardCallsReadTensorsOutOfCache) {
-  // A backward reads what its forward saved long before, out of cache; timed over and over on
-  // the same tensors it would find them in cache. Each timed call takes the next of as many
-  // copies of its tensors as span twice the last-level cache: the calibration's peak workspace
-  // grows with the cache it is told of.
+  // A backward (GEMM, attention, layer norm, GELU) reads what its forward saved long before, out
+  // of cache; timed over and over on the same tensors it would find them in cache. Each timed
+  // call takes the next of as many copies of its tensors as span twice the last-level cache: the
+  // calibration's peak workspace grows with the cache it is told of.
   auto ops = make_ops(Device::CPU);
   auto peak = [&](CalibrateGrid g, int64_t cache) {
     g.cache_bytes = cache;
@@ -281,6 +281,13 @@ TEST(Calibrate, BackwardCallsReadTensorsOutOfCache) {
   EXPECT_EQ(peak(attention, 8 * 164352), att1 + 15 * copy);
   EXPECT_EQ(peak(attention, int64_t{1} << 40), att1 + 63 * copy);  // at most 64 copies
   EXPECT_EQ(peak(gemm, 16 * 131072), peak(gemm, 0) + 31 * 131072);
+  // Layer norm: the input, its row statistics and the input gradient, 16.5 KB, 16 copies; GELU:
+  // the input and its gradient, 32 KB, 32 copies.
+  CalibrateGrid norm, gelu;
+  norm.elementwise = {{Elementwise::LayerNorm, 64, 32, 0}};
+  gelu.elementwise = {{Elementwise::Gelu, 4096, 1, 0}};
+  EXPECT_EQ(peak(norm, 8 * 16896), peak(norm, 0) + 15 * 16896);
+  EXPECT_EQ(peak(gelu, 16 * 32768), peak(gelu, 0) + 31 * 32768);
 }
 
 TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
