@@ -68,8 +68,12 @@ CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, co
                          int64_t bucket_bytes = 0, const Ops::DeviceInfo& info = {});
 
 // Measures into `hw` (which keeps its other fields: capacity, the inter-node link, ...). Every
-// rank measures at once, as in training (they share the machine); rank 0's medians are kept.
-// `world` may be null (one rank: no collectives).
+// rank measures at once, as in training (they share the machine), and every rank's `hw` gets
+// each point's slowest rank's median (ranks in lockstep move at the slowest's pace). `world`
+// may be null (one rank: no collectives).
 void calibrate(Ops& ops, Communicator* world, const CalibrateGrid& grid, Hardware& hw);
+// Every measured time of `hw` (GEMM, attention, memory-bound and collective points) becomes the
+// largest over the ranks of `world`: the slowest rank's.
+void keep_slowest(Communicator& world, Hardware& hw);
 
 }  // namespace tripod
