@@ -3,9 +3,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "core/error.h"
@@ -50,6 +52,21 @@ std::vector<StepBreakdown> mean_by_stage(const std::vector<StepBreakdown>& ranks
     s.step += w * ranks[r].step;
   }
   return out;
+}
+
+// The ranks of a pipeline stage do the same work and meet in the same collectives, so each of
+// them spends at least the transfers' time in communication; what a rank spent beyond the least
+// of its stage's ranks was waiting for a slower one: idle, as the wait for the slowest at the
+// grad norm is.
+void count_waits_as_idle(std::vector<StepBreakdown>& ranks, const RankGrid& grid) {
+  std::vector<double> least(grid.pp(), std::numeric_limits<double>::infinity());
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r)
+    least[grid.coords(r).pp] = std::min(least[grid.coords(r).pp], ranks[r].communication);
+  for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
+    const double wait = ranks[r].communication - least[grid.coords(r).pp];
+    ranks[r].communication -= wait;
+    ranks[r].pipeline_idle += wait;
+  }
 }
 
 StepBreakdown mean(const std::vector<StepBreakdown>& v) {
@@ -100,6 +117,7 @@ PlanCheck make_plan_check(const Config& cfg, const Schedule& schedule, const Har
               {"sequence_parallel", p.sequence_parallel},
               {"distributed_optimizer", p.distributed_optimizer}};
   c.measured_ranks = std::move(measured_ranks);
+  count_waits_as_idle(c.measured_ranks, grid);
   c.measured = mean(c.measured_ranks);
   c.measured_stages = mean_by_stage(c.measured_ranks, grid);
   predict_plan_check(c, cfg, schedule, hw, hardware_file);

@@ -13,7 +13,9 @@
 //    "pipeline_ranks": [{"pp": Q, "predicted": {FAMILY: S, ..., "step": S}, "measured": {...}}],
 //    "ranks": [{"rank": R, "pp", "dp", "cp", "tp", "measured": {...}}]}
 // Seconds per step; the families are means over the ranks (pipeline_ranks: over each pipeline
-// rank's ranks); error = predicted / measured - 1 (null when nothing was measured).
+// rank's ranks); error = predicted / measured - 1 (null when nothing was measured). A rank's
+// measured communication beyond the least of its pipeline stage's ranks is counted as its idle
+// (waiting for a slower rank).
 #pragma once
 
 #include <cstdint>

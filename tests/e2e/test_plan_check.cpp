@@ -128,7 +128,7 @@ TEST_F(PlanCheckCli, OneRankRunChecksItsPrediction) {
 
 TEST_F(PlanCheckCli, TensorParallelCollectivesAreCommunication) {
   // tp = 2: each rank's all-reduces inside its actions are its measured communication, as the
-  // cost model predicts them; nothing idles.
+  // cost model predicts them; nothing idles in the prediction.
   const fs::path run = train("tp2", "--set parallel.tp=2 --profile-steps 2", 2);
   const json j = check_json(run);
   ASSERT_EQ(j["ranks"].size(), 2u);
@@ -140,6 +140,33 @@ TEST_F(PlanCheckCli, TensorParallelCollectivesAreCommunication) {
   }
   EXPECT_GT(j["communication"]["predicted"].get<double>(), 0);
   EXPECT_EQ(j["pipeline_idle"]["predicted"].get<double>(), 0);
+}
+
+TEST_F(PlanCheckCli, WaitingForASlowerRankIsIdleNotCommunication) {
+  // Ranks of a pipeline stage do the same work and meet in the same collectives: what a rank
+  // spends in communication beyond the least of its stage's ranks is waiting for a slower one,
+  // and counts as idle. tp = 2 x pp = 2: ranks 0, 1 (stage 0) and 2, 3 (stage 1).
+  Config cfg = load_config(write_config({{"parallel.tp", "2"}, {"parallel.pp", "2"}, {"parallel.dp", "1"}}).string(), {},
+                           {.training = true, .data = false});
+  std::vector<StepBreakdown> ranks(4);
+  const double comm[4] = {0.030, 0.010, 0.002, 0.005}, idle[4] = {0.001, 0.002, 0.020, 0.020};
+  for (int r = 0; r < 4; ++r) {
+    ranks[r].gemm = 0.5;
+    ranks[r].communication = comm[r];
+    ranks[r].pipeline_idle = idle[r];
+    ranks[r].step = ranks[r].parts_sum();
+  }
+  const PlanCheck c = make_plan_check(cfg, build_schedule("1f1b", 2, 1, 4), default_hardware(Device::CPU), "", {2, 3},
+                                      ranks);
+  const double want_comm[4] = {0.010, 0.010, 0.002, 0.002}, want_idle[4] = {0.021, 0.002, 0.020, 0.023};
+  for (int r = 0; r < 4; ++r) {
+    SCOPED_TRACE(r);
+    EXPECT_DOUBLE_EQ(c.measured_ranks[r].communication, want_comm[r]);
+    EXPECT_DOUBLE_EQ(c.measured_ranks[r].pipeline_idle, want_idle[r]);
+    EXPECT_DOUBLE_EQ(c.measured_ranks[r].step, ranks[r].step);  // still adds up
+    EXPECT_NEAR(c.measured_ranks[r].parts_sum(), c.measured_ranks[r].step, 1e-15);
+  }
+  EXPECT_DOUBLE_EQ(c.measured.communication, 0.006);
 }
 
 TEST_F(PlanCheckCli, CalibrationOnTwoRanksTimesTheModelsMessages) {
