@@ -83,7 +83,7 @@ Schedule training_schedule(const Config& cfg, Ops& ops, ParallelContext& par, Gp
   if (pc.schedule != ScheduleKind::Auto || !pc.schedule_file.empty()) return make_schedule(cfg);
   if (!cfg.checkpoint.load.empty()) {
     const std::string dir = resolve_checkpoint(cfg.checkpoint.load, cfg.checkpoint.dir);
-    const nlohmann::json& meta = CheckpointReader(dir).metadata();
+    const nlohmann::json meta = CheckpointReader(dir).metadata();  // a copy: the reader is a temporary
     if (meta.contains("schedule_csv") && meta["schedule_csv"].is_string() &&
         !meta["schedule_csv"].get<std::string>().empty()) {
       Schedule s = parse_schedule_csv(meta["schedule_csv"].get<std::string>(), dir + "/metadata.json (schedule_csv)");
