@@ -173,7 +173,9 @@ void ZeroBubbleTraining::resume(const Case& c) {
   ASSERT_EQ(t.completed_steps(), 3);
   EXPECT_EQ(schedule_csv(t.schedule()), schedule) << "the resumed run runs another schedule";
   // Read from the checkpoint, not profiled again (a profile may choose another on a busy machine).
-  if (c.schedule == "auto") EXPECT_EQ(t.auto_chosen(), "as in " + (dir / "iter_0000003").string());
+  if (c.schedule == "auto") {
+    EXPECT_EQ(t.auto_chosen(), "as in " + (dir / "iter_0000003").string());
+  }
   for (int s = 3; s < 6; ++s) EXPECT_EQ(t.step().loss, losses[s - 3]) << "step " << s + 1;
   auto p = test::gather_global_params(t.registry(), *w.par, *ops);
   for (const auto& [name, v] : params) EXPECT_TRUE(p[name] == v) << name << " differs after the resume";
