@@ -36,7 +36,7 @@ struct CalibrateGrid {
   std::vector<AttentionShape> attention;        // calls
   std::vector<ElementwiseShape> elementwise;    // memory-bound calls
   std::vector<int64_t> message_bytes;           // collectives and point-to-point
-  int64_t cache_bytes = 0;                      // last-level cache: collectives rotate through twice it
+  int64_t cache_bytes = 0;                      // last-level cache: the calls' tensors rotate through twice it
   int repeats = 5;                              // timings per point; the median is kept
   double min_time_s = 0.05;                     // each timing loops the operation at least this long
 };
@@ -50,8 +50,10 @@ struct CalibrateGrid {
 //            `attention_tokens(device)` / t pairs: what a micro-batch holds;
 //   memory-bound ops  calls of 4^k elements from a launch's latency (2^16 on GPUs, 2^12 on
 //            CPUs) up to 8x the last-level cache (at least 2^28 elements on GPUs, 2^24 on CPUs);
-//   messages  64 KiB .. 256 MiB (4 KiB .. 16 MiB on CPUs), each call on the next of buffers
-//            spanning twice the last-level cache.
+//   messages  64 KiB .. 256 MiB (4 KiB .. 16 MiB on CPUs).
+// Each backward call (GEMM, attention, layer norm, GELU) and collective is timed on the next of
+// as many copies of its tensors as span twice the last-level cache (at most 64), as training
+// finds them: out of cache.
 // Shapes whose tensors would take more than a quarter of the device's memory are left out.
 // GPUs loop each timing for 10 ms, CPUs (shared machines) for 50 ms.
 CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info = {});
