@@ -81,11 +81,24 @@ double median_collective_time(Ops& ops, const CalibrateGrid& g, Communicator& co
 
 // Training's calls each read tensors other calls wrote long before (the activations a backward
 // reads, the tensors a collective sends), so that a call timed over and over on the same tensors
-// would find them in cache. A call of `bytes` is timed on the next of this many copies of its
-// tensors: as many as span twice the last-level cache, at most 64.
-int64_t spanning_cache(const CalibrateGrid& g, int64_t bytes) {
-  return std::clamp<int64_t>(2 * g.cache_bytes / std::max<int64_t>(bytes, 1), 1, 64);
-}
+// would find them in cache. A call whose tensors (`bytes`) `make` returns is timed on the next of
+// as many copies as span twice the last-level cache, at most 64.
+template <class T>
+class Rotation {
+ public:
+  template <class Make>
+  Rotation(const CalibrateGrid& g, int64_t bytes, Make&& make) {
+    const int64_t n = std::clamp<int64_t>(2 * g.cache_bytes / std::max<int64_t>(bytes, 1), 1, 64);
+    for (int64_t i = 0; i < n; ++i) copies_.push_back(make());
+  }
+  T& first() { return copies_.front(); }
+  T& next() { return copies_[next_++ % copies_.size()]; }
+  std::vector<T>& all() { return copies_; }
+
+ private:
+  std::vector<T> copies_;
+  size_t next_ = 0;
+};
 
 Tensor filled(Ops& ops, Shape shape, DType dtype, float value) {
   Tensor t = ops.empty(std::move(shape), dtype, MemCategory::Workspace);
@@ -98,22 +111,21 @@ void measure_gemms(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
   for (const GemmPoint& shape : g.gemm) {
     const int64_t m = shape.m, n = shape.n, k = shape.k;
     {
-      Tensor x = filled(ops, {m, k}, a, 0.01f), w = filled(ops, {n, k}, a, 0.01f), b = filled(ops, {n}, a, 0.f);
+      // The backward reads the input its forward saved into a new gradient.
+      struct Saved {
+        Tensor x, dx;
+      };
+      Rotation<Saved> saved(g, 2 * dtype_size(a) * m * k, [&] {
+        return Saved{filled(ops, {m, k}, a, 0.01f), ops.empty({m, k}, a, MemCategory::Workspace)};
+      });
+      Tensor w = filled(ops, {n, k}, a, 0.01f), b = filled(ops, {n}, a, 0.f);
       Tensor y = ops.empty({m, n}, a, MemCategory::Workspace);
       Tensor dw = filled(ops, {n, k}, DType::F32, 0.f), db = filled(ops, {n}, DType::F32, 0.f);
       GemmPoint p{m, n, k};
-      p.forward_s = median_time(ops, g, [&] { ops.linear_forward(x, w, b, y); });
-      // The backward reads the input the forward saved (xs) into a new gradient (dxs).
-      const int64_t copies = spanning_cache(g, 2 * dtype_size(a) * m * k);
-      std::vector<Tensor> xs{x}, dxs;
-      for (int64_t i = 0; i < copies; ++i) {
-        if (i > 0) xs.push_back(filled(ops, {m, k}, a, 0.01f));
-        dxs.push_back(ops.empty({m, k}, a, MemCategory::Workspace));
-      }
-      int64_t next = 0;
+      p.forward_s = median_time(ops, g, [&] { ops.linear_forward(saved.first().x, w, b, y); });
       p.backward_s = median_time(ops, g, [&] {
-        const int64_t i = next++ % copies;
-        ops.linear_backward(y, xs[i], w, dxs[i], dw, db);
+        Saved& s = saved.next();
+        ops.linear_backward(y, s.x, w, s.dx, dw, db);
       });
       hw.gemm.push_back(p);
     }
@@ -128,25 +140,23 @@ void measure_attention(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
     const int64_t t = shape.t, d = shape.d, B = shape.batch, H = shape.heads;
     {
       // The forward reads q, k, v just written; the backward reads what the forward saved (and
-      // writes a new gradient): one Saved of the copies per call.
+      // writes a new gradient).
       struct Saved {
         Tensor qkv, out, lse, probs, dqkv;
       };
-      const int64_t copies = spanning_cache(g, attention_bytes(shape, dtype_size(a), ops.keeps_attention_probs()));
-      std::vector<Saved> saved;
-      for (int64_t i = 0; i < copies; ++i)
-        saved.push_back({filled(ops, {B, t, 3, H, d}, a, 0.01f), ops.empty({B, t, H, d}, a, MemCategory::Workspace),
-                         ops.empty({B, H, t}, DType::F32, MemCategory::Workspace),
-                         ops.keeps_attention_probs() ? ops.empty({B, H, t, t}, a, MemCategory::Workspace) : Tensor{},
-                         ops.empty({B, t, 3, H, d}, a, MemCategory::Workspace)});
+      Rotation<Saved> saved(g, attention_bytes(shape, dtype_size(a), ops.keeps_attention_probs()), [&] {
+        return Saved{filled(ops, {B, t, 3, H, d}, a, 0.01f), ops.empty({B, t, H, d}, a, MemCategory::Workspace),
+                     ops.empty({B, H, t}, DType::F32, MemCategory::Workspace),
+                     ops.keeps_attention_probs() ? ops.empty({B, H, t, t}, a, MemCategory::Workspace) : Tensor{},
+                     ops.empty({B, t, 3, H, d}, a, MemCategory::Workspace)};
+      });
       Tensor dout = filled(ops, {B, t, H, d}, a, 0.01f);
       AttentionPoint p{.t = t, .d = d, .pairs = shape.pairs()};
-      Saved& s0 = saved[0];
+      Saved& s0 = saved.first();
       p.forward_s = median_time(ops, g, [&] { ops.attention_forward(s0.qkv, s0.out, s0.lse, s0.probs); });
-      for (Saved& s : saved) ops.attention_forward(s.qkv, s.out, s.lse, s.probs);
-      int64_t next = 0;
+      for (Saved& s : saved.all()) ops.attention_forward(s.qkv, s.out, s.lse, s.probs);
       p.backward_s = median_time(ops, g, [&] {
-        Saved& s = saved[next++ % copies];
+        Saved& s = saved.next();
         ops.attention_backward(dout, s.qkv, s.out, s.lse, s.probs, s.dqkv);
       });
       hw.attention.push_back(p);
@@ -161,43 +171,37 @@ std::pair<double, double> time_elementwise(Ops& ops, const CalibrateGrid& g, con
   const int64_t N = s.rows, C = s.width, E = s.elements();
   switch (s.op) {
     case Elementwise::LayerNorm: {
-      // The backward reads the input and statistics its forward saved (the next of the copies)
-      // into a new gradient.
+      // The backward reads the input and statistics its forward saved into a new gradient.
       struct Saved {
         Tensor x, mean, rstd, dx;
       };
       Tensor y = ops.empty({N, C}, a, MemCategory::Workspace);
       Tensor w = filled(ops, {C}, a, 1.f), b = filled(ops, {C}, a, 0.f);
       Tensor dw = filled(ops, {C}, DType::F32, 0.f), db = filled(ops, {C}, DType::F32, 0.f);
-      const int64_t copies = spanning_cache(g, 2 * dtype_size(a) * E + 8 * N);
-      std::vector<Saved> saved;
-      for (int64_t i = 0; i < copies; ++i) {
-        Saved& s = saved.emplace_back(Saved{filled(ops, {N, C}, a, 0.01f), ops.empty({N}, DType::F32, MemCategory::Workspace),
-                                            ops.empty({N}, DType::F32, MemCategory::Workspace),
-                                            filled(ops, {N, C}, a, 0.f)});  // dx accumulates
+      Rotation<Saved> saved(g, 2 * dtype_size(a) * E + 8 * N, [&] {
+        Saved s{filled(ops, {N, C}, a, 0.01f), ops.empty({N}, DType::F32, MemCategory::Workspace),
+                ops.empty({N}, DType::F32, MemCategory::Workspace), filled(ops, {N, C}, a, 0.f)};  // dx accumulates
         ops.layernorm_forward(s.x, w, b, 1e-5f, y, s.mean, s.rstd);
-      }
-      Saved& s0 = saved[0];
-      int64_t next = 0;
+        return s;
+      });
+      Saved& s0 = saved.first();
       return {median_time(ops, g, [&] { ops.layernorm_forward(s0.x, w, b, 1e-5f, y, s0.mean, s0.rstd); }),
               median_time(ops, g, [&] {
-                Saved& s = saved[next++ % copies];
+                Saved& s = saved.next();
                 ops.layernorm_backward(y, s.x, w, s.mean, s.rstd, s.dx, dw, db);
               })};
     }
     case Elementwise::Gelu: {
-      // The backward reads the input its forward saved (the next of the copies) into a new gradient.
+      // The backward reads the input its forward saved into a new gradient.
+      struct Saved {
+        Tensor x, dx;
+      };
       Tensor y = ops.empty({E}, a, MemCategory::Workspace);
-      const int64_t copies = spanning_cache(g, 2 * dtype_size(a) * E);
-      std::vector<Tensor> xs, dxs;
-      for (int64_t i = 0; i < copies; ++i) {
-        xs.push_back(filled(ops, {E}, a, 0.01f));
-        dxs.push_back(filled(ops, {E}, a, 0.f));
-      }
-      int64_t next = 0;
-      return {median_time(ops, g, [&] { ops.gelu_forward(xs[0], y); }), median_time(ops, g, [&] {
-                const int64_t i = next++ % copies;
-                ops.gelu_backward(xs[i], y, dxs[i]);
+      Rotation<Saved> saved(g, 2 * dtype_size(a) * E,
+                            [&] { return Saved{filled(ops, {E}, a, 0.01f), filled(ops, {E}, a, 0.f)}; });
+      return {median_time(ops, g, [&] { ops.gelu_forward(saved.first().x, y); }), median_time(ops, g, [&] {
+                Saved& s = saved.next();
+                ops.gelu_backward(s.x, y, s.dx);
               })};
     }
     case Elementwise::Add: {
@@ -269,48 +273,42 @@ void fallback_rates(Hardware& hw, DType a) {
   }
 }
 
-
 void measure_collectives(Ops& ops, Communicator& comm, const CalibrateGrid& g, Hardware& hw) {
   const int n = comm.size(), r = comm.rank();
   for (int64_t bytes : g.message_bytes) {
     const int64_t elems = std::max<int64_t>(n, bytes / 4 / n * n);
     const int64_t b = elems * 4;
-    // Training reduces and sends a different tensor each call (one of many micro-batches'
-    // activations, a gradient bucket), just written by the computation before it: a 512 KiB
-    // all-reduce on two CPU ranks took 45 us on one buffer, 64 us rotating through 32 MiB.
-    const int64_t copies = spanning_cache(g, 2 * b);
-    std::vector<Tensor> fulls, parts;
-    for (int64_t i = 0; i < copies; ++i) {
-      fulls.push_back(filled(ops, {elems}, DType::F32, 1.f));
-      parts.push_back(filled(ops, {elems / n}, DType::F32, 1.f));
+    {
+      // Training reduces and sends a different tensor each call (one of many micro-batches'
+      // activations, a gradient bucket), just written by the computation before it: a 512 KiB
+      // all-reduce on two CPU ranks took 45 us on one buffer, 64 us rotating through 32 MiB.
+      Rotation<std::pair<Tensor, Tensor>> buffers(g, b + b / n, [&] {
+        return std::pair{ops.empty({elems}, DType::F32, MemCategory::Workspace),
+                         ops.empty({elems / n}, DType::F32, MemCategory::Workspace)};
+      });
+      Tensor full, part;
+      auto prepare = [&] {
+        std::tie(full, part) = buffers.next();
+        ops.fill(full, 1.f);
+        ops.fill(part, 1.f);
+        ops.synchronize();  // written before the clock starts (a GPU's fill is queued)
+      };
+      auto time = [&](auto&& f) { return median_collective_time(ops, g, comm, prepare, f); };
+      hw.collectives.push_back({Collective::AllReduce, n, b, time([&] { comm.all_reduce(full); })});
+      hw.collectives.push_back({Collective::AllGather, n, b, time([&] { comm.all_gather(part, full); })});
+      hw.collectives.push_back({Collective::ReduceScatter, n, b, time([&] { comm.reduce_scatter(full, part); })});
+      // Ping-pong between ranks 0 and 1: half the round trip is one message.
+      const double round = time([&] {
+        if (r == 0) {
+          comm.isend(full, 1, 7)->wait();
+          comm.irecv(full, 1, 8)->wait();
+        } else if (r == 1) {
+          comm.irecv(full, 0, 7)->wait();
+          comm.isend(full, 0, 8)->wait();
+        }
+      });
+      hw.collectives.push_back({Collective::SendRecv, 2, b, round / 2});
     }
-    int64_t next = 0;
-    Tensor full, part;
-    auto prepare = [&] {
-      full = fulls[next % copies];
-      part = parts[next++ % copies];
-      ops.fill(full, 1.f);
-      ops.fill(part, 1.f);
-      ops.synchronize();  // written before the clock starts (a GPU's fill is queued)
-    };
-    auto time = [&](auto&& f) { return median_collective_time(ops, g, comm, prepare, f); };
-    hw.collectives.push_back({Collective::AllReduce, n, b, time([&] { comm.all_reduce(full); })});
-    hw.collectives.push_back({Collective::AllGather, n, b, time([&] { comm.all_gather(part, full); })});
-    hw.collectives.push_back({Collective::ReduceScatter, n, b, time([&] { comm.reduce_scatter(full, part); })});
-    // Ping-pong between ranks 0 and 1: half the round trip is one message.
-    const double round = time([&] {
-      if (r == 0) {
-        comm.isend(full, 1, 7)->wait();
-        comm.irecv(full, 1, 8)->wait();
-      } else if (r == 1) {
-        comm.irecv(full, 0, 7)->wait();
-        comm.isend(full, 0, 8)->wait();
-      }
-    });
-    hw.collectives.push_back({Collective::SendRecv, 2, b, round / 2});
-    fulls.clear();
-    parts.clear();
-    full = part = Tensor{};
     ops.allocator().release_cache();
     comm.barrier();
   }
