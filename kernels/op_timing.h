@@ -64,9 +64,11 @@ struct OpTimes {
 //                     embedding, the cross-entropy, copies and fills (and MoE's routing)
 //   communication     exposed communication: inside the actions, the TP, CP and EP collectives
 //                     (a GPU's device time outside the ops; a CPU's MPI waits, waiting for the peers
-//                     included), and the DP reduction after the backward
-//   pipeline_idle     waiting between actions (the bubble, stage-to-stage messages) and for the
-//                     other ranks at the step's world all-reduce
+//                     included), and the DP reduction after the backward; `plan --check` moves a
+//                     rank's part beyond the least of its pipeline stage's ranks to pipeline_idle
+//   pipeline_idle     waiting between actions (the bubble, stage-to-stage messages), for the other
+//                     ranks at the step's world all-reduce and, in `plan --check`, for a slower rank
+//                     of the stage in its collectives
 //   optimizer         zeroing the gradients, the grad norm, AdamW, the distributed optimizer's gather
 //   other             the rest of the step (a CPU's host time between ops, data loading, trace and log
 //                     writing); the cost model predicts none
