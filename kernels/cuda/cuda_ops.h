@@ -226,7 +226,6 @@ class CudaOps final : public Ops {
   std::unique_ptr<GemmRunner> gemm_;
   ::cublasContext* cublas_ = nullptr;  // cuBLAS's handle, created at the first grouped GEMM
   bool grouped_declined_ = false;           // cuBLAS refused the grouped call: per-group cuBLASLt GEMMs
-  bool fp8_amax_d_ = true;  // cuBLASLt computes the amax of a bf16 D (false once it declined)
   std::unique_ptr<AttentionRunner> attention_;
 
   // Reductions: kReduceBlocks partial sums and the result on the device, the result on the host.

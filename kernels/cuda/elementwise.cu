@@ -502,8 +502,9 @@ __global__ void fp8_quantize_kernel(const bf16_t* x, int64_t R, int64_t C, const
   if (amax || saturated) block_amax_count<kTile * kTileRows / 32>(m, clipped, amax, saturated);
 }
 
-__global__ void fp8_max_into_kernel(const float* in, float* out) {
-  if (abs_bits(in[0]) > abs_bits(out[0])) out[0] = in[0];
+__global__ void fp8_gemm_scales_kernel(const float* a_scale, const float* b_scale, float* out) {
+  out[0] = a_scale[1];
+  out[4] = b_scale[1];
 }
 
 }  // namespace
@@ -529,6 +530,8 @@ void fp8_quantize(const bf16* x, int64_t R, int64_t C, const float* scale, bool 
     fp8_quantize_kernel<false><<<grid, block, 0, s>>>(dev(x), R, C, scale, q, qt, amax, saturated);
 }
 
-void fp8_max_into(const float* in, float* out, cudaStream_t s) { fp8_max_into_kernel<<<1, 1, 0, s>>>(in, out); }
+void fp8_gemm_scales(const float* a_scale, const float* b_scale, float* out, cudaStream_t s) {
+  fp8_gemm_scales_kernel<<<1, 1, 0, s>>>(a_scale, b_scale, out);
+}
 
 }  // namespace tripod::cuda::k

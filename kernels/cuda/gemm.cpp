@@ -7,8 +7,6 @@
 //   dw       dw^T (I x O) = x^T (I x N) . (dy^T)^T (N x O)      B = dy stored (O x N), transposed
 #include "kernels/cuda/gemm_runner.h"
 
-#include <spdlog/spdlog.h>
-
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
@@ -76,10 +74,9 @@ GemmRunner::Plan GemmRunner::make_plan(const GemmArgs& g, const Key& key, const 
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.gelu_pre), what);
     set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.ldd, what);
   }
-  // FP8: the operands' scale factors and the amax of D (pointers set again per call).
+  // FP8: the operands' scale factors (pointers set again per call).
   if (g.a_scale) set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(g.a_scale), what);
   if (g.b_scale) set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(g.b_scale), what);
-  if (g.amax_d) set_desc(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(g.amax_d), what);
   TRIPOD_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p.a, g.a_type, g.trans_a ? g.k : g.m, g.trans_a ? g.m : g.k, g.lda),
                       "{}", what);
   TRIPOD_CUBLAS_CHECK(cublaslt().MatrixLayoutCreate(&p.b, g.b_type, g.trans_b ? g.n : g.k, g.trans_b ? g.k : g.n, g.ldb),
@@ -122,7 +119,7 @@ void GemmRunner::run(const GemmArgs& g, const std::string& what) {
   if (g.m == 0 || g.n == 0) return;
   Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, static_cast<int>(g.a_type),
           static_cast<int>(g.b_type), static_cast<int>(g.d_type), g.bias != nullptr, g.gelu_pre != nullptr,
-          g.a_scale != nullptr, g.amax_d != nullptr, alignment(g.a), alignment(g.b), alignment(g.d),
+          g.a_scale != nullptr, alignment(g.a), alignment(g.b), alignment(g.d),
           alignment(g.bias), alignment(g.gelu_pre)};
   auto it = plans_.find(key);
   if (it == plans_.end()) it = plans_.emplace(key, make_plan(g, key, what)).first;
@@ -131,7 +128,6 @@ void GemmRunner::run(const GemmArgs& g, const std::string& what) {
   if (g.gelu_pre) set_desc(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<const void*>(g.gelu_pre), what);
   if (g.a_scale) set_desc(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(g.a_scale), what);
   if (g.b_scale) set_desc(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(g.b_scale), what);
-  if (g.amax_d) set_desc(p.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, static_cast<void*>(g.amax_d), what);
   const float alpha = 1.f, beta = g.beta;
   TRIPOD_CUBLAS_CHECK(cublaslt().Matmul(handle_, p.desc, &alpha, g.a, p.a, g.b, p.b, &beta, g.d, p.d, g.d, p.d, &p.algo,
                                      workspace_.raw(), kWorkspaceBytes, ops_.compute_stream()),
@@ -276,37 +272,21 @@ void CudaOps::fp8_gemm(const Tensor& a, const Tensor& a_scale, const Tensor& b, 
   expect(b_scale, DType::F32, 2, op, "b_scale");
   expect(out, accumulate ? DType::F32 : DType::BF16, R * C, op, "out");
   if (bias.defined()) expect(bias, DType::BF16, C, op, "bias");
+  // The dequantization factors (each pair's 1/s) staged 16 bytes apart, as cuBLASLt requires
+  // (a factor read from its {s, 1/s} pair directly is only 4-byte aligned: "not supported").
+  Tensor factors = empty({8}, DType::F32, MemCategory::Workspace);
+  k::fp8_gemm_scales(b_scale.data<float>(), a_scale.data<float>(), factors.data<float>(), compute_);
+  TRIPOD_CUDA_LAUNCHED("fp8_gemm: scales of a {} and b {}", a.str(), b.str());
   GemmArgs g{.trans_a = true, .m = C, .n = R, .k = K, .a = b.raw(), .lda = K, .a_type = tb, .b = a.raw(), .ldb = K,
              .b_type = ta, .d = out.raw(), .ldd = C, .d_type = accumulate ? CUDA_R_32F : CUDA_R_16BF,
              .beta = accumulate ? 1.f : 0.f, .bias = bias.defined() ? bias.raw() : nullptr,
-             .a_scale = b_scale.data<float>() + 1, .b_scale = a_scale.data<float>() + 1};
-  const std::string what = fmt::format("fp8_gemm out {} = a {} b {}^T", out.str(), a.str(), b.str());
-  if (!out_amax.defined()) {
-    gemm_->run(g, what);
-    return;
-  }
+             .a_scale = factors.data<float>(), .b_scale = factors.data<float>() + 4};
+  gemm_->run(g, fmt::format("fp8_gemm out {} = a {} b {}^T", out.str(), a.str(), b.str()));
+  if (!out_amax.defined()) return;
+  // cuBLASLt computes the amax of an FP8 D only; of this bf16 one, a pass (a running max).
   expect(out_amax, DType::F32, 1, op, "out_amax");
-  // cuBLASLt writes max |D| (it does not keep a running max): into scratch, then folded in.
-  Tensor scratch = empty({1}, DType::F32, MemCategory::Workspace);
-  if (fp8_amax_d_) {
-    g.amax_d = scratch.data<float>();
-    try {
-      gemm_->run(g, what);
-    } catch (const Error& e) {
-      // A cuBLASLt without an FP8 kernel computing the amax of a bf16 D: the GEMM alone, then a pass.
-      spdlog::warn("{}: cuBLASLt computes no amax of D here ({}); using a separate pass", what, e.what());
-      fp8_amax_d_ = false;
-    }
-  }
-  if (!fp8_amax_d_) {
-    g.amax_d = nullptr;
-    gemm_->run(g, what);
-    fill(scratch, 0.f);
-    k::fp8_amax(out.data<bf16>(), R * C, scratch.data<float>(), compute_);
-    TRIPOD_CUDA_LAUNCHED("fp8_gemm: amax of out {}", out.str());
-  }
-  k::fp8_max_into(scratch.data<float>(), out_amax.data<float>(), compute_);
-  TRIPOD_CUDA_LAUNCHED("fp8_gemm: out_amax {}", out_amax.str());
+  k::fp8_amax(out.data<bf16>(), R * C, out_amax.data<float>(), compute_);
+  TRIPOD_CUDA_LAUNCHED("fp8_gemm: amax of out {}", out.str());
 }
 
 void CudaOps::fp8_amax(const Tensor& x, Tensor& amax) {

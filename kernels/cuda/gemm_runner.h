@@ -33,10 +33,9 @@ struct GemmArgs {
   void* gelu_pre = nullptr;    // when set, D = gelu(...) and this (m x n, ldd) gets the input of the GELU
   // FP8 operands (a_type, b_type CUDA_R_8F_E4M3 / _E5M2; cuBLASLt takes them as "TN" only:
   // trans_a, not trans_b): device f32 factors A and B are multiplied by (their dequantization
-  // scales), and where the GEMM writes max |D| (cuBLASLt's amax of D; null: not computed).
+  // scales), each pointer aligned to 16 bytes.
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
-  float* amax_d = nullptr;
 };
 
 class GemmRunner {
@@ -53,7 +52,7 @@ class GemmRunner {
     bool trans_a, trans_b;
     int64_t m, n, k, lda, ldb, ldd;
     int a_type, b_type, d_type;
-    bool bias, gelu, scales, amax;
+    bool bias, gelu, scales;
     uint32_t align_a, align_b, align_d, align_bias, align_aux;
     auto operator<=>(const Key&) const = default;
   };

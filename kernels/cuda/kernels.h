@@ -94,8 +94,9 @@ void fp8_scale(const float* amaxes, int P, float fmt_max, float margin_factor, f
 // max(amax, max |x|); saturated (may be null) += the clipped elements (fp8_clipped).
 void fp8_quantize(const bf16* x, int64_t R, int64_t C, const float* scale, bool e5m2, uint8_t* q, uint8_t* qt,
                   float* amax, float* saturated, cudaStream_t s);
-// out[0] = max(out[0], in[0]) (the bits compared as in fp8_amax).
-void fp8_max_into(const float* in, float* out, cudaStream_t s);
+// out[0] = a_scale[1], out[4] = b_scale[1]: two {s, 1/s} pairs' dequantization factors 16 bytes
+// apart (cuBLASLt's FP8 GEMMs take scale pointers aligned to 16 bytes; a pair's 1/s is at 4).
+void fp8_gemm_scales(const float* a_scale, const float* b_scale, float* out, cudaStream_t s);
 
 // ---- LayerNorm, bias gradient, softmax cross-entropy (norm_xent.cu) --------------------------
 // x (N, C) -> y (N, C); mean, rstd (N) f32.

@@ -1106,7 +1106,7 @@ TEST_F(CudaOpsTest, Fp8QuantizeMatchesTheCpuBitForBit) {
 // The three FP8 GEMMs of a linear layer from the same FP8 bytes and scales: the forward (e4m3 x
 // e4m3, bf16 out with bias and the amax of D), the input gradient (e5m2 x e4m3, bf16 out) and the
 // weight gradient (e5m2 x e4m3 accumulated into f32): within bf16's rounding of the output, and
-// f32 accumulation noise for the f32 output.
+// the FP8 tensor cores' accumulation for the f32 output.
 TEST_F(CudaOpsTest, Fp8GemmMatchesTheCpuEmulation) {
   struct Shape {
     int64_t R, K, C;
@@ -1144,11 +1144,16 @@ TEST_F(CudaOpsTest, Fp8GemmMatchesTheCpuEmulation) {
       if (fwd) {
         EXPECT_NEAR(down(gamax).data<float>()[0], amax.data<float>()[0], 1e-2 * amax.data<float>()[0]);
       }
-      // f32 output, accumulated (the weight gradient's form).
-      Tensor acc = randn({R, C}, 313, 1e-3f, 0.f, true), gacc = up(acc, DType::F32);
+      // f32 output, accumulated (the weight gradient's form) onto the product itself, so that a
+      // lost accumulation or a wrong product is off by half. Hopper's FP8 tensor cores keep about
+      // 14 bits of the running sum between cuBLASLt's promotions to f32: at K = 1024 an H200 was
+      // 1.3e-4 (e4m3) and 1.6e-5 (e5m2) from the CPU's f32 sum.
+      Tensor acc = host({R, C}), gacc;
+      cpu_->copy(want, acc);
+      gacc = up(acc, DType::F32);
       cpu_->fp8_gemm(a, sa, b, sb, none, true, acc, none);
       gpu_->fp8_gemm(ga, gsa, gb, gsb, gnone, true, gacc, gnone);
-      EXPECT_LT(rel_err(down(gacc), acc), 1e-5) << dtype_name(da) << ": f32 accumulation";
+      EXPECT_LT(rel_err(down(gacc), acc), 1e-3) << dtype_name(da) << ": f32 accumulation";
     }
   }
 }
