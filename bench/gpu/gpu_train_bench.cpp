@@ -23,6 +23,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -91,6 +92,7 @@ struct Result {
   double tokens_per_s = 0, mfu = 0, step_ms = 0;
   int64_t peak_bytes = 0, reserved_bytes = 0;
   double gemm = 0, attention = 0, other = 0;  // shares of the step's wall time; the rest is host gap
+  std::map<std::string, double> families;      // every op family's share (op_timing.h)
   std::string attention_impl;
 };
 
@@ -136,6 +138,8 @@ std::optional<Result> run(cuda::CudaOps& ops, ParallelContext& par, const Shape&
     r.gemm = t.seconds_of(OpFamily::Gemm) / timed_s;
     r.attention = t.seconds_of(OpFamily::Attention) / timed_s;
     r.other = t.total_seconds() / timed_s - r.gemm - r.attention;
+    for (int f = 0; f < kNumOpFamilies; ++f)
+      r.families[op_family_name(static_cast<OpFamily>(f))] = t.seconds_of(static_cast<OpFamily>(f)) / timed_s;
   } catch (const std::exception& e) {
     ops.set_timing(false);
     ops.synchronize();
@@ -241,6 +245,7 @@ int bench_main(int argc, char** argv) {
                                {"attention", r.attention},
                                {"other", r.other},
                                {"host_gap", gap},
+                               {"families", r.families},
                                {"attention_impl", r.attention_impl},
                                {"arch", mc.arch},
                                // What it trained, for `tripod plan` (run.sh's plan-check stage).

@@ -47,6 +47,22 @@ def predict(tripod, config_toml, micro_batch, hardware):
     return layout["step_time_s"], layout
 
 
+def family_rows(m, predicted):
+    """The bench's op families (shares of its step) beside the planner's breakdown (seconds)."""
+    ms = lambda share: share * m["step_ms"]
+    fam = m["families"]
+    measured = {"gemm": ms(fam.get("gemm", 0)), "attention": ms(fam.get("attention", 0))}
+    measured["other"] = ms(sum(fam.values())) - measured["gemm"] - measured["attention"]
+    pred = {"gemm": 1e3 * predicted["gemm"], "attention": 1e3 * predicted["attention"],
+            "other": 1e3 * (predicted["elementwise"] + predicted["optimizer"])}
+    row = f"{m['model']:>6}"
+    for k in ("gemm", "attention", "other"):
+        row += f" {pred[k]:>7.1f}/{measured[k]:>6.1f} {100 * (pred[k] / measured[k] - 1) if measured[k] else 0:>+4.0f}%"
+    rest = ", ".join(f"{k} {ms(v):.1f}" for k, v in sorted(fam.items(), key=lambda kv: -kv[1])
+                     if k not in ("gemm", "attention") and ms(v) >= 0.05)
+    return [row + "  " + rest]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("results", nargs="+")
@@ -71,7 +87,7 @@ def main():
              "against tripod_gpu_bench's measured step (one GPU, seq 1024)",
              f"{'model':>6} {'B':>4} {'measured':>10} {'calibrated':>11} {'error':>7}"
              + (f" {'datasheet':>10} {'error':>7}" if a.base else "")]
-    bad, summary = 0, []
+    bad, summary, split = 0, [], []
     for m in rows(a.results):
         if "config_toml" not in m:
             lines.append(f"{m['model']:>6}  (no config in the result: a tripod_gpu_bench before plan-check)")
@@ -92,7 +108,15 @@ def main():
             if i == 0:
                 bad += abs(err) > a.tolerance
                 summary.append(f"{m['model']} {100 * err:+.1f}%")
+                if m.get("families"):
+                    split.append(family_rows(m, info["breakdown"]))
         lines.append(row)
+    if split:
+        lines += ["", "by family, calibrated prediction beside the bench's timed steps (ms per step; other: every "
+                  "op but GEMMs and attention, the optimizer's included)",
+                  f"{'model':>6} {'gemm':>17} {'attention':>17} {'other':>17}  measured other ops"]
+        for r in split:
+            lines += r
     if a.run:
         r = subprocess.run([a.tripod, "plan", "--check", a.run], capture_output=True, text=True, timeout=120)
         lines += ["", r.stdout.rstrip() if r.returncode == 0 else f"plan --check {a.run}: {r.stderr.strip()}"]

@@ -227,7 +227,8 @@ TEST_F(PlanCheckCli, GpuBundleScriptSetsThePlannerBesideTheBenchmarks) {
   const fs::path run = train("run", "--profile-steps 2 --set parallel.hardware=" + hw.string());
   const std::string config = test::slurp(run / "config.toml");
   const json bench = {{"models",
-                       {{{"model", "124M"}, {"micro_batch", 2}, {"step_ms", 50.0}, {"config_toml", config}},
+                       {{{"model", "124M"}, {"micro_batch", 2}, {"step_ms", 50.0}, {"config_toml", config},
+                         {"families", {{"gemm", 0.5}, {"attention", 0.2}, {"layernorm", 0.1}, {"optimizer", 0.06}}}},
                         {{"model", "350M"}, {"micro_batch", 2}, {"step_ms", 50.0}, {"precision", "fp8"},
                          {"config_toml", config}},
                         {{"model", "1B"}, {"micro_batch", 2}, {"step_ms", 50.0}}}}};
@@ -254,6 +255,14 @@ TEST_F(PlanCheckCli, GpuBundleScriptSetsThePlannerBesideTheBenchmarks) {
   ASSERT_NE(row, std::string::npos) << r.out;
   const std::string line = r.out.substr(row, r.out.find('\n', row) - row);
   EXPECT_EQ(std::count(line.begin(), line.end(), '%'), 2) << line;
+  // The bench's op families beside the calibrated prediction's: gemm 25 ms, attention 10 ms, the
+  // other families' 8 ms, each listed; only the 124M result has them.
+  const size_t fam = r.out.find("  124M ", r.out.find("by family"));
+  ASSERT_NE(fam, std::string::npos) << r.out;
+  const std::string split = r.out.substr(fam, r.out.find('\n', fam) - fam);
+  for (const char* want : {"/  25.0", "/  10.0", "/   8.0", "layernorm 5.0, optimizer 3.0"})
+    EXPECT_NE(split.find(want), std::string::npos) << want << " in " << split;
+  EXPECT_EQ(r.out.find("  1B ", r.out.find("by family")), std::string::npos) << r.out;
   EXPECT_EQ(test::run_cmd(args + "0").status, 1);  // no prediction is exact
 }
 
