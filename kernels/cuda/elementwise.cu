@@ -115,15 +115,30 @@ template <class S> void convert_from(const S* src, void* dst, DType ddt, int64_t
 }
 
 // ---- reductions ---------------------------------------------------------------------------
+// A thread's loads of one pass over a chunk, issued before any is used: a loop that used each
+// element before loading the next kept one load in flight per thread, a fifth of the memory's
+// bandwidth. The elements stay in their order (i, i + blockDim.x, ...), so sums keep their bits.
+constexpr int kUnroll = 8;
+
 // Block b sums the chunks b, b + gridDim.x, ...; partials[b] gets its sum (0 without chunks).
 __global__ void reduce_partial_kernel(const float* x, const Chunk* chunks, int nchunks, bool square,
                                       double* partials) {
   double acc = 0;
   for (int c = blockIdx.x; c < nchunks; c += gridDim.x) {
     const Chunk ch = chunks[c];
-    for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
-      double v = x[i];
-      acc += square ? v * v : v;
+    for (int64_t i0 = ch.begin + threadIdx.x; i0 < ch.end; i0 += kUnroll * blockDim.x) {
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = i0 + u * static_cast<int64_t>(blockDim.x);
+        v[u] = i < ch.end ? x[i] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (i0 + u * static_cast<int64_t>(blockDim.x) >= ch.end) break;
+        const double d = v[u];
+        acc += square ? d * d : d;
+      }
     }
   }
   __shared__ double warp_sums[kThreads / 32];
@@ -199,19 +214,31 @@ __global__ void embedding_backward_wpe_positions_kernel(int64_t N, const bf16_t*
 // The same arithmetic as the CPU backend, in f32; chunk.flag says whether weight decay applies.
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, bf16_t* copy, const Chunk* chunks,
                              int nchunks, AdamWArgs a) {
+  constexpr int kU = kUnroll / 2;  // four arrays' loads each
   for (int c = blockIdx.x; c < nchunks; c += gridDim.x) {
     const Chunk ch = chunks[c];
     const float wd = ch.flag ? a.weight_decay : 0.f;
-    for (int64_t i = ch.begin + threadIdx.x; i < ch.end; i += blockDim.x) {
-      float gi = g[i] * a.grad_scale;
-      float mi = a.beta1 * m[i] + (1.0f - a.beta1) * gi;
-      float vi = a.beta2 * v[i] + (1.0f - a.beta2) * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      float mhat = mi / a.bias_corr1, vhat = vi / a.bias_corr2;
-      float pi = p[i] - a.lr * (mhat / (sqrtf(vhat) + a.eps) + wd * p[i]);
-      p[i] = pi;
-      if (copy) copy[i] = __float2bfloat16_rn(pi);
+    for (int64_t i0 = ch.begin + threadIdx.x; i0 < ch.end; i0 += kU * blockDim.x) {
+      float pu[kU] = {}, gu[kU] = {}, mu[kU] = {}, vu[kU] = {};
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t i = i0 + u * static_cast<int64_t>(blockDim.x);
+        if (i < ch.end) pu[u] = p[i], gu[u] = g[i], mu[u] = m[i], vu[u] = v[i];
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t i = i0 + u * static_cast<int64_t>(blockDim.x);
+        if (i >= ch.end) break;
+        float gi = gu[u] * a.grad_scale;
+        float mi = a.beta1 * mu[u] + (1.0f - a.beta1) * gi;
+        float vi = a.beta2 * vu[u] + (1.0f - a.beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / a.bias_corr1, vhat = vi / a.bias_corr2;
+        float pi = pu[u] - a.lr * (mhat / (sqrtf(vhat) + a.eps) + wd * pu[u]);
+        p[i] = pi;
+        if (copy) copy[i] = __float2bfloat16_rn(pi);
+      }
     }
   }
 }
