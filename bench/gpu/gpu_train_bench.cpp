@@ -9,16 +9,19 @@
 //
 //   tripod_gpu_bench [--model 124M|350M|1B|all] [--micro-batch B] [--steps N] [--warmup N]
 //                    [--seq T] [--precision bf16|fp8|both] [--fp8-recipe tensorwise|delayed]
-//                    [--json FILE] [--no-split]
+//                    [--json FILE] [--no-split] [--profile-last]
 // --json writes the rows as one JSON object (bench/gpu/summary.py reads it beside the PyTorch
 // baseline's; bench/gpu/plan_check.py predicts each bf16 row's step from its config_toml);
-// --no-split skips the timed steps (for profilers). --precision both runs each model in bf16 and
+// --no-split skips the timed steps (for profilers); --profile-last brackets the last measured step
+// with cudaProfilerStart/Stop, for `ncu --profile-from-start off` (one steady step, no start-up
+// kernels). --precision both runs each model in bf16 and
 // then in fp8 (train.precision, model/fp8.h) at the bf16 run's micro-batch, in the same process,
 // and prints the fp8 / bf16 tokens/s ratio (summary.py --fp8 tabulates it).
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <cuda_profiler_api.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -29,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/log.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "train/runtime.h"
 #include "train/mpi_session.h"
@@ -53,6 +57,7 @@ struct RunSettings {
   int seq_len = 1024;
   Precision precision = Precision::Bf16;
   Fp8Recipe recipe = Fp8Recipe::Tensorwise;
+  bool profile_last = false;  // the last measured step between cudaProfilerStart and Stop
 };
 
 Config make_config(const Shape& s, int micro_batch, const std::string& out_dir, const RunSettings& rs) {
@@ -114,7 +119,10 @@ std::optional<Result> run(cuda::CudaOps& ops, ParallelContext& par, const Shape&
     for (int i = 0; i < warmup; ++i) trainer.step();
     double time_s = 0;
     for (int i = 0; i < steps; ++i) {
+      const bool profiled = rs.profile_last && i == steps - 1;
+      if (profiled) TRIPOD_CUDA_CHECK(cudaProfilerStart(), "cudaProfilerStart");
       StepRecord m = trainer.step();
+      if (profiled) TRIPOD_CUDA_CHECK(cudaProfilerStop(), "cudaProfilerStop");
       time_s += m.step_time_s;
       r.mfu += m.mfu / steps;
       r.peak_bytes = std::max<int64_t>(r.peak_bytes, m.memory.at(0).at("total"));
@@ -156,7 +164,7 @@ int bench_main(int argc, char** argv) {
   std::string model = "all", precision = "bf16", recipe = "tensorwise";
   int micro_batch = 0, steps = 10, warmup = 3, seq = 1024;
   std::string json_path;
-  bool no_split = false;
+  bool no_split = false, profile_last = false;
   app.add_option("--model", model, "124M, 350M, 1B (Llama-3.2-1B-shaped) or all")
       ->check(CLI::IsMember({"124M", "350M", "1B", "all"}));
   app.add_option("--micro-batch", micro_batch, "Micro-batch size (0: the largest that fits)");
@@ -169,6 +177,8 @@ int bench_main(int argc, char** argv) {
       ->check(CLI::IsMember({"tensorwise", "delayed"}));
   app.add_option("--json", json_path, "Also write the results as one JSON object to this file");
   app.add_flag("--no-split", no_split, "Skip the per-op timed steps (GEMM/attention/other/host gap)");
+  app.add_flag("--profile-last", profile_last,
+               "Bracket the last measured step with cudaProfilerStart/Stop (ncu --profile-from-start off)");
   CLI11_PARSE(app, argc, argv);
 
   MpiSession mpi;
@@ -203,7 +213,8 @@ int bench_main(int argc, char** argv) {
     int chosen_b = micro_batch;  // both: the fp8 run takes the bf16 run's micro-batch
     double bf16_tokens = 0;
     for (Precision p : precisions) {
-      const RunSettings rs{.seq_len = seq, .precision = p, .recipe = *parse_enum<Fp8Recipe>(recipe)};
+      const RunSettings rs{
+          .seq_len = seq, .precision = p, .recipe = *parse_enum<Fp8Recipe>(recipe), .profile_last = profile_last};
       std::optional<Result> best;
       const std::vector<int> candidates =
           chosen_b > 0 ? std::vector<int>{chosen_b} : std::vector<int>{128, 96, 64, 48, 32, 24, 16, 12, 8, 4, 2, 1};

@@ -76,27 +76,27 @@ for want in "libcudnn.so.9: /" "libnccl.so.2: /" "libcublasLt.so.13: /" "-- ops/
             "--no-compile" "tripod_gpu_bench --model 350M" "calibrate --device cuda" "--profile-steps 4" \
             "plan_check.py --tripod" "hf_check.py --tripod" "dry run: nothing ran" \
             "--gtest_filter=CudaTrain.Fp8FollowsTheBf16Curve" "tripod_gpu_bench --model 1B --seq 2048 --micro-batch 4 --precision both" \
-            "-- fp8/fp8-ops: "; do
+            "-- fp8/fp8-ops: " "--profile-from-start off" "--no-split --profile-last"; do
   grep -qF -- "$want" <<< "$dry" || fail "run.sh --dry-run does not show '$want':"$'\n'"$dry"
 done
 plan=$(grep '^plan: ' <<< "$dry")
-want_plan="plan: probe est=7 cap=30 start=0
-plan: ops est=12 cap=120 start=7
-plan: step est=5 cap=120 start=19
-plan: train est=15 cap=180 start=24
-plan: bench-124m est=30 cap=150 start=39
-plan: torch-compile est=90 cap=180 start=69
-plan: torch-eager est=35 cap=120 start=159
-plan: bench-1b est=60 cap=150 start=194
-plan: bench-350m est=50 cap=120 start=254
-plan: hf est=45 cap=120 start=304
-plan: grid est=10 cap=150 start=349
-plan: comm est=5 cap=120 start=359
-plan: calibrate est=45 cap=120 start=364
-plan: plan-check est=25 cap=90 start=409
-plan: fp8 est=75 cap=81 start=434
-plan: sanitize no-time left=31 min=30
-plan: profile no-time left=31 min=60"
+want_plan="plan: probe est=10 cap=30 start=0
+plan: ops est=15 cap=120 start=10
+plan: step est=10 cap=120 start=25
+plan: train est=15 cap=180 start=35
+plan: bench-124m est=15 cap=150 start=50
+plan: torch-compile est=70 cap=180 start=65
+plan: torch-eager est=30 cap=120 start=135
+plan: bench-1b est=30 cap=150 start=165
+plan: bench-350m est=20 cap=120 start=195
+plan: hf est=30 cap=120 start=215
+plan: grid est=10 cap=150 start=245
+plan: comm est=5 cap=120 start=255
+plan: calibrate est=25 cap=120 start=260
+plan: plan-check est=10 cap=90 start=285
+plan: fp8 est=65 cap=220 start=295
+plan: sanitize est=15 cap=155 start=360
+plan: profile est=90 cap=140 start=375"
 [ "$plan" = "$want_plan" ] || fail "the 540 s plan changed:"$'\n'"$plan"$'\n'"(expected)"$'\n'"$want_plan"
 # Every cap keeps 25 s back, and the checks of correctness and the comparisons (through grid) end by 540 - 20 s.
 awk -v budget=540 '
@@ -106,17 +106,18 @@ awk -v budget=540 '
   END { exit bad }' <<< "$plan" || fail "caps"
 # A smaller budget: caps shrink and the later stages get no time.
 plan200=$("$OUT/run.sh" --dry-run --budget 200 --results "$T/dry" | grep '^plan: ')
-want200="plan: probe est=7 cap=30 start=0
-plan: ops est=12 cap=120 start=7
-plan: step est=5 cap=120 start=19
-plan: train est=15 cap=151 start=24
-plan: bench-124m est=30 cap=136 start=39
-plan: torch-compile est=90 cap=106 start=69
-plan: torch-eager no-time left=41 min=25
-plan: bench-1b no-time left=41 min=45
-plan: bench-350m no-time left=41 min=40"
+want200="plan: probe est=10 cap=30 start=0
+plan: ops est=15 cap=120 start=10
+plan: step est=10 cap=120 start=25
+plan: train est=15 cap=140 start=35
+plan: bench-124m est=15 cap=125 start=50
+plan: torch-compile est=70 cap=110 start=65
+plan: torch-eager est=30 cap=40 start=135
+plan: bench-1b no-time left=35 min=20
+plan: bench-350m no-time left=35 min=15"
 [ "$(head -9 <<< "$plan200")" = "$want200" ] || fail "the 200 s plan:"$'\n'"$plan200"
 [ "$(grep -c 'no-time' <<< "$plan200")" = 9 ] || fail "the 200 s plan should leave 9 stages without time:"$'\n'"$plan200"
+grep -q '^plan: grid est=10 cap=10 start=165$' <<< "$plan200" || fail "the 200 s plan should still run grid:"$'\n'"$plan200"
 
 # --quick on a first run's summary: probe, then the stages that failed, timed out, had no time,
 # were pending (the run was cut off) or are absent; not those ok or skipped.
