@@ -207,9 +207,9 @@ TEST(Hardware, ElementwiseTimesBySize) {
   } catch (const InputError& e) {
     EXPECT_NE(std::string(e.what()).find("op = \"softmax\""), std::string::npos) << e.what();
   }
-  // The calibration from before sizes were recorded (configs/hardware/h200_calibrated.toml) loads,
+  // The calibration from before sizes were recorded (an H200 file of 2026-11-27) loads,
   // and says why it predicts a GPU too slow.
-  Hardware h200 = parse_hardware(test::slurp(TRIPOD_SOURCE_PATH "/configs/hardware/h200_calibrated.toml"), "h200");
+  Hardware h200 = parse_hardware(test::slurp(TRIPOD_SOURCE_PATH "/tests/fixtures/hardware_h200_2026-11-27.toml"), "h200");
   EXPECT_EQ(h200.warnings.size(), 2u);
 }
 
