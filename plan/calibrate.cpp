@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <set>
 #include <tuple>
@@ -25,6 +26,7 @@ int64_t elementwise_bytes(const ElementwiseShape& s, int64_t a) {
   switch (s.op) {
     case Elementwise::AdamW: return s.elements() * (16 + a);
     case Elementwise::Embedding: return 3 * a * s.elements() + (a + 4) * s.vocab * s.width;
+    case Elementwise::SwiGlu: return 5 * a * s.elements();
     default: return 3 * a * s.elements();
   }
 }
@@ -215,6 +217,47 @@ std::pair<double, double> time_elementwise(Ops& ops, const CalibrateGrid& g, con
                 ops.layernorm_backward(y, s.x, w, s.mean, s.rstd, s.dx, dw, db);
               })};
     }
+    case Elementwise::RmsNorm: {
+      struct Saved {
+        Tensor x, rstd, dx;
+      };
+      Tensor y = ops.empty({N, C}, a, MemCategory::Workspace), w = filled(ops, {C}, a, 1.f);
+      Tensor dw = filled(ops, {C}, DType::F32, 0.f);
+      Rotation<Saved> saved(g, 2 * dtype_size(a) * E + 4 * N, [&] {
+        Saved s{filled(ops, {N, C}, a, 0.01f), ops.empty({N}, DType::F32, MemCategory::Workspace),
+                filled(ops, {N, C}, a, 0.f)};
+        ops.rmsnorm_forward(s.x, w, 1e-5f, y, s.rstd);
+        return s;
+      });
+      Saved& s0 = saved.first();
+      return {median_time(ops, g, [&] { ops.rmsnorm_forward(s0.x, w, 1e-5f, y, s0.rstd); }),
+              median_time(ops, g, [&] {
+                Saved& s = saved.next();
+                ops.rmsnorm_backward(y, s.x, w, s.rstd, s.dx, dw);
+              })};
+    }
+    case Elementwise::SwiGlu: {
+      // gate and up (N, 2F) -> (N, F); the backward reads the saved input into a new gradient.
+      struct Saved {
+        Tensor gu, dgu;
+      };
+      Tensor y = ops.empty({N, C}, a, MemCategory::Workspace);
+      Rotation<Saved> saved(g, 4 * dtype_size(a) * E, [&] {
+        return Saved{filled(ops, {N, 2 * C}, a, 0.01f), ops.empty({N, 2 * C}, a, MemCategory::Workspace)};
+      });
+      return {median_time(ops, g, [&] { ops.swiglu_forward(saved.first().gu, y); }), median_time(ops, g, [&] {
+                Saved& s = saved.next();
+                ops.swiglu_backward(s.gu, y, s.dgu);
+              })};
+    }
+    case Elementwise::Rope: {
+      // In place over the query and key heads of sequences of `seq` positions; the backward is
+      // the inverse rotation of a gradient (the same work).
+      const int64_t D = s.head_dim, T = s.seq;
+      Tensor x = filled(ops, {N, C / D, D}, a, 0.01f);
+      return {median_time(ops, g, [&] { ops.rope(x, C / D, T, 0, 500000.0, false); }),
+              median_time(ops, g, [&] { ops.rope(x, C / D, T, 0, 500000.0, true); })};
+    }
     case Elementwise::Gelu: {
       // The backward reads the input its forward saved into a new gradient.
       struct Saved {
@@ -381,7 +424,10 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info) {
     for (int i = 0; i < static_cast<int>(Elementwise::Count); ++i) {
       const Elementwise op = static_cast<Elementwise>(i);
       ElementwiseShape s{op, e, 1, 0};
-      if (op == Elementwise::LayerNorm || op == Elementwise::Embedding) s = {op, std::max<int64_t>(1, e / C), C, V};
+      if (op == Elementwise::LayerNorm || op == Elementwise::RmsNorm || op == Elementwise::SwiGlu ||
+          op == Elementwise::Embedding)
+        s = {op, std::max<int64_t>(1, e / C), C, V};
+      if (op == Elementwise::Rope) s = {op, std::max<int64_t>(1, e / C), C, 0, 64, std::gcd(std::max<int64_t>(1, e / C), 1024)};
       if (op == Elementwise::CrossEntropy) s = {op, std::max<int64_t>(1, e / V), V, 0};
       if (elementwise_bytes(s, a) <= budget) g.elementwise.push_back(s);
     }
@@ -401,11 +447,13 @@ CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, co
   std::set<std::tuple<int64_t, int64_t, int64_t>> gemms, attention;
   std::set<std::tuple<int, int64_t, int64_t, int64_t>> elementwise;
   auto add_elementwise = [&](Elementwise op, int64_t rows, int64_t width, int64_t vocab) {
+    const bool rope = op == Elementwise::Rope;
     if (rows >= 1 && width >= 1 && elementwise.insert({static_cast<int>(op), rows, width, vocab}).second)
-      g.elementwise.push_back({op, rows, width, vocab});
+      g.elementwise.push_back({op, rows, width, vocab, rope ? model.head_dim() : 0, rope ? T : 0});
   };
+  const Elementwise norm = model.rms() ? Elementwise::RmsNorm : Elementwise::LayerNorm;
   for (int tp = 1; tp <= max_tp; ++tp) {
-    if (model.n_heads % tp || F % tp) continue;
+    if (model.n_heads % tp || model.kv_heads() % tp || F % tp) continue;
     const int64_t V = model.padded_vocab(tp) / tp, qkv = (model.n_heads + 2 * int64_t{model.kv_heads()}) * model.head_dim();
     const int64_t mlp_in = (model.swiglu() ? 2 : 1) * F / tp;
     for (int mbs : micro_batches) {
@@ -415,10 +463,15 @@ CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, co
       if (attention.insert({T, model.head_dim(), int64_t{mbs} * model.n_heads / tp}).second)
         g.attention.push_back({T, model.head_dim(), mbs, model.n_heads / tp});
       for (int64_t rows : {N, N / tp}) {  // the sequence-parallel slice too
-        add_elementwise(Elementwise::LayerNorm, rows, C, 0);
+        add_elementwise(norm, rows, C, 0);
         add_elementwise(Elementwise::Add, rows * C, 1, 0);
       }
-      add_elementwise(Elementwise::Gelu, N * F / tp, 1, 0);
+      if (model.swiglu())
+        add_elementwise(Elementwise::SwiGlu, N, F / tp, 0);
+      else
+        add_elementwise(Elementwise::Gelu, N * F / tp, 1, 0);
+      if (model.rope())  // the query and key heads
+        add_elementwise(Elementwise::Rope, N, (model.n_heads + model.kv_heads()) / tp * model.head_dim(), 0);
       add_elementwise(Elementwise::CrossEntropy, N, V, 0);
       add_elementwise(Elementwise::Embedding, N, C, V);
       g.message_bytes.push_back(N * C * 4);

@@ -17,10 +17,12 @@ namespace tripod {
 
 // One memory-bound call: `rows` x `width` elements. width: the model width of the norms, the
 // residual add and the embedding (whose table has `vocab` rows), the vocabulary shard of the
-// cross-entropy's logits; 1 for GELU's and AdamW's flat elements.
+// cross-entropy's logits, SwiGLU's hidden width (its input is twice that), the rotated heads x
+// `head_dim` of rope (rows: tokens, positions restarting every `seq`); 1 for GELU's and AdamW's
+// flat elements.
 struct ElementwiseShape {
   Elementwise op = Elementwise::Add;
-  int64_t rows = 0, width = 1, vocab = 0;
+  int64_t rows = 0, width = 1, vocab = 0, head_dim = 0, seq = 0;
   int64_t elements() const { return rows * width; }
 };
 
@@ -61,7 +63,8 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info = {});
 int64_t attention_tokens(Device device);
 // Exactly the shapes of one model, for every tp (dividing the heads, at most `max_tp`) and
 // micro-batch size: its layers' and head's GEMMs, its attention over micro-batch x heads/tp,
-// its norms, residual adds, GELU, embedding and cross-entropy at their tensors' sizes (the
+// its norms (LayerNorm or RMSNorm), residual adds, GELU or SwiGLU, rope (its query and key heads),
+// embedding and cross-entropy at their tensors' sizes (the
 // sequence-parallel slices too), AdamW and an add (the gradients' zeroing and norm) over its
 // parameters per tp (and halves of them, as pipeline stages and the distributed optimizer shard
 // them), and its activation messages and gradient buckets of `bucket_bytes` (parallel.bucket_mb;

@@ -34,7 +34,7 @@ GpuPlacement place(const ParallelConfig& p, int g) {
 // capacity's bound when less), split over ep ranks with `dispatcher`.
 struct LayerShape {
   int64_t B, T, N, Ns, C, F, H, KV, D, t, V, a, cp;
-  bool sp, swiglu;
+  bool sp, swiglu, rms, rope;
   int64_t E = 0, k = 0, Fe = 0, Fs = 0, R = 0, ep = 1;
   MoeDispatcher dispatcher = MoeDispatcher::AllToAll;
 };
@@ -54,6 +54,8 @@ LayerShape shape_of(const Config& cfg, const Hardware& hw) {
   s.H = m.n_heads;
   s.KV = m.kv_heads();
   s.swiglu = m.swiglu();
+  s.rms = m.rms();
+  s.rope = m.rope();
   s.D = m.head_dim();
   s.t = t;
   s.V = m.padded_vocab(t);
@@ -157,6 +159,11 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
   const int64_t pairs = s.B * (s.H / s.t) * s.cp;
   l.attn_fwd = l.fwd.attention = hw.attention_time(pairs, s.T, s.D, false);
   l.bwd.attention = hw.attention_time(pairs, s.T, s.D, true);
+  if (s.rope) {  // the query and key heads rotated before the attention, the gradients back after
+    const int64_t rotated = s.N * (s.H + s.KV) / s.t * s.D;
+    l.fwd.attention += hw.elementwise_time(Elementwise::Rope, rotated, false);
+    l.bwd.attention += hw.elementwise_time(Elementwise::Rope, rotated, true);
+  }
   if (s.cp > 1) {
     // Keys and values of this rank's tokens (this TP rank's key/value heads); their gradients in
     // f32. All-gather: a gather forward, a gather and a reduce-scatter backward, all exposed.
@@ -174,10 +181,11 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
       l.bwd.comm += std::max(0.0, (s.cp - 1) * hop + s.cp * hop_grad - l.bwd.attention * (s.cp - 1) / s.cp);
     }
   }
+  const Elementwise norm = s.rms ? Elementwise::RmsNorm : Elementwise::LayerNorm;
   for (bool b : {false, true})
-    (b ? l.bwd : l.fwd).elementwise += 2 * hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
+    (b ? l.bwd : l.fwd).elementwise += 2 * hw.elementwise_time(norm, s.Ns * s.C, b) +
                                       2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b) +
-                                      hw.elementwise_time(Elementwise::Gelu, act, b);
+                                      hw.elementwise_time(s.swiglu ? Elementwise::SwiGlu : Elementwise::Gelu, act, b);
   // Two regions (attention, MLP) per layer, in each direction.
   const double tp = 2 * tp_region(s, hw, intra);
   l.fwd.comm += tp;
@@ -255,7 +263,7 @@ StageParts stage_parts(const Config& cfg, const Hardware& hw) {
     const int64_t Vl = s.V / s.t;
     for (bool b : {false, true}) {
       ChunkTimes::Split& d = b ? c.b : c.f;
-      d.elementwise = hw.elementwise_time(Elementwise::LayerNorm, s.Ns * s.C, b) +
+      d.elementwise = hw.elementwise_time(s.rms ? Elementwise::RmsNorm : Elementwise::LayerNorm, s.Ns * s.C, b) +
                       hw.elementwise_time(Elementwise::CrossEntropy, s.N * Vl, b);
       d.gemm = hw.gemm_time(s.N, Vl, s.C, b);
     }

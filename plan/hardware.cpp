@@ -116,7 +116,8 @@ double interpolate(const std::vector<std::pair<double, double>>& pts, double x) 
 }  // namespace
 
 const char* elementwise_name(Elementwise e) {
-  static const char* names[] = {"layernorm", "gelu", "add", "cross_entropy", "embedding", "adamw"};
+  static const char* names[] = {"layernorm", "gelu",  "add",    "cross_entropy", "embedding",
+                                "adamw",     "rmsnorm", "swiglu", "rope"};
   return names[static_cast<int>(e)];
 }
 
@@ -199,6 +200,9 @@ double Hardware::elementwise_time(Elementwise e, int64_t elements, bool backward
     case Elementwise::CrossEntropy: bytes = backward ? 2 * a : a; break;          // per logit
     case Elementwise::Embedding: bytes = backward ? a + 8 : 3 * a; break;         // f32 += on the table
     case Elementwise::AdamW: bytes = 4 + 3 * 8 + (bf16() ? a : 0); break;         // g; master, m, v rw; copy
+    case Elementwise::RmsNorm: bytes = backward ? 3 * a : 2 * a; break;           // as LayerNorm
+    case Elementwise::SwiGlu: bytes = backward ? 5 * a : 3 * a; break;            // g, u, y / g, u, dy, dg, du
+    case Elementwise::Rope: bytes = 2 * a; break;                                 // in place
     case Elementwise::Count: break;
   }
   return elements * bytes / (memory_bandwidth * memory_efficiency);

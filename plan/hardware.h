@@ -35,8 +35,9 @@ struct AttentionPoint {
   double flops(bool backward) const { return 2.0 * t * t * d * pairs * (backward ? 2.5 : 1.0); }
 };
 
-// Memory-bound op families: forward and backward of each.
-enum class Elementwise { LayerNorm, Gelu, Add, CrossEntropy, Embedding, AdamW, Count };
+// Memory-bound op families: forward and backward of each. Llama's RMSNorm, SwiGLU and rotary
+// embedding have their own (SwiGLU reads two inputs per output, rope computes its angles).
+enum class Elementwise { LayerNorm, Gelu, Add, CrossEntropy, Embedding, AdamW, RmsNorm, SwiGlu, Rope, Count };
 const char* elementwise_name(Elementwise e);
 // A per-element time at no recorded size (the [elementwise] table of files written before
 // calibration recorded sizes).
@@ -44,7 +45,8 @@ struct ElementwiseRate {
   double forward_s = 0, backward_s = 0;  // seconds per element; 0: not measured
 };
 // One call of a memory-bound op over `elements` elements (logits for the cross-entropy,
-// parameters for AdamW, tokens x width for the rest): the call's forward and backward times.
+// parameters for AdamW, outputs for SwiGLU, rotated values for rope, tokens x width for the
+// rest): the call's forward and backward times.
 struct ElementwisePoint {
   Elementwise op = Elementwise::Add;
   int64_t elements = 0;

@@ -351,6 +351,55 @@ TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
     }
 }
 
+TEST(Calibrate, ModelGridMeasuresLlamasOwnCalls) {
+  // Llama-3.2-1B at tp 1 and 2: RMSNorm, SwiGLU (its hidden width; the input is twice it) and
+  // rope (the query and key heads of this TP rank, sequences of the model's length) are points of
+  // their own, and the layer's predicted forward is made of them: 4 GEMMs, the attention call
+  // and the rotation, 2 RMSNorms, 2 adds and a SwiGLU.
+  Config cfg = load_config(TRIPOD_SOURCE_PATH "/configs/llama3_2_1b.toml", {}, {.training = false, .data = false});
+  const CalibrateGrid g = model_grid(Device::CUDA, cfg.model, 2, {1, 4});
+  Hardware hw = parse_hardware(kHardware, "test.toml");
+  for (const GemmPoint& p : g.gemm) hw.gemm.push_back({p.m, p.n, p.k, 1e-3, 2e-3});
+  for (const AttentionShape& c : g.attention)
+    hw.attention.push_back({.t = c.t, .d = c.d, .forward_s = 1e-3, .backward_s = 2e-3, .pairs = c.pairs()});
+  std::set<std::pair<int, int64_t>> sizes;
+  for (const ElementwiseShape& s : g.elementwise) {
+    sizes.insert({static_cast<int>(s.op), s.elements()});
+    hw.elementwise_points.push_back({s.op, s.elements(), 1e-4, 2e-4});
+    EXPECT_NE(s.op, Elementwise::LayerNorm);
+    EXPECT_NE(s.op, Elementwise::Gelu);
+    if (s.op == Elementwise::Rope) {
+      EXPECT_EQ(s.head_dim, 64);
+      EXPECT_EQ(s.seq, cfg.model.seq_len);
+    }
+  }
+  const int64_t T = cfg.model.seq_len, C = 2048, F = 8192, L = cfg.model.n_layers;
+  for (int tp : {1, 2})
+    for (int mbs : {1, 4}) {
+      SCOPED_TRACE(fmt::format("tp {} mbs {}", tp, mbs));
+      const int64_t N = int64_t{mbs} * T;
+      EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::RmsNorm), N * C}));
+      EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::SwiGlu), N * F / tp}));
+      EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::Rope), N * (32 + 8) / tp * 64}));
+      Config c = cfg;
+      c.parallel.tp = tp;
+      c.parallel.pp = 1;
+      c.parallel.dp = 1;
+      c.parallel.sequence_parallel = false;
+      c.parallel.distributed_optimizer = false;
+      c.train.micro_batch_size = mbs;
+      c.train.global_batch_size = mbs;
+      c.train.device = Device::CUDA;
+      c.recompute.mode = RecomputeMode::None;  // the file's selective recomputation reruns the attention
+      validate_layout(c, tp);
+      const ChunkTimes& t = predict_step(c, hw).stages[0];
+      EXPECT_NEAR(t.f.gemm, L * 4 * 1e-3 + 1e-3, 1e-12);
+      EXPECT_NEAR(t.f.attention, L * (1e-3 + 1e-4), 1e-12);
+      EXPECT_NEAR(t.b.attention, L * (2e-3 + 2e-4), 1e-12);
+      EXPECT_NEAR(t.f.elementwise, L * 5 * 1e-4 + 1e-4 + 2 * 1e-4, 1e-12);  // + the head's norm and loss, the embedding
+    }
+}
+
 TEST(CostModel, BreakdownAddsUpToTheStep) {
   // On every rank of every layout the families add up to the predicted step, and the mean is
   // over the pipeline ranks; one device has neither communication nor idle.
@@ -478,7 +527,7 @@ TEST(CostModel, TiedEmbeddingSyncOnlyWhereThePipelineEndsAreOnTwoRanks) {
 }
 
 TEST(CostModel, LlamaShapes) {
-  // Grouped-query attention shrinks the QKV GEMM; SwiGLU adds the gate GEMM.
+  // Grouped-query attention shrinks the QKV GEMM; SwiGLU adds the gate GEMM and reads two inputs.
   Hardware hw = parse_hardware(kHardware, "test.toml");
   Config cfg = small_config();
   validate_layout(cfg, 1);
@@ -487,7 +536,11 @@ TEST(CostModel, LlamaShapes) {
   llama.model.ffn_hidden = 4 * 64;
   const double gelu = stage_times(cfg, hw)[0].forward, swiglu = stage_times(llama, hw)[0].forward;
   const int64_t N = 64, C = 64;
-  EXPECT_NEAR(swiglu - gelu, 4 * (hw.gemm_time(N, 2 * 4 * C, C, false) - hw.gemm_time(N, 4 * C, C, false)), 1e-12);
+  const double act = 4 * (hw.elementwise_time(Elementwise::SwiGlu, N * 4 * C, false) -
+                          hw.elementwise_time(Elementwise::Gelu, N * 4 * C, false));
+  EXPECT_GT(act, 0);  // SwiGLU's activation reads two inputs
+  EXPECT_NEAR(swiglu - gelu, 4 * (hw.gemm_time(N, 2 * 4 * C, C, false) - hw.gemm_time(N, 4 * C, C, false)) + act,
+              1e-12);
   Config gqa = llama;
   gqa.model.n_kv_heads = 1;
   const double qkv = 4 * (hw.gemm_time(N, 3 * C, C, false) - hw.gemm_time(N, (4 + 2) * 16, C, false));
@@ -969,7 +1022,9 @@ TEST_F(PlanCli, CalibrateWritesAFilePlanReads) {
     EXPECT_GT(p.forward_s, 0);
     EXPECT_GT(p.backward_s, 0);
   }
-  EXPECT_EQ(ops.size(), static_cast<size_t>(Elementwise::Count));
+  // A GPT-2's memory-bound ops (no RMSNorm, SwiGLU or rope).
+  EXPECT_EQ(ops, (std::set<Elementwise>{Elementwise::LayerNorm, Elementwise::Gelu, Elementwise::Add,
+                                        Elementwise::CrossEntropy, Elementwise::Embedding, Elementwise::AdamW}));
   EXPECT_TRUE(hw.warnings.empty());
   EXPECT_GT(hw.peak_flops, 0);
   r = plan("--config " + model + " --hardware " + out + " --gpus 1 --json");
