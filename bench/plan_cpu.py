@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Calibrate -> train -> plan --check on this machine's CPU: is the planner's prediction what the
-machine measures? For GPT-2-shaped models at two sizes, on 1 rank and on 2 ranks (one per core)
-as pp = 2, tp = 2 and dp = 2:
+machine measures? For GPT-2-shaped models at two sizes and a Llama-shaped one, on 1 rank and on
+2 ranks (one per core) as pp = 2, tp = 2 and dp = 2:
 
   1. `tripod calibrate --model` measures that model's own shapes (GEMMs, attention calls,
      memory-bound ops, and the collectives on that many ranks);
@@ -18,7 +18,7 @@ family of at least 5% of the step, else the difference as a share of the step, i
 Exits 1 unless every step is within --step-tolerance (15%) and every family within
 --family-tolerance (25%) of max(its measured time, 5% of the step).
 
-  python3 bench/plan_cpu.py [--tripod build/bin/tripod] [--steps 4] [--sizes small,medium]
+  python3 bench/plan_cpu.py [--tripod build/bin/tripod] [--steps 4] [--sizes small,medium,llama]
                             [--layouts 1,pp2,tp2,dp2] [--repeats 3] [--json OUT]
 """
 import argparse
@@ -28,10 +28,13 @@ import subprocess
 import sys
 import tempfile
 
-# GPT-2-shaped (learned positions, LayerNorm, GELU, tied embeddings, head dimension 64).
+# GPT-2-shaped (learned positions, LayerNorm, GELU, tied embeddings, head dimension 64), and a
+# Llama-shaped one (RMSNorm, rope, SwiGLU, 8 query heads over 2 key/value heads of 32).
 SIZES = {
     "small": dict(n_layers=4, n_heads=4, d_model=256, seq_len=256, vocab_size=2048, micro_batch=2, global_batch=16),
     "medium": dict(n_layers=6, n_heads=6, d_model=384, seq_len=256, vocab_size=8192, micro_batch=2, global_batch=8),
+    "llama": dict(n_layers=4, n_heads=8, d_model=256, seq_len=256, vocab_size=2048, micro_batch=2, global_batch=16,
+                  extra='arch = "llama"\nn_kv_heads = 2\nffn_hidden = 704\n'),
 }
 # name: (ranks, tp, pp)
 LAYOUTS = {"1": (1, 1, 1), "pp2": (2, 1, 2), "tp2": (2, 2, 1), "dp2": (2, 1, 1)}
@@ -41,7 +44,7 @@ SHORT = {"gemm": "gemm", "attention": "attn", "elementwise": "elem", "communicat
 SMALL_SHARE = 0.05
 
 MODEL = """[model]
-n_layers = {n_layers}
+{extra}n_layers = {n_layers}
 n_heads = {n_heads}
 d_model = {d_model}
 seq_len = {seq_len}
@@ -90,7 +93,7 @@ def main():
     ap.add_argument("--tripod", default="build/bin/tripod")
     ap.add_argument("--steps", type=int, default=4, help="profiled steps per run (after one warm-up step)")
     ap.add_argument("--repeats", type=int, default=3, help="timings per calibration point")
-    ap.add_argument("--sizes", default="small,medium")
+    ap.add_argument("--sizes", default="small,medium,llama")
     ap.add_argument("--layouts", default="1,pp2,tp2,dp2")
     ap.add_argument("--step-tolerance", type=float, default=0.15)
     ap.add_argument("--family-tolerance", type=float, default=0.25)
@@ -109,7 +112,7 @@ def main():
             out = os.path.join(tmp, f"run_{size}_{layout}")
             cfg = os.path.join(tmp, f"{size}.toml")
             with open(cfg, "w") as f:
-                f.write(MODEL.format(steps=a.steps + 1, out=out, **shape))
+                f.write(MODEL.format(steps=a.steps + 1, out=out, **{"extra": "", **shape}))
 
             def calibrate(tag):
                 hw = os.path.join(tmp, f"hw_{size}_{layout}_{tag}.toml")
