@@ -290,6 +290,23 @@ TEST(Calibrate, BackwardCallsReadTensorsOutOfCache) {
   EXPECT_EQ(peak(gelu, 16 * 32768), peak(gelu, 0) + 31 * 32768);
 }
 
+// `cfg` on one GPU's worth of a layout: tp ranks, one stage, one replica, micro-batch `mbs` as
+// the whole batch, no sequence parallelism, distributed optimizer or recomputation.
+Config one_stage(const Config& cfg, int tp, int mbs) {
+  Config c = cfg;
+  c.parallel.tp = tp;
+  c.parallel.pp = 1;
+  c.parallel.dp = 1;
+  c.parallel.sequence_parallel = false;
+  c.parallel.distributed_optimizer = false;
+  c.train.micro_batch_size = mbs;
+  c.train.global_batch_size = mbs;
+  c.train.device = Device::CUDA;
+  c.recompute.mode = RecomputeMode::None;
+  validate_layout(c, tp);
+  return c;
+}
+
 TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
   // GPT-2 124M at micro-batches 1 and 16 for tp 1 and 2: every GEMM, attention call and
   // memory-bound call the cost model times for those layouts is a measured point of the grid
@@ -333,17 +350,7 @@ TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
         EXPECT_TRUE(sizes.count({static_cast<int>(op), cfg.model.num_params(tp) / tp}));
       // The predicted forward of a layer is then the measured points' times exactly: 4 GEMMs,
       // one attention call, 2 LayerNorms, 2 adds and a GELU (sequence parallelism off).
-      Config c = cfg;
-      c.parallel.tp = tp;
-      c.parallel.pp = 1;
-      c.parallel.dp = 1;
-      c.parallel.sequence_parallel = false;
-      c.parallel.distributed_optimizer = false;
-      c.train.micro_batch_size = mbs;
-      c.train.global_batch_size = mbs;
-      c.train.device = Device::CUDA;
-      validate_layout(c, tp);
-      const StepPrediction p = predict_step(c, hw);
+      const StepPrediction p = predict_step(one_stage(cfg, tp, mbs), hw);
       const ChunkTimes& t = p.stages[0];
       EXPECT_NEAR(t.f.gemm, 12 * 4 * 1e-3 + 1e-3, 1e-12);
       EXPECT_NEAR(t.f.attention, 12 * 1e-3, 1e-12);
@@ -381,18 +388,8 @@ TEST(Calibrate, ModelGridMeasuresLlamasOwnCalls) {
       EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::RmsNorm), N * C}));
       EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::SwiGlu), N * F / tp}));
       EXPECT_TRUE(sizes.count({static_cast<int>(Elementwise::Rope), N * (32 + 8) / tp * 64}));
-      Config c = cfg;
-      c.parallel.tp = tp;
-      c.parallel.pp = 1;
-      c.parallel.dp = 1;
-      c.parallel.sequence_parallel = false;
-      c.parallel.distributed_optimizer = false;
-      c.train.micro_batch_size = mbs;
-      c.train.global_batch_size = mbs;
-      c.train.device = Device::CUDA;
-      c.recompute.mode = RecomputeMode::None;  // the file's selective recomputation reruns the attention
-      validate_layout(c, tp);
-      const ChunkTimes& t = predict_step(c, hw).stages[0];
+      // (one_stage sets aside the file's selective recomputation, which reruns the attention)
+      const ChunkTimes& t = predict_step(one_stage(cfg, tp, mbs), hw).stages[0];
       EXPECT_NEAR(t.f.gemm, L * 4 * 1e-3 + 1e-3, 1e-12);
       EXPECT_NEAR(t.f.attention, L * (1e-3 + 1e-4), 1e-12);
       EXPECT_NEAR(t.b.attention, L * (2e-3 + 2e-4), 1e-12);
