@@ -423,11 +423,12 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info) {
   for (int64_t e = cpu ? int64_t{1} << 12 : int64_t{1} << 16; e <= largest; e *= 4)
     for (int i = 0; i < static_cast<int>(Elementwise::Count); ++i) {
       const Elementwise op = static_cast<Elementwise>(i);
+      const int64_t rows = std::max<int64_t>(1, e / C);
       ElementwiseShape s{op, e, 1, 0};
       if (op == Elementwise::LayerNorm || op == Elementwise::RmsNorm || op == Elementwise::SwiGlu ||
           op == Elementwise::Embedding)
-        s = {op, std::max<int64_t>(1, e / C), C, V};
-      if (op == Elementwise::Rope) s = {op, std::max<int64_t>(1, e / C), C, 0, 64, std::gcd(std::max<int64_t>(1, e / C), 1024)};
+        s = {op, rows, C, V};
+      if (op == Elementwise::Rope) s = {op, rows, C, 0, 64, std::gcd(rows, int64_t{1024})};  // heads of 64
       if (op == Elementwise::CrossEntropy) s = {op, std::max<int64_t>(1, e / V), V, 0};
       if (elementwise_bytes(s, a) <= budget) g.elementwise.push_back(s);
     }
