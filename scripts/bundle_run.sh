@@ -25,7 +25,7 @@
 #   grid           the (2,2,2) quick-start grid as 8 ranks on one GPU against one rank
 #   comm           cuda_comm_test (2 ranks), cuda_grid_test (4 ranks), cuda_cli_test
 #   calibrate      tripod calibrate --device cuda into hardware_cuda.toml (in the results folder)
-#   plan-check     the planner on that file against this window's bench-124m/350m/1b steps
+#   plan-check     the planner on that file against this run's bench-124m/350m/1b steps
 #                  (bench/gpu/plan_check.py), and a profiled 124M run's plan --check table
 #   fp8            FP8 (train.precision = "fp8"): the casts and FP8 GEMMs against the CPU's emulation
 #                  (every f32 converted as the CPU does; bytes equal, GEMMs within f32 noise), 50
@@ -139,12 +139,12 @@ fi
 mkdir -p "$RESULTS" || bad "--results $RESULTS: cannot create it"
 RESULTS=$(cd "$RESULTS" && pwd)
 # Each stage's files go to a scratch folder, archived into details.tar.gz after every stage: the
-# results folder holds a few files only (a device tool may bring back only a few).
+# results folder holds a few files only (easy to copy back from a node).
 D=$(mktemp -d /tmp/tripod-run.XXXXXX)/details
 mkdir -p "$D"
 TEE_PID=""
-# On exit: the scratch folder goes, and run.log is complete before run.sh returns (a device tool
-# copies the results folder as soon as the command ends).
+# On exit: the scratch folder goes, and run.log is complete before run.sh returns (a job script
+# may copy the results folder as soon as the command ends).
 trap 'rm -rf "$(dirname "$D")"; if [ -n "$TEE_PID" ]; then exec >&- 2>&-; wait "$TEE_PID"; fi' EXIT
 # A --quick on the machine of the run it follows starts from that run's details (so the summary's
 # tables stay whole).
@@ -365,7 +365,7 @@ calibrate() {
   fi
 }
 # The planner with the file just calibrated: a profiled run of the 124M bench's shape and
-# micro-batch (every family measured beside its prediction), then every benchmark of this window
+# micro-batch (every family measured beside its prediction), then every benchmark of this run
 # predicted on the calibrated and on the datasheet file beside its measured step.
 plan_check() {
   local hw=$D/hardware_cuda.toml base jsons=() f
@@ -374,7 +374,7 @@ plan_check() {
   for f in "$D"/bench_124M.json "$D"/bench_350M.json "$D"/bench_1B.json; do
     { [ "$DRY" = 1 ] || [ -f "$f" ]; } && jsons+=("$f")
   done
-  [ ${#jsons[@]} -gt 0 ] || { skip "no bench-124m/350m/1b result in this window"; return; }
+  [ ${#jsons[@]} -gt 0 ] || { skip "no bench-124m/350m/1b result in this run"; return; }
   local run=()
   if [ "$DRY" = 1 ] || [ -f "$D/bench_124M.json" ]; then
     cmd config python3 "$B/src/bench/gpu/plan_check.py" --config-of 124M --out "$D/plan_124M.toml" "$D/bench_124M.json" &&
