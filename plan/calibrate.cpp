@@ -20,7 +20,8 @@ namespace {
 // keeps them in f32), to leave out what the device cannot hold.
 int64_t gemm_bytes(const GemmPoint& p, int64_t a) { return a * (2 * p.m * p.k + 2 * p.m * p.n + p.n * p.k) + 4 * p.n * p.k; }
 int64_t attention_bytes(const AttentionShape& s, int64_t a, bool probs) {
-  return a * s.pairs() * s.t * s.d * 8 + 4 * s.pairs() * s.t + (probs ? a * s.pairs() * s.t * s.t : 0);
+  const int64_t qkv = s.batch * s.t * (s.heads + 2 * s.kv()) * s.d;  // qkv, dqkv; out, dout
+  return a * (2 * qkv + 2 * s.pairs() * s.t * s.d) + 4 * s.pairs() * s.t + (probs ? a * s.pairs() * s.t * s.t : 0);
 }
 int64_t elementwise_bytes(const ElementwiseShape& s, int64_t a) {
   switch (s.op) {
@@ -159,11 +160,12 @@ void measure_gemms(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
   }
 }
 
-// Each call as training makes it: `pairs` (sequence, head) pairs of one micro-batch at once.
+// Each call as training makes it: `pairs` (sequence, head) pairs of one micro-batch at once, over
+// the call's key/value heads (grouped-query attention reduces its dK, dV over each group).
 void measure_attention(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
   const DType a = ops.compute_dtype();
   for (const AttentionShape& shape : g.attention) {
-    const int64_t t = shape.t, d = shape.d, B = shape.batch, H = shape.heads;
+    const int64_t t = shape.t, d = shape.d, B = shape.batch, H = shape.heads, KV = shape.kv();
     {
       // The forward reads q, k, v just written; the backward reads what the forward saved (and
       // writes a new gradient).
@@ -171,10 +173,10 @@ void measure_attention(Ops& ops, const CalibrateGrid& g, Hardware& hw) {
         Tensor qkv, out, lse, probs, dqkv;
       };
       Rotation<Saved> saved(g, attention_bytes(shape, dtype_size(a), ops.keeps_attention_probs()), [&] {
-        return Saved{random_filled(ops, {B, t, 3, H, d}, a, 1.f), ops.empty({B, t, H, d}, a, MemCategory::Workspace),
+        return Saved{random_filled(ops, {B, t, H + 2 * KV, d}, a, 1.f), ops.empty({B, t, H, d}, a, MemCategory::Workspace),
                      ops.empty({B, H, t}, DType::F32, MemCategory::Workspace),
                      ops.keeps_attention_probs() ? ops.empty({B, H, t, t}, a, MemCategory::Workspace) : Tensor{},
-                     ops.empty({B, t, 3, H, d}, a, MemCategory::Workspace)};
+                     ops.empty({B, t, H + 2 * KV, d}, a, MemCategory::Workspace)};
       });
       Tensor dout = random_filled(ops, {B, t, H, d}, a, 1.f);
       AttentionPoint p{.t = t, .d = d, .pairs = shape.pairs()};
@@ -462,7 +464,7 @@ CalibrateGrid model_grid(Device device, const ModelConfig& model, int max_tp, co
       for (auto [n, k] : {std::pair{qkv / tp, C}, {C, C / tp}, {mlp_in, C}, {C, F / tp}, {V, C}})
         if (gemms.insert({N, n, k}).second) g.gemm.push_back({N, n, k});
       if (attention.insert({T, model.head_dim(), int64_t{mbs} * model.n_heads / tp}).second)
-        g.attention.push_back({T, model.head_dim(), mbs, model.n_heads / tp});
+        g.attention.push_back({T, model.head_dim(), mbs, model.n_heads / tp, model.kv_heads() / tp});
       for (int64_t rows : {N, N / tp}) {  // the sequence-parallel slice too
         add_elementwise(norm, rows, C, 0);
         add_elementwise(Elementwise::Add, rows * C, 1, 0);

@@ -26,11 +26,13 @@ struct ElementwiseShape {
   int64_t elements() const { return rows * width; }
 };
 
-// One attention call as training makes it: `batch` sequences x `heads` heads of length t and head
-// dimension d (qkv (batch, t, 3, heads, d)); the file records batch x heads as its pairs.
+// One attention call as training makes it: `batch` sequences x `heads` query heads of length t
+// and head dimension d over `kv_heads` key/value heads (0: as many; qkv (batch, t, heads + 2
+// kv_heads, d)); the file records batch x heads as its pairs.
 struct AttentionShape {
-  int64_t t = 0, d = 0, batch = 1, heads = 1;
+  int64_t t = 0, d = 0, batch = 1, heads = 1, kv_heads = 0;
   int64_t pairs() const { return batch * heads; }
+  int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
 };
 
 struct CalibrateGrid {
@@ -62,7 +64,8 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info = {});
 // (sequence, head) pairs x tokens of the largest attention call of the default grid.
 int64_t attention_tokens(Device device);
 // Exactly the shapes of one model, for every tp (dividing the heads, at most `max_tp`) and
-// micro-batch size: its layers' and head's GEMMs, its attention over micro-batch x heads/tp,
+// micro-batch size: its layers' and head's GEMMs, its attention over micro-batch x heads/tp
+// (with its key/value heads: a grouped-query call as the model makes it),
 // its norms (LayerNorm or RMSNorm), residual adds, GELU or SwiGLU, rope (its query and key heads),
 // embedding and cross-entropy at their tensors' sizes (the
 // sequence-parallel slices too), AdamW and an add (the gradients' zeroing and norm) over its

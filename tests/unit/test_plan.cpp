@@ -359,16 +359,18 @@ TEST(Calibrate, ModelGridMeasuresTheCallsTheCostModelMakes) {
 }
 
 TEST(Calibrate, ModelGridMeasuresLlamasOwnCalls) {
-  // Llama-3.2-1B at tp 1 and 2: RMSNorm, SwiGLU (its hidden width; the input is twice it) and
-  // rope (the query and key heads of this TP rank, sequences of the model's length) are points of
-  // their own, and the layer's predicted forward is made of them: 4 GEMMs, the attention call
+  // Llama-3.2-1B at tp 1 and 2: its attention calls are grouped-query ones; RMSNorm, SwiGLU (its
+  // hidden width; the input is twice it) and rope (the query and key heads of this TP rank,
+  // sequences of the model's length) are points of their own, and the layer's predicted forward is made of them: 4 GEMMs, the attention call
   // and the rotation, 2 RMSNorms, 2 adds and a SwiGLU.
   Config cfg = load_config(TRIPOD_SOURCE_PATH "/configs/llama3_2_1b.toml", {}, {.training = false, .data = false});
   const CalibrateGrid g = model_grid(Device::CUDA, cfg.model, 2, {1, 4});
   Hardware hw = parse_hardware(kHardware, "test.toml");
   for (const GemmPoint& p : g.gemm) hw.gemm.push_back({p.m, p.n, p.k, 1e-3, 2e-3});
-  for (const AttentionShape& c : g.attention)
+  for (const AttentionShape& c : g.attention) {
+    EXPECT_EQ(c.heads, 4 * c.kv());  // 32 query heads over 8 key/value heads, per TP rank
     hw.attention.push_back({.t = c.t, .d = c.d, .forward_s = 1e-3, .backward_s = 2e-3, .pairs = c.pairs()});
+  }
   std::set<std::pair<int, int64_t>> sizes;
   for (const ElementwiseShape& s : g.elementwise) {
     sizes.insert({static_cast<int>(s.op), s.elements()});
