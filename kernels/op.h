@@ -176,6 +176,14 @@ class Ops {
     linear_forward(x, w, b, pre);
     gelu_forward(pre, y);
   }
+  // dpre (N, I) = (dy w) * gelu'(pre): the input gradient of the linear after a GELU, taken back
+  // through the GELU (pre (N, I) as linear_gelu_forward kept it). A backend may fuse the GELU's
+  // gradient into the GEMM (cuBLASLt's DGELU epilogue on CUDA); this default is the two ops, in
+  // place in dpre.
+  virtual void linear_backward_input_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre) {
+    linear_backward_input(dy, w, dpre);
+    gelu_backward(pre, dpre, dpre);
+  }
 
   // ---- grouped linear (the experts of a mixture-of-experts layer) ---------------------------------
   // One GEMM per group, over rows [offsets[g], offsets[g + 1]) of the row-major inputs (G = w.size()

@@ -74,14 +74,17 @@ Tensor Mlp::backward_input(const Tensor& dout_full, const MlpActs& a, Tensor& dh
   const int64_t N = dout_full.size(0);
   // With GELU the activation's gradient is formed in place: da becomes dfc.
   Tensor da = ops_.empty({N, F_local_}, ops_.compute_dtype(), swiglu_ ? MemCategory::Workspace : dfc_category);
-  linear_backward_input(ops_, proj_fp8_, dout_full, p_.proj.weight(), da);
   Tensor dfc = da;
   if (swiglu_) {
+    linear_backward_input(ops_, proj_fp8_, dout_full, p_.proj.weight(), da);
     dfc = ops_.empty({N, 2 * F_local_}, ops_.compute_dtype(), dfc_category);
     ops_.swiglu_backward(a.fc, da, dfc);
     da = Tensor{};
-  } else {
+  } else if (proj_fp8_) {
+    linear_backward_input(ops_, proj_fp8_, dout_full, p_.proj.weight(), da);
     ops_.gelu_backward(a.fc, da, da);
+  } else {
+    ops_.linear_backward_input_gelu(dout_full, p_.proj.weight(), a.fc, da);  // one GEMM epilogue on CUDA
   }
   linear_backward_input(ops_, fc_fp8_, dfc, p_.fc.weight(), dh_full);
   return dfc;

@@ -182,10 +182,18 @@ LayerTimes layer_times(const LayerShape& s, const Hardware& hw, bool intra, bool
     }
   }
   const Elementwise norm = s.rms ? Elementwise::RmsNorm : Elementwise::LayerNorm;
-  for (bool b : {false, true})
-    (b ? l.bwd : l.fwd).elementwise += 2 * hw.elementwise_time(norm, s.Ns * s.C, b) +
-                                      2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b) +
-                                      hw.elementwise_time(s.swiglu ? Elementwise::SwiGlu : Elementwise::Gelu, act, b);
+  // A dense GELU on CUDA runs in its GEMMs' epilogues (cuBLASLt's GELU_AUX forward, DGELU
+  // backward), timed with them: one more pass over the activation each way (the pre-activation
+  // written, then read), half a GELU forward's two.
+  const bool fused_gelu = !s.swiglu && !sparse && hw.device == Device::CUDA;
+  for (bool b : {false, true}) {
+    ChunkTimes::Split& d = b ? l.bwd : l.fwd;
+    d.elementwise += 2 * hw.elementwise_time(norm, s.Ns * s.C, b) + 2 * hw.elementwise_time(Elementwise::Add, s.Ns * s.C, b);
+    if (fused_gelu)
+      d.gemm += hw.elementwise_time(Elementwise::Gelu, act, false) / 2;
+    else
+      d.elementwise += hw.elementwise_time(s.swiglu ? Elementwise::SwiGlu : Elementwise::Gelu, act, b);
+  }
   // Two regions (attention, MLP) per layer, in each direction.
   const double tp = 2 * tp_region(s, hw, intra);
   l.fwd.comm += tp;

@@ -87,6 +87,7 @@ class CudaOps final : public Ops {
 
   void linear_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y) override;
   void linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor& pre, Tensor& y) override;
+  void linear_backward_input_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre) override;
   void linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w, Tensor& dx, Tensor& dw,
                        Tensor& db) override;
   void linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) override;
@@ -226,6 +227,7 @@ class CudaOps final : public Ops {
   std::unique_ptr<GemmRunner> gemm_;
   ::cublasContext* cublas_ = nullptr;  // cuBLAS's handle, created at the first grouped GEMM
   bool grouped_declined_ = false;           // cuBLAS refused the grouped call: per-group cuBLASLt GEMMs
+  bool dgelu_declined_ = false;             // cuBLASLt refused the DGELU epilogue: GEMM, then gelu_backward
   std::unique_ptr<AttentionRunner> attention_;
 
   // Reductions: kReduceBlocks partial sums and the result on the device, the result on the host.

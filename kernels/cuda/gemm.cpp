@@ -7,6 +7,8 @@
 //   dw       dw^T (I x O) = x^T (I x N) . (dy^T)^T (N x O)      B = dy stored (O x N), transposed
 #include "kernels/cuda/gemm_runner.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
@@ -57,7 +59,9 @@ GemmRunner::Plan GemmRunner::make_plan(const GemmArgs& g, const Key& key, const 
   set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, ta, what);
   set_desc(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, tb, what);
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  if (g.bias && g.gelu_pre)
+  if (g.dgelu)
+    epilogue = CUBLASLT_EPILOGUE_DGELU;
+  else if (g.bias && g.gelu_pre)
     epilogue = CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
   else if (g.bias)
     epilogue = CUBLASLT_EPILOGUE_BIAS;
@@ -118,7 +122,7 @@ GemmRunner::Plan GemmRunner::make_plan(const GemmArgs& g, const Key& key, const 
 void GemmRunner::run(const GemmArgs& g, const std::string& what) {
   if (g.m == 0 || g.n == 0) return;
   Key key{g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldd, static_cast<int>(g.a_type),
-          static_cast<int>(g.b_type), static_cast<int>(g.d_type), g.bias != nullptr, g.gelu_pre != nullptr,
+          static_cast<int>(g.b_type), static_cast<int>(g.d_type), g.bias != nullptr, g.gelu_pre != nullptr, g.dgelu,
           g.a_scale != nullptr, alignment(g.a), alignment(g.b), alignment(g.d),
           alignment(g.bias), alignment(g.gelu_pre)};
   auto it = plans_.find(key);
@@ -221,6 +225,32 @@ void CudaOps::linear_backward(const Tensor& dy, const Tensor& x, const Tensor& w
 void CudaOps::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& dx) {
   ScopedTimer timer(*this, OpFamily::Gemm);
   linear_input_grad(dy, w, dx);
+}
+
+void CudaOps::linear_backward_input_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre) {
+  auto [N, I, O] = linear_dims(dpre, w, "linear_backward_input_gelu");
+  {
+    ScopedTimer timer(*this, OpFamily::Gemm);
+    expect(dy, DType::BF16, N * O, "linear_backward_input_gelu", "dy");
+    expect(dpre, DType::BF16, N * I, "linear_backward_input_gelu", "dpre");
+    expect(pre, DType::BF16, N * I, "linear_backward_input_gelu", "pre");
+    // cuBLASLt's GELU epilogues need the auxiliary matrix's leading dimension divisible by 8.
+    if (I % 8 == 0 && !dgelu_declined_) {
+      GemmArgs g{.m = I, .n = N, .k = O, .a = w.raw(), .lda = I, .b = dy.raw(), .ldb = O, .d = dpre.raw(), .ldd = I,
+                 .gelu_pre = const_cast<void*>(pre.raw()), .dgelu = true};
+      try {
+        gemm_->run(g, fmt::format("linear_backward dpre {} = dy {} w {} * gelu'(pre)", dpre.str(), dy.str(), w.str()));
+        return;
+      } catch (const Error& e) {
+        // A cuBLASLt without this epilogue for these types: the GEMM, then the GELU's gradient.
+        spdlog::warn("cuBLASLt has no DGELU epilogue here ({}): the GELU's gradient runs as a pass of its own",
+                     e.what());
+        dgelu_declined_ = true;
+      }
+    }
+    linear_input_grad(dy, w, dpre);
+  }
+  gelu_backward(pre, dpre, dpre);
 }
 
 void CudaOps::linear_backward_weight(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) {

@@ -31,6 +31,7 @@ struct GemmArgs {
   float beta = 0.f;
   const void* bias = nullptr;  // (m) of d_type, added to every column (the bias epilogue)
   void* gelu_pre = nullptr;    // when set, D = gelu(...) and this (m x n, ldd) gets the input of the GELU
+  bool dgelu = false;          // gelu_pre is read instead: D = (...) * gelu'(gelu_pre)
   // FP8 operands (a_type, b_type CUDA_R_8F_E4M3 / _E5M2; cuBLASLt takes them as "TN" only:
   // trans_a, not trans_b): device f32 factors A and B are multiplied by (their dequantization
   // scales), each pointer aligned to 16 bytes.
@@ -52,7 +53,7 @@ class GemmRunner {
     bool trans_a, trans_b;
     int64_t m, n, k, lda, ldb, ldd;
     int a_type, b_type, d_type;
-    bool bias, gelu, scales;
+    bool bias, gelu, dgelu, scales;
     uint32_t align_a, align_b, align_d, align_bias, align_aux;
     auto operator<=>(const Key&) const = default;
   };

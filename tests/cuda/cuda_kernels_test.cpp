@@ -319,6 +319,19 @@ TEST_F(CudaOpsTest, LinearGeluForwardMatchesLinearThenGelu) {
   }
 }
 
+TEST_F(CudaOpsTest, LinearBackwardInputGeluMatchesTheTwoOps) {
+  // The DGELU epilogue (inputs I a multiple of 8) and the GEMM-then-pass fallback (the rest) against
+  // the CPU's two ops: dpre = (dy w) * gelu'(pre).
+  for (auto [N, I, O] : kLinearCases) {
+    Tensor dy = randn({N, O}, 36), w = randn({O, I}, 37, 0.1f), pre = randn({N, I}, 38, 1.5f);
+    Tensor dpre = host({N, I});
+    cpu_->linear_backward_input_gelu(dy, w, pre, dpre);
+    Tensor gdpre = poison({N, I});
+    gpu_->linear_backward_input_gelu(up(dy), up(w), up(pre), gdpre);
+    EXPECT_LT(rel_err(down(gdpre), dpre), kBf16Tol) << N << " " << I << " " << O;
+  }
+}
+
 TEST_F(CudaOpsTest, LinearBackward) {
   for (auto [N, I, O] : kLinearCases) {
     Tensor x = randn({N, I}, 40), w = randn({O, I}, 41, 0.05f), dy = randn({N, O}, 42);
