@@ -197,7 +197,8 @@ class CudaOps final : public Ops {
 
  private:
   // The halves of linear_backward, untimed (each public entry point times itself once).
-  void linear_input_grad(const Tensor& dy, const Tensor& w, Tensor& dx);
+  // gelu_pre defined: dx = (dy w) * gelu'(gelu_pre), cuBLASLt's DGELU epilogue.
+  void linear_input_grad(const Tensor& dy, const Tensor& w, Tensor& dx, const Tensor& gelu_pre = {});
   void linear_weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db);
   cudaEvent_t take_event();
   double reduce_to_host(const float* x, const k::Chunk* chunks, int nchunks, bool square, const char* what);

@@ -185,12 +185,15 @@ void CudaOps::linear_gelu_forward(const Tensor& x, const Tensor& w, const Tensor
   gemm_->run(g, fmt::format("linear_gelu_forward x {} w {} y {}", x.str(), w.str(), y.str()));
 }
 
-void CudaOps::linear_input_grad(const Tensor& dy, const Tensor& w, Tensor& dx) {
+void CudaOps::linear_input_grad(const Tensor& dy, const Tensor& w, Tensor& dx, const Tensor& gelu_pre) {
   auto [N, I, O] = linear_dims(dx, w, "linear_backward_input");
   expect(dy, DType::BF16, N * O, "linear_backward_input", "dy");
   expect(dx, DType::BF16, N * I, "linear_backward_input", "dx");
-  GemmArgs g{.m = I, .n = N, .k = O, .a = w.raw(), .lda = I, .b = dy.raw(), .ldb = O, .d = dx.raw(), .ldd = I};
-  gemm_->run(g, fmt::format("linear_backward dx {} = dy {} w {}", dx.str(), dy.str(), w.str()));
+  if (gelu_pre.defined()) expect(gelu_pre, DType::BF16, N * I, "linear_backward_input", "pre");
+  GemmArgs g{.m = I, .n = N, .k = O, .a = w.raw(), .lda = I, .b = dy.raw(), .ldb = O, .d = dx.raw(), .ldd = I,
+             .gelu_pre = gelu_pre.defined() ? const_cast<void*>(gelu_pre.raw()) : nullptr, .dgelu = gelu_pre.defined()};
+  gemm_->run(g, fmt::format("linear_backward dx {} = dy {} w {}{}", dx.str(), dy.str(), w.str(),
+                            gelu_pre.defined() ? " * gelu'(pre)" : ""));
 }
 
 void CudaOps::linear_weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& db) {
@@ -228,18 +231,17 @@ void CudaOps::linear_backward_input(const Tensor& dy, const Tensor& w, Tensor& d
 }
 
 void CudaOps::linear_backward_input_gelu(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre) {
-  auto [N, I, O] = linear_dims(dpre, w, "linear_backward_input_gelu");
   {
     ScopedTimer timer(*this, OpFamily::Gemm);
+    // The operands checked here, so that what the catch below meets is cuBLASLt declining.
+    auto [N, I, O] = linear_dims(dpre, w, "linear_backward_input_gelu");
     expect(dy, DType::BF16, N * O, "linear_backward_input_gelu", "dy");
     expect(dpre, DType::BF16, N * I, "linear_backward_input_gelu", "dpre");
     expect(pre, DType::BF16, N * I, "linear_backward_input_gelu", "pre");
     // cuBLASLt's GELU epilogues need the auxiliary matrix's leading dimension divisible by 8.
     if (I % 8 == 0 && !dgelu_declined_) {
-      GemmArgs g{.m = I, .n = N, .k = O, .a = w.raw(), .lda = I, .b = dy.raw(), .ldb = O, .d = dpre.raw(), .ldd = I,
-                 .gelu_pre = const_cast<void*>(pre.raw()), .dgelu = true};
       try {
-        gemm_->run(g, fmt::format("linear_backward dpre {} = dy {} w {} * gelu'(pre)", dpre.str(), dy.str(), w.str()));
+        linear_input_grad(dy, w, dpre, pre);
         return;
       } catch (const Error& e) {
         // A cuBLASLt without this epilogue for these types: the GEMM, then the GELU's gradient.
