@@ -433,9 +433,8 @@ CalibrateGrid default_grid(Device device, const Ops::DeviceInfo& info) {
       const Elementwise op = static_cast<Elementwise>(i);
       const int64_t rows = std::max<int64_t>(1, e / C);
       ElementwiseShape s{op, e, 1, 0};
-      if (op == Elementwise::LayerNorm || op == Elementwise::RmsNorm || op == Elementwise::SwiGlu ||
-          op == Elementwise::Embedding)
-        s = {op, rows, C, V};
+      if (op == Elementwise::LayerNorm || op == Elementwise::RmsNorm || op == Elementwise::SwiGlu) s = {op, rows, C, 0};
+      if (op == Elementwise::Embedding) s = {op, rows, C, V};
       if (op == Elementwise::Rope) s = {op, rows, C, 0, 64, std::gcd(rows, int64_t{1024})};  // heads of 64
       if (op == Elementwise::CrossEntropy) s = {op, std::max<int64_t>(1, e / V), V, 0};
       if (elementwise_bytes(s, a) <= budget) g.elementwise.push_back(s);
